@@ -1,0 +1,222 @@
+"""The CommitLog: every record body is written here exactly once.
+
+A sequence of fixed-size :class:`~core.log.segment.Segment` files; a position is a byte offset
+in the whole log, so the segment holding position ``p`` is ``p // segment_size`` (arithmetic, no
+search). Named positions, as RocketMQ's MappedFile keeps them:
+
+- ``write_position``: end of the last appended frame (writer only);
+- ``flushed_position``: everything before it has been fdatasync'ed;
+- ``start_position``: base of the oldest segment still on disk (retention moves it).
+
+One writer thread appends; ``sync_to`` may run in another thread (it only calls fdatasync).
+Readers (this process or another, read-only) use :meth:`read_frame`, which verifies the CRC.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+from core.log import names
+from core.log import record as rec
+from core.log.segment import Segment
+
+log = logging.getLogger(__name__)
+
+
+class CommitLog:
+    def __init__(self, directory: Path, segment_size: int, *, writable: bool) -> None:
+        self.directory = directory
+        self.segment_size = segment_size
+        self.writable = writable
+        self.segments: dict[int, Segment] = {}  # segment number -> segment
+        self.write_position = 0
+        self.flushed_position = 0
+        self._sync_lock = threading.Lock()
+        if writable:
+            directory.mkdir(parents=True, exist_ok=True)
+        self.refresh()
+
+    # -- discovery -------------------------------------------------------------------------
+
+    def refresh(self) -> None:
+        """Map segment files that appeared and forget ones retention deleted."""
+        on_disk: dict[int, Path] = {}
+        if self.directory.exists():
+            for path in self.directory.glob(f"*{names.SEGMENT_SUFFIX}"):
+                base = names.number_of(path)
+                if base % self.segment_size:
+                    raise ValueError(f"{path} is not aligned to segment size {self.segment_size}")
+                on_disk[base // self.segment_size] = path
+        for number in list(self.segments):
+            if number not in on_disk:
+                self.segments.pop(number).close()
+        for number, path in sorted(on_disk.items()):
+            if number not in self.segments:
+                self.segments[number] = Segment(
+                    path, number * self.segment_size, self.segment_size, writable=self.writable
+                )
+
+    @property
+    def start_position(self) -> int:
+        return min(self.segments) * self.segment_size if self.segments else 0
+
+    def segment_numbers(self) -> list[int]:
+        return sorted(self.segments)
+
+    def _segment(self, number: int) -> Segment:
+        segment = self.segments.get(number)
+        if segment is None:
+            path = self.directory / names.segment_name(number * self.segment_size)
+            segment = Segment(path, number * self.segment_size, self.segment_size, writable=True)
+            self.segments[number] = segment
+        return segment
+
+    # -- writing ---------------------------------------------------------------------------
+
+    def max_frame_size(self) -> int:
+        return self.segment_size
+
+    def append(self, frame: bytes | bytearray | memoryview) -> int:
+        """Write one frame and return its position. Rolls to a new segment when needed."""
+        size = len(frame)
+        position = self.write_position
+        number, offset = divmod(position, self.segment_size)
+        remaining = self.segment_size - offset
+        # A frame fits if it fills the segment exactly or leaves room for a BLANK prefix, so a
+        # reader always finds either a frame or a BLANK where written data continues.
+        if size != remaining and size + rec.PREFIX.size > remaining:
+            if size > self.segment_size:
+                raise ValueError(f"frame of {size} bytes exceeds segment size {self.segment_size}")
+            if remaining:
+                self._segment(number).write(offset, rec.blank_frame(remaining))
+            number += 1
+            offset = 0
+            position = number * self.segment_size
+        self._segment(number).write(offset, frame)
+        self.write_position = position + size
+        return position
+
+    def append_frames(self, frames: list[bytes]) -> list[int]:
+        """Write several frames with as few copies into the mapping as segment bounds allow."""
+        positions: list[int] = []
+        pending: list[bytes] = []
+        pending_start = self.write_position
+        cursor = self.write_position
+        for frame in frames:
+            size = len(frame)
+            offset = cursor % self.segment_size
+            remaining = self.segment_size - offset
+            if size != remaining and size + rec.PREFIX.size > remaining:
+                self._flush_pending(pending_start, pending)
+                pending = []
+                self.write_position = cursor
+                position = self.append(frame)
+                positions.append(position)
+                cursor = pending_start = self.write_position
+                continue
+            positions.append(cursor)
+            pending.append(frame)
+            cursor += size
+        self._flush_pending(pending_start, pending)
+        self.write_position = cursor
+        return positions
+
+    def _flush_pending(self, start: int, frames: list[bytes]) -> None:
+        if frames:
+            number, offset = divmod(start, self.segment_size)
+            self._segment(number).write(offset, b"".join(frames))
+
+    def sync_to(self, position: int) -> int:
+        """Make everything before ``position`` durable; returns the new flushed position."""
+        with self._sync_lock:
+            if position <= self.flushed_position:
+                return self.flushed_position
+            first = self.flushed_position // self.segment_size
+            last = (position - 1) // self.segment_size
+            for number in range(first, last + 1):
+                segment = self.segments.get(number)
+                if segment is not None:
+                    segment.sync()
+            self.flushed_position = position
+            return position
+
+    # -- reading ---------------------------------------------------------------------------
+
+    def read_frame(self, position: int) -> tuple[memoryview, int, int]:
+        """``(segment buffer, offset in it, frame size)`` for the frame at ``position``.
+
+        Raises :class:`~core.log.record.CorruptRecordError` if the frame fails verification and
+        ``KeyError`` if its segment is gone (deleted by retention).
+        """
+        number, offset = divmod(position, self.segment_size)
+        segment = self.segments.get(number)
+        if segment is None:
+            if not self.writable:
+                self.refresh()
+                segment = self.segments.get(number)
+            if segment is None:
+                raise KeyError(position)
+        try:
+            size = rec.verify_frame(segment.buf, offset, len(segment.buf))
+        except rec.CorruptRecordError as error:
+            log.error("segment %s: %s", segment.path.name, error.reason)
+            raise rec.CorruptRecordError(position, error.reason) from None
+        return segment.buf, offset, size
+
+    def scan(self, start: int, end: int | None = None) -> Iterator[tuple[int, int, int]]:
+        """Yield ``(position, frame size, magic)`` of each frame from ``start`` (to ``end``); BLANK
+        fillers are skipped. Stops at unwritten space. A corrupt frame raises CorruptRecordError."""
+        position = start
+        while end is None or position < end:
+            number, offset = divmod(position, self.segment_size)
+            segment = self.segments.get(number)
+            if segment is None:
+                return
+            if segment.frame_size_at(offset) == 0:
+                if offset == 0 or number + 1 not in self.segments:
+                    return
+                # Zeros before the end of a sealed segment mean its tail was never written.
+                position = (number + 1) * self.segment_size
+                continue
+            try:
+                size = rec.verify_frame(segment.buf, offset, len(segment.buf))
+            except rec.CorruptRecordError as error:
+                raise rec.CorruptRecordError(position, error.reason) from None
+            magic = int.from_bytes(segment.buf[offset + 4 : offset + 8], "little")
+            if magic == rec.RECORD_MAGIC:
+                yield position, size, magic
+            position += size
+            if position % self.segment_size == 0 and (position // self.segment_size) not in (
+                self.segments
+            ):
+                return
+
+    # -- recovery and retention ------------------------------------------------------------
+
+    def truncate_at(self, position: int) -> int:
+        """Erase everything from ``position`` on (torn tail); returns the bytes erased."""
+        number, offset = divmod(position, self.segment_size)
+        erased = 0
+        for later in [n for n in self.segments if n > number]:
+            segment = self.segments.pop(later)
+            erased += segment.scan_written_end(0)
+            segment.close()
+            segment.path.unlink()
+        if number in self.segments:
+            erased += self.segments[number].zero_from(offset)
+        self.write_position = position
+        self.flushed_position = min(self.flushed_position, position)
+        return erased
+
+    def delete_segment(self, number: int) -> None:
+        segment = self.segments.pop(number)
+        segment.close()
+        segment.path.unlink(missing_ok=True)
+
+    def close(self) -> None:
+        for segment in self.segments.values():
+            segment.close()
+        self.segments.clear()

@@ -1,0 +1,270 @@
+"""Per-queue index (RocketMQ's ConsumeQueue, with RocketMQ 5's batch entries).
+
+One directory per (topic, queue) holding fixed-size files of fixed-width entries, each file named
+by the 20-digit number of its first entry. Entry layout, little-endian, 40 bytes::
+
+    offset size field
+     0     8    position      commit-log position of the frame
+     8     4    size          frame size (never 0: a zero entry marks the end of written data)
+    12     4    record_count  1, or the number of records in a batch frame
+    16     8    tag_mask      Bloom mask of the record's tags (core.log.tags), 0 when untagged
+    24     8    store_ms      when the entry was written (visibility time; monotonic per queue)
+    32     8    first_offset  queue offset of the entry's first record
+
+Entry ``n`` lives in file ``n // entries_per_file`` at byte ``(n % entries_per_file) * 40``.
+Offsets are per record; an unbatched queue has ``first_offset == n`` so lookup is arithmetic, a
+batched one is binary-searched on ``first_offset``. Derived data: not checksummed, rebuilt from
+the CommitLog on recovery. One writer; readers in any process.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+from pathlib import Path
+from typing import NamedTuple
+
+from core.log import names
+
+ENTRY = struct.Struct("<QIIQqQ")
+ENTRY_SIZE = ENTRY.size  # 40
+_SIZE_FIELD = struct.Struct("<I")
+
+
+class IndexEntry(NamedTuple):
+    position: int
+    size: int
+    record_count: int
+    tag_mask: int
+    store_ms: int
+    first_offset: int
+
+
+class _IndexFile:
+    __slots__ = ("buf", "fd", "first_entry", "mm", "path")
+
+    def __init__(self, path: Path, first_entry: int, byte_size: int, *, writable: bool) -> None:
+        self.path = path
+        self.first_entry = first_entry
+        self.fd = os.open(path, os.O_RDWR | os.O_CREAT if writable else os.O_RDONLY, 0o644)
+        if writable and os.fstat(self.fd).st_size < byte_size:
+            os.ftruncate(self.fd, byte_size)
+        length = min(byte_size, os.fstat(self.fd).st_size)
+        self.mm = mmap.mmap(
+            self.fd, length, access=mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ
+        )
+        self.buf = memoryview(self.mm)
+
+    def close(self) -> None:
+        try:
+            self.buf.release()
+            self.mm.close()
+        except BufferError:
+            pass
+        finally:
+            os.close(self.fd)
+
+
+class ConsumeQueue:
+    """The index of one queue. ``start_entry``/``next_entry`` bound the entries present."""
+
+    def __init__(
+        self, directory: Path, topic: str, queue: int, entries_per_file: int, *, writable: bool
+    ) -> None:
+        self.directory = directory
+        self.topic = topic
+        self.queue = queue
+        self.entries_per_file = entries_per_file
+        self.file_bytes = entries_per_file * ENTRY_SIZE
+        self.writable = writable
+        self.files: dict[int, _IndexFile] = {}  # file number -> file
+        self.start_entry = 0
+        self.next_entry = 0
+        self.next_offset = 0
+        self.dirty_files: set[int] = set()
+        if writable:
+            directory.mkdir(parents=True, exist_ok=True)
+        self.refresh()
+
+    # -- discovery -------------------------------------------------------------------------
+
+    def refresh(self) -> None:
+        """Map new files, drop deleted ones and find the end of written entries."""
+        numbers: set[int] = set()
+        if self.directory.exists():
+            for path in self.directory.glob(f"*{names.INDEX_SUFFIX}"):
+                first = names.number_of(path)
+                number = first // self.entries_per_file
+                numbers.add(number)
+                if number not in self.files:
+                    self.files[number] = _IndexFile(
+                        path, first, self.file_bytes, writable=self.writable
+                    )
+        for number in list(self.files):
+            if number not in numbers:
+                self.files.pop(number).close()
+        if not self.files:
+            self.start_entry = self.next_entry
+            return
+        first_file = min(self.files)
+        self.start_entry = max(self.start_entry, first_file * self.entries_per_file)
+        last = max(self.files)
+        self.next_entry = last * self.entries_per_file + self._count_in(self.files[last])
+        if self.next_entry > self.start_entry:
+            tail = self.entry(self.next_entry - 1)
+            self.next_offset = tail.first_offset + tail.record_count
+        elif self.next_entry == 0:
+            self.next_offset = 0
+
+    def _count_in(self, index_file: _IndexFile) -> int:
+        """Entries written in a file: binary search for the first zero ``size`` field."""
+        capacity = len(index_file.buf) // ENTRY_SIZE
+        low, high = 0, capacity
+        while low < high:
+            middle = (low + high) // 2
+            (size,) = _SIZE_FIELD.unpack_from(index_file.buf, middle * ENTRY_SIZE + 8)
+            if size:
+                low = middle + 1
+            else:
+                high = middle
+        return low
+
+    # -- writing ---------------------------------------------------------------------------
+
+    def append(
+        self, position: int, size: int, record_count: int, tag_mask: int, store_ms: int
+    ) -> int:
+        """Add an entry; returns the queue offset of its first record."""
+        number, slot = divmod(self.next_entry, self.entries_per_file)
+        index_file = self.files.get(number)
+        if index_file is None:
+            first = number * self.entries_per_file
+            index_file = _IndexFile(
+                self.directory / names.index_file_name(first),
+                first,
+                self.file_bytes,
+                writable=True,
+            )
+            self.files[number] = index_file
+        first_offset = self.next_offset
+        ENTRY.pack_into(
+            index_file.buf,
+            slot * ENTRY_SIZE,
+            position,
+            size,
+            record_count,
+            tag_mask,
+            store_ms,
+            first_offset,
+        )
+        self.dirty_files.add(number)
+        self.next_entry += 1
+        self.next_offset = first_offset + record_count
+        return first_offset
+
+    def truncate(self, entry_count: int) -> None:
+        """Keep the first ``entry_count`` entries (numbered globally) and erase the rest."""
+        if entry_count >= self.next_entry:
+            return
+        keep_number, keep_slot = divmod(entry_count, self.entries_per_file)
+        for number in [n for n in self.files if n > keep_number]:
+            removed = self.files.pop(number)
+            removed.close()
+            removed.path.unlink(missing_ok=True)
+        index_file = self.files.get(keep_number)
+        if index_file is not None:
+            start = keep_slot * ENTRY_SIZE
+            end = self._count_in(index_file) * ENTRY_SIZE
+            if end > start:
+                index_file.buf[start:end] = bytes(end - start)
+            self.dirty_files.add(keep_number)
+        self.next_entry = entry_count
+        if self.next_entry > self.start_entry:
+            tail = self.entry(self.next_entry - 1)
+            self.next_offset = tail.first_offset + tail.record_count
+        else:
+            self.start_entry = self.next_entry
+            if entry_count == 0:
+                self.next_offset = 0
+
+    def sync(self) -> None:
+        for number in self.dirty_files:
+            index_file = self.files.get(number)
+            if index_file is not None:
+                os.fdatasync(index_file.fd)
+        self.dirty_files.clear()
+
+    def delete_files_before(self, entry: int) -> int:
+        """Delete index files whose entries all lie before ``entry``; returns files deleted."""
+        deleted = 0
+        for number in sorted(self.files):
+            if (number + 1) * self.entries_per_file > entry or number == max(self.files):
+                break
+            removed = self.files.pop(number)
+            removed.close()
+            removed.path.unlink(missing_ok=True)
+            deleted += 1
+        self.start_entry = max(self.start_entry, entry)
+        return deleted
+
+    # -- reading ---------------------------------------------------------------------------
+
+    def entry(self, number: int) -> IndexEntry:
+        file_number, slot = divmod(number, self.entries_per_file)
+        return IndexEntry._make(ENTRY.unpack_from(self.files[file_number].buf, slot * ENTRY_SIZE))
+
+    def entries(self, first: int, count: int) -> list[IndexEntry]:
+        """Up to ``count`` consecutive entries from ``first`` (fewer at a file end or the tail)."""
+        last = min(first + count, self.next_entry)
+        out: list[IndexEntry] = []
+        number = first
+        while number < last:
+            file_number, slot = divmod(number, self.entries_per_file)
+            buf = self.files[file_number].buf
+            stop = min(last - number, self.entries_per_file - slot)
+            for item in ENTRY.iter_unpack(buf[slot * ENTRY_SIZE : (slot + stop) * ENTRY_SIZE]):
+                out.append(IndexEntry._make(item))
+            number += stop
+        return out
+
+    @property
+    def start_offset(self) -> int:
+        if self.start_entry >= self.next_entry:
+            return self.next_offset
+        return self.entry(self.start_entry).first_offset
+
+    def entry_for_offset(self, offset: int) -> int:
+        """The entry holding queue ``offset`` (the first entry after it if it fell in a gap);
+        ``next_entry`` when ``offset`` is at or past the end."""
+        if offset >= self.next_offset:
+            return self.next_entry
+        low, high = self.start_entry, self.next_entry
+        if low <= offset < high:
+            guess = self.entry(offset)
+            if guess.first_offset <= offset < guess.first_offset + guess.record_count:
+                return offset
+        while low < high:
+            middle = (low + high) // 2
+            item = self.entry(middle)
+            if item.first_offset + item.record_count <= offset:
+                low = middle + 1
+            else:
+                high = middle
+        return low
+
+    def entry_for_time(self, timestamp_ms: int) -> int:
+        """The first entry stored at or after ``timestamp_ms`` (``next_entry`` if none)."""
+        low, high = self.start_entry, self.next_entry
+        while low < high:
+            middle = (low + high) // 2
+            if self.entry(middle).store_ms < timestamp_ms:
+                low = middle + 1
+            else:
+                high = middle
+        return low
+
+    def close(self) -> None:
+        for index_file in self.files.values():
+            index_file.close()
+        self.files.clear()

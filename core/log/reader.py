@@ -1,0 +1,262 @@
+"""The read API of the log: by (queue, offset), by time, with a tag filter; and commit-log scans.
+
+:class:`LogReader` opens a data directory read-only, so another process (Spark, ``braid log``)
+can read the files of a running broker or a stopped one; :class:`~core.log.store.LogStore`
+extends it with the writer. Every frame read is CRC-checked: a corrupt record raises
+:class:`~core.log.record.CorruptRecordError` and is never returned. Not thread-safe for writes;
+concurrent reads from several threads are fine.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+
+from core.log import names
+from core.log import record as rec
+from core.log.commitlog import CommitLog
+from core.log.config import LogMeta
+from core.log.consumequeue import ConsumeQueue, IndexEntry
+from core.log.tags import TagFilter
+
+log = logging.getLogger(__name__)
+
+# How many index entries one read looks at, at most, when a tag filter skips entries.
+MAX_ENTRIES_SCANNED_PER_READ = 65_536
+
+
+class QueueRecord:
+    """One entry of a queue read back: where it is, and its frame as a zero-copy view."""
+
+    __slots__ = (
+        "frame",
+        "offset",
+        "position",
+        "queue",
+        "record_count",
+        "size",
+        "store_ms",
+        "tag_mask",
+        "topic",
+    )
+
+    def __init__(self, topic: str, queue: int, entry: IndexEntry, frame: memoryview) -> None:
+        self.topic = topic
+        self.queue = queue
+        self.offset = entry.first_offset
+        self.record_count = entry.record_count
+        self.position = entry.position
+        self.size = entry.size
+        self.store_ms = entry.store_ms
+        self.tag_mask = entry.tag_mask
+        self.frame = frame
+
+    @property
+    def next_offset(self) -> int:
+        return self.offset + self.record_count
+
+    def record(self) -> rec.Record:
+        return rec.decode_record(self.frame, 0, self.position)
+
+    @property
+    def body(self) -> memoryview:
+        return rec.body_slice(self.frame, 0)
+
+    def batch_with_base_offset(self) -> bytes:
+        """A stored Kafka RecordBatch with its base offset (first 8 bytes, big-endian, outside the
+        batch CRC) set to this entry's queue offset; every other byte as stored."""
+        body = self.body
+        return self.offset.to_bytes(8, "big", signed=True) + bytes(body[8:])
+
+    def __repr__(self) -> str:
+        return f"QueueRecord({self.topic}/{self.queue}@{self.offset} pos={self.position})"
+
+
+class LogReader:
+    """Read-only view of a data directory."""
+
+    def __init__(self, data_dir: Path | str, *, _writable: bool = False) -> None:
+        self.data_dir = Path(data_dir)
+        meta = LogMeta.load(self.data_dir)
+        if meta is None:
+            raise FileNotFoundError(f"{self.data_dir} holds no BraidMQ log ({names.LOG_META_FILE})")
+        self.meta = meta
+        self.writable = _writable
+        self.commitlog = CommitLog(
+            self.data_dir / names.COMMITLOG_DIR, meta.segment_size, writable=_writable
+        )
+        self._queues: dict[tuple[str, int], ConsumeQueue] = {}
+        self._discover_queues()
+
+    # -- catalogue -------------------------------------------------------------------------
+
+    def _discover_queues(self) -> None:
+        index_root = self.data_dir / names.INDEX_DIR
+        if not index_root.exists():
+            return
+        for topic_dir in index_root.iterdir():
+            if not topic_dir.is_dir():
+                continue
+            topic = names.decode_topic_dir(topic_dir.name)
+            for queue_dir in topic_dir.iterdir():
+                if queue_dir.is_dir() and queue_dir.name.isdigit():
+                    key = (topic, int(queue_dir.name))
+                    if key not in self._queues:
+                        self._queues[key] = self._open_queue(*key)
+
+    def _open_queue(self, topic: str, queue: int) -> ConsumeQueue:
+        return ConsumeQueue(
+            names.queue_dir(self.data_dir, topic, queue),
+            topic,
+            queue,
+            self.meta.index_entries_per_file,
+            writable=self.writable,
+        )
+
+    def refresh(self) -> None:
+        """Pick up what a running broker appended since this reader looked (read-only readers)."""
+        if self.writable:
+            return
+        self.commitlog.refresh()
+        self._discover_queues()
+        for queue in self._queues.values():
+            queue.refresh()
+
+    def queues(self, *, include_system: bool = False) -> list[tuple[str, int]]:
+        return sorted(
+            key for key in self._queues if include_system or not names.is_system_topic(key[0])
+        )
+
+    def topics(self, *, include_system: bool = False) -> list[str]:
+        return sorted({topic for topic, _ in self.queues(include_system=include_system)})
+
+    def queue_index(self, topic: str, queue: int) -> ConsumeQueue | None:
+        found = self._queues.get((topic, queue))
+        if (
+            found is None
+            and not self.writable
+            and names.queue_dir(self.data_dir, topic, queue).exists()
+        ):
+            found = self._queues[(topic, queue)] = self._open_queue(topic, queue)
+        return found
+
+    def queue_bounds(self, topic: str, queue: int) -> tuple[int, int]:
+        """``(start offset, next offset)`` of a queue; ``(0, 0)`` for one never written."""
+        index = self.queue_index(topic, queue)
+        if index is None:
+            return 0, 0
+        self._skip_deleted_head(index)
+        return index.start_offset, index.next_offset
+
+    def _skip_deleted_head(self, index: ConsumeQueue) -> None:
+        """Advance past entries whose commit-log segment retention has deleted."""
+        log_start = self.commitlog.start_position
+        while index.start_entry < index.next_entry:
+            if index.entry(index.start_entry).position >= log_start:
+                break
+            index.start_entry += 1
+
+    # -- queue reads -----------------------------------------------------------------------
+
+    def read(
+        self,
+        topic: str,
+        queue: int,
+        offset: int,
+        *,
+        max_records: int = 1000,
+        max_bytes: int | None = None,
+        tag_filter: TagFilter | None = None,
+    ) -> list[QueueRecord]:
+        """Entries from ``offset`` on (an entry holding ``offset`` inside a batch included).
+
+        ``max_records`` counts records (a batch counts as its records, and at least one entry is
+        returned). With ``tag_filter``, entries whose tag mask cannot match are skipped without
+        touching the commit log; hash hits are confirmed against the record's tags.
+        """
+        index = self.queue_index(topic, queue)
+        if index is None:
+            return []
+        if not self.writable and offset >= index.next_offset:
+            index.refresh()
+        self._skip_deleted_head(index)
+        entry_number = max(index.entry_for_offset(offset), index.start_entry)
+        out: list[QueueRecord] = []
+        records = 0
+        total_bytes = 0
+        scanned = 0
+        commitlog = self.commitlog
+        while entry_number < index.next_entry and scanned < MAX_ENTRIES_SCANNED_PER_READ:
+            batch = index.entries(entry_number, min(1024, max_records - records + 1))
+            for entry in batch:
+                entry_number += 1
+                scanned += 1
+                if tag_filter is not None and not tag_filter.may_match(entry.tag_mask):
+                    continue
+                try:
+                    buf, start, size = commitlog.read_frame(entry.position)
+                except KeyError:
+                    continue  # deleted by retention while we read
+                frame = buf[start : start + size]
+                if tag_filter is not None and not tag_filter.matches(rec.tags_slice(frame, 0)):
+                    continue
+                if max_bytes is not None and out and total_bytes + size > max_bytes:
+                    return out
+                out.append(QueueRecord(topic, queue, entry, frame))
+                records += entry.record_count
+                total_bytes += size
+                if records >= max_records:
+                    return out
+            if not batch:
+                break
+        return out
+
+    def offset_for_time(self, topic: str, queue: int, timestamp_ms: int) -> int:
+        """The first offset stored at or after ``timestamp_ms``; the next offset if none."""
+        index = self.queue_index(topic, queue)
+        if index is None:
+            return 0
+        entry_number = index.entry_for_time(timestamp_ms)
+        if entry_number >= index.next_entry:
+            return index.next_offset
+        return index.entry(max(entry_number, index.start_entry)).first_offset
+
+    def read_at(self, position: int) -> rec.Record:
+        """Decode the record at a commit-log position (CRC-checked)."""
+        buf, start, _size = self.commitlog.read_frame(position)
+        return rec.decode_record(buf, start, position)
+
+    # -- commit-log scans ------------------------------------------------------------------
+
+    def scan(self, start: int | None = None) -> Iterator[rec.Record]:
+        """Every record frame in commit-log order, including ones no queue indexes yet
+        (half messages, timers). A corrupt frame raises CorruptRecordError."""
+        position = self.commitlog.start_position if start is None else start
+        for frame_position, _size, _magic in self.commitlog.scan(position):
+            yield self.read_at(frame_position)
+
+    def verify(self) -> list[rec.CorruptRecordError]:
+        """Check every frame of every segment; returns the corruptions found (one per segment,
+        since framing after a bad frame cannot be trusted)."""
+        errors: list[rec.CorruptRecordError] = []
+        for number in self.commitlog.segment_numbers():
+            position = number * self.commitlog.segment_size
+            try:
+                for _ in self.commitlog.scan(position, position + self.commitlog.segment_size):
+                    pass
+            except rec.CorruptRecordError as error:
+                errors.append(error)
+        return errors
+
+    def close(self) -> None:
+        for queue in self._queues.values():
+            queue.close()
+        self._queues.clear()
+        self.commitlog.close()
+
+    def __enter__(self) -> LogReader:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
