@@ -1,0 +1,514 @@
+"""Broker: the one object a gateway talks to.
+
+It owns the log store, the topic registry, the binding table, the ack queues (AMQP queues, MQTT
+session queues), the committed offsets and group membership of offset groups, and flow control.
+Gateways translate their protocol into these calls; nothing here knows a wire format.
+
+Publishing: ``publish(topic, body, subject=..., ...)`` picks the topic's queue (explicit, by key
+hash, or round robin), routes the subject through the bindings of the topic to more destination
+queues, appends ONE record indexed into all of them, and returns once it is durable.
+
+Addresses: a destination is ``(topic, queue)``; ``(name, EXCHANGE_QUEUE)`` names a topic used as
+a routing source (exchange-to-exchange bindings), which is followed, cycles cut.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from core.broker.flow import FlowControl
+from core.broker.partitioner import murmur2_partition
+from core.delivery.ackqueue import (
+    OVERFLOW_DROP_HEAD,
+    AckQueue,
+    AckQueueConfig,
+    DeadLetterHook,
+)
+from core.log import LogStore, TagFilter
+from core.log import record as rec
+from core.log.names import ACKS_TOPIC
+from core.log.store import Appended
+from core.offsets import OffsetStore
+from core.routing.table import BindingTable, MatchKind
+from core.routing.topics import TopicError, TopicInfo, TopicRegistry
+from core.state import DurableTable
+
+log = logging.getLogger(__name__)
+
+Destination = tuple[str, int]
+EXCHANGE_QUEUE = -1  # (name, -1): the topic ``name`` as a routing source
+_BINDING_KEY = "binding:"
+_ACK_QUEUE_KEY = "ackq:"
+# Ack state of dirty queues is written this often (batched, never per ack).
+ACK_STATE_FLUSH_INTERVAL_S = 0.05
+FLOW_CHECK_INTERVAL_S = 0.25
+# Exchange-to-exchange routing deeper than this is cut (RabbitMQ has no limit but detects cycles).
+MAX_ROUTING_HOPS = 32
+
+
+@dataclass
+class BrokerConfig:
+    auto_create_topics: bool = True
+    default_queues: int = 1
+    memory_high_watermark_bytes: int | None = None
+    # Publishers are slowed while an ack queue holds more ready records than this.
+    backlog_high_watermark: int | None = None
+
+
+@dataclass
+class PublishResult:
+    appended: Appended
+    destinations: list[Destination]
+    queue: int
+    refused: list[Destination] = field(default_factory=list)
+
+    @property
+    def offset(self) -> int:
+        """Offset of the record in the topic's own queue."""
+        return self.appended.offsets[0][2]
+
+
+def _ack_queue_config_to_json(config: AckQueueConfig) -> dict[str, Any]:
+    return {
+        "message_ttl_ms": config.message_ttl_ms,
+        "max_length": config.max_length,
+        "overflow": config.overflow,
+        "single_active_consumer": config.single_active_consumer,
+        "delivery_limit": config.delivery_limit,
+        "tags": sorted(config.tag_filter.tags) if config.tag_filter else None,
+    }
+
+
+def _ack_queue_config_from_json(raw: Mapping[str, Any]) -> AckQueueConfig:
+    tags = raw.get("tags")
+    return AckQueueConfig(
+        message_ttl_ms=raw.get("message_ttl_ms"),
+        max_length=raw.get("max_length"),
+        overflow=raw.get("overflow", OVERFLOW_DROP_HEAD),
+        single_active_consumer=bool(raw.get("single_active_consumer")),
+        delivery_limit=raw.get("delivery_limit"),
+        tag_filter=TagFilter(tags) if tags else None,
+    )
+
+
+class Broker:
+    def __init__(self, store: LogStore, config: BrokerConfig | None = None) -> None:
+        self.store = store
+        self.config = config or BrokerConfig()
+        self.topics = TopicRegistry(store)
+        self.bindings: BindingTable[Destination] = BindingTable()
+        self.offsets = OffsetStore(store)
+        self.flow = FlowControl(self.config.memory_high_watermark_bytes)
+        self.ack_queues: dict[Destination, AckQueue] = {}
+        self._ack_states = DurableTable(store, ACKS_TOPIC)
+        self._round_robin: dict[str, int] = {}
+        self._watchers: dict[Destination, list[asyncio.Future[None]]] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+        self.dead_letter_hook: DeadLetterHook | None = None
+        self._load_bindings_and_queues()
+        store.index_listeners.append(self._on_index)
+        store.retention_guards.append(self._segment_is_owed)
+
+    # -- startup / shutdown ----------------------------------------------------------------
+
+    def _load_bindings_and_queues(self) -> None:
+        table = self.topics.table
+        for key, value in table.items():
+            if key.startswith(_BINDING_KEY):
+                raw = json.loads(value)
+                self.bindings.add(
+                    raw["source"],
+                    raw["kind"],
+                    raw["pattern"],
+                    (raw["destination"][0], int(raw["destination"][1])),
+                    raw.get("arguments"),
+                )
+            elif key.startswith(_ACK_QUEUE_KEY):
+                raw = json.loads(value)
+                destination = (raw["topic"], int(raw["queue"]))
+                self._open_ack_queue(destination, _ack_queue_config_from_json(raw["config"]))
+
+    async def start(self) -> None:
+        self._tasks = [
+            asyncio.create_task(self._periodic(ACK_STATE_FLUSH_INTERVAL_S, self.flush_ack_states)),
+            asyncio.create_task(self._periodic(FLOW_CHECK_INTERVAL_S, self.check_flow)),
+        ]
+
+    async def _periodic(self, interval: float, action: Callable[[], object]) -> None:
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                action()
+            except Exception:
+                log.exception("broker task %s failed", getattr(action, "__name__", action))
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks = []
+        self.flush_ack_states()
+        for waiters in self._watchers.values():
+            for waiter in waiters:
+                if not waiter.done():
+                    waiter.cancel()
+        self._watchers.clear()
+
+    # -- topics ----------------------------------------------------------------------------
+
+    def declare_topic(
+        self, name: str, queues: int | None = None, config: dict[str, Any] | None = None
+    ) -> tuple[TopicInfo, bool]:
+        return self.topics.declare(name, queues or self.config.default_queues, config)
+
+    def topic(self, name: str, *, create: bool | None = None) -> TopicInfo:
+        info = self.topics.get(name)
+        if info is not None:
+            return info
+        if create if create is not None else self.config.auto_create_topics:
+            return self.declare_topic(name)[0]
+        raise TopicError("unknown", f"no topic {name!r}")
+
+    def delete_topic(self, name: str) -> bool:
+        info = self.topics.get(name)
+        if info is None:
+            return False
+        self.bindings.remove_source(name)
+        for queue in range(info.queues):
+            self.bindings.remove_destination((name, queue))
+        self._persist_bindings_of(name)
+        return self.topics.delete(name)
+
+    # -- bindings --------------------------------------------------------------------------
+
+    @staticmethod
+    def _binding_key(
+        source: str, kind: str, pattern: str, destination: Destination, arguments: Any
+    ) -> str:
+        identity = [source, kind, pattern, list(destination), arguments]
+        return _BINDING_KEY + json.dumps(identity, sort_keys=True, default=str)
+
+    def bind(
+        self,
+        source: str,
+        kind: MatchKind | str,
+        pattern: str,
+        destination: Destination,
+        arguments: Mapping[str, Any] | None = None,
+    ) -> bool:
+        """Add a durable binding; False if it existed already."""
+        added = self.bindings.add(source, kind, pattern, destination, arguments)
+        if added:
+            kind_name = MatchKind(kind).value
+            args = dict(arguments) if arguments else None
+            self.topics.table.put(
+                self._binding_key(source, kind_name, pattern, destination, args),
+                json.dumps(
+                    {
+                        "source": source,
+                        "kind": kind_name,
+                        "pattern": pattern,
+                        "destination": list(destination),
+                        "arguments": args,
+                    },
+                    default=str,
+                ).encode(),
+            )
+        return added
+
+    def unbind(
+        self,
+        source: str,
+        kind: MatchKind | str,
+        pattern: str,
+        destination: Destination,
+        arguments: Mapping[str, Any] | None = None,
+    ) -> bool:
+        removed = self.bindings.remove(source, kind, pattern, destination, arguments)
+        if removed:
+            args = dict(arguments) if arguments else None
+            self.topics.table.delete(
+                self._binding_key(source, MatchKind(kind).value, pattern, destination, args)
+            )
+        return removed
+
+    def _persist_bindings_of(self, name: str) -> None:
+        """Drop persisted bindings no longer in the table (after bulk removal)."""
+        live = {
+            self._binding_key(
+                b.source,
+                b.kind.value,
+                b.pattern,
+                b.destination,
+                dict(b.arguments) if b.arguments else None,
+            )
+            for b in self.bindings.bindings()
+        }
+        for key, _ in self.topics.table.items():
+            if key.startswith(_BINDING_KEY) and key not in live:
+                self.topics.table.delete(key)
+
+    def route(
+        self, topic: str, subject: str, headers: Mapping[str, Any] | None = None
+    ) -> list[Destination]:
+        """Queues a record published to ``topic`` with ``subject`` reaches through bindings,
+        following exchange-to-exchange bindings."""
+        found: list[Destination] = []
+        seen_queues: set[Destination] = set()
+        visited = {topic}
+        frontier = [topic]
+        hops = 0
+        while frontier and hops < MAX_ROUTING_HOPS:
+            hops += 1
+            next_frontier: list[str] = []
+            for source in frontier:
+                for destination in self.bindings.route(source, subject, headers):
+                    if destination[1] == EXCHANGE_QUEUE:
+                        name = destination[0]
+                        if name not in visited:
+                            visited.add(name)
+                            next_frontier.append(name)
+                            # The exchange's own stream sees what was routed to it.
+                            own = (name, 0)
+                            if own not in seen_queues and name in self.topics:
+                                seen_queues.add(own)
+                                found.append(own)
+                    elif destination not in seen_queues:
+                        seen_queues.add(destination)
+                        found.append(destination)
+            frontier = next_frontier
+        return found
+
+    # -- ack queues ------------------------------------------------------------------------
+
+    def _schedule(self, callback: Callable[[], object]) -> None:
+        try:
+            asyncio.get_running_loop().call_soon(callback)
+        except RuntimeError:
+            callback()
+
+    def _open_ack_queue(self, destination: Destination, config: AckQueueConfig) -> AckQueue:
+        queue = AckQueue(
+            self.store,
+            destination[0],
+            destination[1],
+            config,
+            schedule=self._schedule,
+            on_dead_letter=self._dead_letter,
+        )
+        raw = self._ack_states.get(self._ack_state_key(destination))
+        if raw is not None:
+            queue.restore_state(raw)
+        self.ack_queues[destination] = queue
+        return queue
+
+    def _dead_letter(self, queue: AckQueue, message: Any, reason: str) -> None:
+        if self.dead_letter_hook is not None:
+            self.dead_letter_hook(queue, message, reason)
+
+    @staticmethod
+    def _ack_state_key(destination: Destination) -> str:
+        return f"{destination[0]}\x00{destination[1]}"
+
+    def declare_ack_queue(
+        self, topic: str, queue: int = 0, config: AckQueueConfig | None = None
+    ) -> tuple[AckQueue, bool]:
+        """Get or create the durable ack queue over ``(topic, queue)``."""
+        destination = (topic, queue)
+        existing = self.ack_queues.get(destination)
+        if existing is not None:
+            return existing, False
+        config = config or AckQueueConfig()
+        created = self._open_ack_queue(destination, config)
+        self.topics.table.put(
+            _ACK_QUEUE_KEY + self._ack_state_key(destination),
+            json.dumps(
+                {"topic": topic, "queue": queue, "config": _ack_queue_config_to_json(config)}
+            ).encode(),
+        )
+        return created, True
+
+    def ack_queue(self, topic: str, queue: int = 0) -> AckQueue | None:
+        return self.ack_queues.get((topic, queue))
+
+    def delete_ack_queue(self, topic: str, queue: int = 0) -> AckQueue | None:
+        destination = (topic, queue)
+        removed = self.ack_queues.pop(destination, None)
+        if removed is None:
+            return None
+        removed.deleted = True
+        for consumer in list(removed.consumers):
+            removed.remove_consumer(consumer)
+        self.bindings.remove_destination(destination)
+        self._persist_bindings_of(topic)
+        self.topics.table.delete(_ACK_QUEUE_KEY + self._ack_state_key(destination))
+        self._ack_states.delete(self._ack_state_key(destination))
+        return removed
+
+    def flush_ack_states(self) -> int:
+        """Persist the ack state of every dirty queue (one record each)."""
+        written = 0
+        for destination, queue in self.ack_queues.items():
+            if queue.dirty:
+                queue.dirty = False
+                self._ack_states.put(self._ack_state_key(destination), queue.encode_state())
+                written += 1
+        return written
+
+    # -- publishing ------------------------------------------------------------------------
+
+    def choose_queue(self, info: TopicInfo, key: bytes | None) -> int:
+        if info.queues == 1:
+            return 0
+        if key:
+            return murmur2_partition(key, info.queues)
+        turn = self._round_robin.get(info.name, -1) + 1
+        self._round_robin[info.name] = turn
+        return turn % info.queues
+
+    def prepare_destinations(
+        self,
+        topic: str,
+        queue: int,
+        subject: str,
+        routing_headers: Mapping[str, Any] | None,
+        extra: Sequence[Destination] = (),
+    ) -> tuple[list[Destination], list[Destination]]:
+        """``(destinations, refused)``: the topic's queue, routed queues and ``extra``, minus
+        ack queues that refuse publishes (reject-publish overflow)."""
+        destinations = [(topic, queue)]
+        seen = {destinations[0]}
+        for destination in (*self.route(topic, subject, routing_headers), *extra):
+            if destination not in seen:
+                seen.add(destination)
+                destinations.append(destination)
+        refused = []
+        for destination in destinations[1:]:
+            ack_queue = self.ack_queues.get(destination)
+            if ack_queue is not None and ack_queue.would_overflow():
+                refused.append(destination)
+        if refused:
+            destinations = [d for d in destinations if d not in refused]
+        return destinations, refused
+
+    async def publish(
+        self,
+        topic: str,
+        body: bytes | memoryview | None,
+        *,
+        queue: int | None = None,
+        key: bytes | None = None,
+        subject: str = "",
+        headers: rec.Headers = (),
+        routing_headers: Mapping[str, Any] | None = None,
+        tags: Sequence[str] = (),
+        protocol: int = rec.PROTOCOL_INTERNAL,
+        client: str = "",
+        address: str = "",
+        born_ms: int = 0,
+        deliver_at_ms: int = 0,
+        extra_destinations: Sequence[Destination] = (),
+        create_topic: bool | None = None,
+        wait_durable: bool = True,
+    ) -> PublishResult:
+        """Store one record for every destination it reaches; returns once durable.
+
+        Raises TopicError for an unknown topic (unless auto-created). Ack queues refusing it
+        under reject-publish are listed in ``result.refused`` (AMQP nacks the publish then, as
+        RabbitMQ does); every other destination still gets the record.
+        """
+        if self.flow.reasons:
+            await self.flow.wait_unblocked()
+        info = self.topic(topic, create=create_topic)
+        chosen = self.choose_queue(info, key) if queue is None else queue
+        if not 0 <= chosen < info.queues:
+            raise TopicError("unknown_queue", f"topic {topic!r} has no queue {chosen}")
+        destinations, refused = self.prepare_destinations(
+            topic, chosen, subject, routing_headers, extra_destinations
+        )
+        appended = self.store.append(
+            topic,
+            chosen,
+            body,
+            key=key,
+            headers=headers,
+            tags=tags,
+            subject=subject,
+            client=client,
+            address=address,
+            destinations=destinations if len(destinations) > 1 else None,
+            protocol=protocol,
+            born_ms=born_ms,
+            deliver_at_ms=deliver_at_ms,
+        )
+        for destination in destinations[1:]:
+            ack_queue = self.ack_queues.get(destination)
+            if ack_queue is not None and ack_queue.config.max_length is not None:
+                ack_queue.enforce_max_length()
+        if wait_durable:
+            await self.store.wait_durable(appended.end, topic)
+        return PublishResult(appended, destinations, chosen, refused)
+
+    # -- index notifications and long polling ----------------------------------------------
+
+    def _on_index(self, topic: str, queue: int, offset: int) -> None:
+        destination = (topic, queue)
+        ack_queue = self.ack_queues.get(destination)
+        if ack_queue is not None:
+            ack_queue.notify()
+        waiters = self._watchers.pop(destination, None)
+        if waiters:
+            for waiter in waiters:
+                if not waiter.done():
+                    waiter.set_result(None)
+
+    async def wait_for_records(self, keys: Sequence[Destination], timeout_s: float) -> bool:
+        """Long poll: True when any of ``keys`` got a new entry before ``timeout_s``."""
+        if timeout_s <= 0 or not keys:
+            return False
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[None] = loop.create_future()
+        for key in keys:
+            self._watchers.setdefault(key, []).append(waiter)
+        try:
+            await asyncio.wait_for(asyncio.shield(waiter), timeout_s)
+            return True
+        except TimeoutError:
+            return False
+        finally:
+            for key in keys:
+                waiters = self._watchers.get(key)
+                if waiters and waiter in waiters:
+                    waiters.remove(waiter)
+
+    # -- flow control and retention --------------------------------------------------------
+
+    def check_flow(self) -> None:
+        self.flow.check_memory()
+        limit = self.config.backlog_high_watermark
+        if limit is None:
+            return
+        behind = any(q.consumers and q.message_count() > limit for q in self.ack_queues.values())
+        self.flow.set_pressure("backlog", behind)
+
+    def _segment_is_owed(self, start: int, end: int) -> bool:
+        """Retention guard: a segment holding a record an ack queue still owes, or that a
+        durable table's replay needs, is kept."""
+        for ack_queue in self.ack_queues.values():
+            owed = ack_queue.owed_from_position()
+            if owed is not None and owed < end:
+                return True
+        for table in (self.topics.table, self.offsets.table, self._ack_states):
+            needed = table.oldest_needed_position()
+            if needed is not None and needed < end:
+                # Rewrite the table's live keys at the log's end so the old segment is free.
+                table.compact()
+                needed = table.oldest_needed_position()
+                if needed is not None and needed < end:
+                    return True
+        return False

@@ -1,0 +1,94 @@
+"""Message: the protocol-neutral view of one record a consumer receives.
+
+A plain record is one message; a batch record (a Kafka RecordBatch) is ``record_count`` messages,
+each with its own queue offset. Gateways build their protocol's frames from this view.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from core.log import record as rec
+from core.log.batches import unpack_batch
+from core.log.reader import QueueRecord
+
+# Absolute expiry time (ms since the epoch, ASCII digits) set by a publisher's per-message TTL
+# (AMQP ``expiration``, MQTT 5 message expiry). Checked at delivery.
+EXPIRES_AT_HEADER = "x-braid-expires-at"
+
+
+@dataclass(slots=True)
+class Message:
+    topic: str  # the topic the publisher addressed
+    queue: int  # the queue this copy is read from ...
+    offset: int  # ... and its offset there
+    subject: str
+    key: bytes | None
+    headers: list[tuple[str, bytes]]
+    tags: list[str]
+    body: bytes | None
+    protocol: int
+    client: str
+    address: str
+    born_ms: int
+    store_ms: int
+    flags: int
+    position: int
+
+    @property
+    def expires_at_ms(self) -> int | None:
+        for name, value in self.headers:
+            if name == EXPIRES_AT_HEADER:
+                return int(value)
+        return None
+
+    def header(self, name: str) -> bytes | None:
+        for header_name, value in self.headers:
+            if header_name == name:
+                return value
+        return None
+
+
+def messages_of(queued: QueueRecord) -> list[Message]:
+    """Every message of a queue entry (one, or each record of a batch)."""
+    record = queued.record()
+    if not record.flags & rec.FLAG_BATCH:
+        return [
+            Message(
+                record.topic,
+                queued.queue,
+                queued.offset,
+                record.subject,
+                record.key,
+                record.headers,
+                record.tags,
+                record.body,
+                record.protocol,
+                record.client,
+                record.address,
+                record.born_ms,
+                record.store_ms,
+                record.flags,
+                record.position,
+            )
+        ]
+    return [
+        Message(
+            record.topic,
+            queued.queue,
+            queued.offset + inner.offset_delta,
+            record.subject,
+            inner.key,
+            inner.headers,
+            record.tags,
+            inner.value,
+            record.protocol,
+            record.client,
+            record.address,
+            inner.timestamp_ms,
+            record.store_ms,
+            record.flags & ~rec.FLAG_BATCH,
+            record.position,
+        )
+        for inner in unpack_batch(record.body or b"")
+    ]
