@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 
 from core.delivery import AckQueueConfig, Delivery
@@ -26,10 +27,8 @@ class Collector:
             self.event.clear()
             remaining = deadline - time.monotonic()
             assert remaining > 0, f"only {len(self.got)} of {n} deliveries"
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.event.wait(), remaining)
-            except TimeoutError:
-                pass
         return self.got
 
     @property
