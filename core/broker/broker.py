@@ -23,6 +23,7 @@ from typing import Any
 
 from core.broker.flow import FlowControl
 from core.broker.partitioner import murmur2_partition
+from core.broker.topics import TopicError, TopicInfo, TopicRegistry
 from core.delivery.ackqueue import (
     OVERFLOW_DROP_HEAD,
     AckQueue,
@@ -35,7 +36,6 @@ from core.log.names import ACKS_TOPIC
 from core.log.store import Appended
 from core.offsets import OffsetStore
 from core.routing.table import BindingTable, MatchKind
-from core.routing.topics import TopicError, TopicInfo, TopicRegistry
 from core.state import DurableTable
 
 log = logging.getLogger(__name__)
@@ -300,6 +300,7 @@ class Broker:
             config,
             schedule=self._schedule,
             on_dead_letter=self._dead_letter,
+            persist_now=self._persist_ack_state,
         )
         raw = self._ack_states.get(self._ack_state_key(destination))
         if raw is not None:
@@ -349,6 +350,12 @@ class Broker:
         self.topics.table.delete(_ACK_QUEUE_KEY + self._ack_state_key(destination))
         self._ack_states.delete(self._ack_state_key(destination))
         return removed
+
+    def _persist_ack_state(self, queue: AckQueue) -> None:
+        """Append one queue's state now (not awaiting fsync: the record is in the shared page
+        cache, which a process crash does not lose; the next group commit makes it durable)."""
+        queue.dirty = False
+        self._ack_states.put(self._ack_state_key((queue.topic, queue.queue)), queue.encode_state())
 
     def flush_ack_states(self) -> int:
         """Persist the ack state of every dirty queue (one record each)."""

@@ -33,6 +33,10 @@ OVERFLOW_DROP_HEAD = "drop-head"
 OVERFLOW_REJECT_PUBLISH = "reject-publish"
 # How many index entries one refill of the delivery buffer reads.
 READ_AHEAD_RECORDS = 256
+# Before delivering past the persisted delivered-frontier, the queue persists a frontier this far
+# ahead (write-ahead), so after a crash every record that may have been delivered comes back
+# flagged redelivered, whatever acks were lost with the last unpersisted batch.
+FRONTIER_LEASE = 4096
 
 REASON_REJECTED = "rejected"
 REASON_EXPIRED = "expired"
@@ -117,8 +121,10 @@ class AckQueue:
         *,
         schedule: Callable[[Callable[[], object]], object] | None = None,
         on_dead_letter: DeadLetterHook | None = None,
+        persist_now: Callable[[AckQueue], None] | None = None,
     ) -> None:
         self.store = store
+        self._persist_now = persist_now
         self.topic = topic
         self.queue = queue
         self.config = config or AckQueueConfig()
@@ -129,6 +135,7 @@ class AckQueue:
         self.cursor, _ = store.queue_bounds(topic, queue)
         self.acked: set[int] = set()
         self.delivered_frontier = self.cursor
+        self.frontier_lease = self.cursor  # persisted bound above delivered_frontier
         self.frontier = self.cursor  # next offset to read from the index
         self.inflight: dict[int, Delivery] = {}
         self._redeliver: list[int] = []  # heap of offsets
@@ -142,17 +149,19 @@ class AckQueue:
 
     def encode_state(self) -> bytes:
         acked = sorted(self.acked)
-        return _STATE_HEAD.pack(self.cursor, self.delivered_frontier, len(acked)) + struct.pack(
+        return _STATE_HEAD.pack(self.cursor, self.frontier_lease, len(acked)) + struct.pack(
             f"<{len(acked)}Q", *acked
         )
 
     def restore_state(self, raw: bytes) -> None:
         cursor, frontier, count = _STATE_HEAD.unpack_from(raw)
         acked = struct.unpack_from(f"<{count}Q", raw, _STATE_HEAD.size)
-        start, _ = self.store.queue_bounds(self.topic, self.queue)
+        start, end = self.store.queue_bounds(self.topic, self.queue)
         self.cursor = max(cursor, start)
         self.acked = {offset for offset in acked if offset >= self.cursor}
-        self.delivered_frontier = max(frontier, self.cursor)
+        # Records appended after the restart were never delivered, whatever the lease said.
+        self.delivered_frontier = max(min(frontier, end), self.cursor)
+        self.frontier_lease = self.delivered_frontier
         self.frontier = self.cursor
         self._buffer.clear()
         self._advance_cursor()
@@ -305,21 +314,36 @@ class AckQueue:
 
     def pump(self) -> int:
         """Deliver as much as consumers can take now; returns deliveries made."""
-        self._pump_scheduled = False
         if self.deleted:
+            self._pump_scheduled = False
             return 0
+        # Acks made by consumers inside this loop must not schedule another pump: the loop
+        # re-checks capacity itself.
+        self._pump_scheduled = True
         delivered = 0
-        eligible = self._eligible()
-        while eligible:
-            message = self._next_message()
-            if message is None:
-                break
-            self._turn += 1
-            consumer = eligible[self._turn % len(eligible)]
-            self._deliver_to(consumer, message, track=not consumer.no_ack)
-            delivered += 1
-            if not consumer.has_capacity():
-                eligible.remove(consumer)
+        try:
+            while True:
+                eligible = self._eligible()
+                if not eligible:
+                    break
+                progressed = False
+                if len(eligible) > 1:
+                    self._turn = (self._turn + 1) % len(eligible)
+                    eligible = eligible[self._turn :] + eligible[: self._turn]
+                for consumer in eligible:
+                    while consumer.has_capacity() and consumer in self.consumers:
+                        message = self._next_message()
+                        if message is None:
+                            return delivered
+                        self._deliver_to(consumer, message, track=not consumer.no_ack)
+                        delivered += 1
+                        progressed = True
+                        if len(eligible) > 1:
+                            break  # round robin: next consumer
+                if not progressed:
+                    break
+        finally:
+            self._pump_scheduled = False
         return delivered
 
     def _deliver_to(self, consumer: Consumer | None, message: Message, *, track: bool) -> Delivery:
@@ -330,6 +354,10 @@ class AckQueue:
         if offset >= self.delivered_frontier:
             self.delivered_frontier = offset + 1
             self.dirty = True
+            if offset >= self.frontier_lease:
+                self.frontier_lease = offset + FRONTIER_LEASE
+                if self._persist_now is not None:
+                    self._persist_now(self)
         delivery = Delivery(self, offset, message, redelivered, count, consumer)
         if not track:
             self._mark_acked(offset)

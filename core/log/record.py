@@ -312,6 +312,9 @@ class Record:
         return self.destinations or [(self.topic, self.queue)]
 
 
+_topic_names: dict[bytes, str] = {}
+
+
 def decode_record(buf: memoryview | bytes, pos: int, position: int | None = None) -> Record:
     """Decode the (already verified) frame at ``buf[pos:]``; ``position`` labels it."""
     (
@@ -336,10 +339,15 @@ def decode_record(buf: memoryview | bytes, pos: int, position: int | None = None
         body_len,
     ) = HEADER.unpack_from(buf, pos)
     raw = bytes(buf[pos + HEADER_SIZE : pos + total])
-    cursor = 0
-    topic = raw[cursor : cursor + topic_len].decode()
-    cursor += topic_len
-    subject = raw[cursor : cursor + subject_len].decode()
+    # Topic names repeat: decode each once.
+    topic_raw = raw[:topic_len]
+    topic = _topic_names.get(topic_raw)
+    if topic is None:
+        topic = topic_raw.decode()
+        if len(_topic_names) < 65_536:
+            _topic_names[topic_raw] = topic
+    cursor = topic_len
+    subject = raw[cursor : cursor + subject_len].decode() if subject_len else ""
     cursor += subject_len
     key: bytes | None
     if key_len == _NULL_LEN:
@@ -351,32 +359,32 @@ def decode_record(buf: memoryview | bytes, pos: int, position: int | None = None
     cursor += headers_len
     tags = decode_tags(raw[cursor : cursor + tags_len]) if tags_len else []
     cursor += tags_len
-    client = raw[cursor : cursor + client_len].decode()
+    client = raw[cursor : cursor + client_len].decode() if client_len else ""
     cursor += client_len
-    address = raw[cursor : cursor + address_len].decode()
+    address = raw[cursor : cursor + address_len].decode() if address_len else ""
     cursor += address_len
     dests = decode_destinations(raw[cursor : cursor + dests_len]) if dests_len else []
     cursor += dests_len
     body: bytes | None = None if body_len == _NULL_LEN else raw[cursor:]
     return Record(
-        position=pos if position is None else position,
-        size=total,
-        flags=flags,
-        protocol=protocol,
-        store_ms=store_ms,
-        born_ms=born_ms,
-        deliver_at_ms=deliver_at_ms,
-        topic=topic,
-        queue=queue,
-        record_count=record_count,
-        subject=subject,
-        key=key,
-        headers=headers,
-        tags=tags,
-        client=client,
-        address=address,
-        destinations=dests,
-        body=body,
+        pos if position is None else position,
+        total,
+        flags,
+        protocol,
+        store_ms,
+        born_ms,
+        deliver_at_ms,
+        topic,
+        queue,
+        record_count,
+        subject,
+        key,
+        headers,
+        tags,
+        client,
+        address,
+        dests,
+        body,
     )
 
 

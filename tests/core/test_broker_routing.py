@@ -7,9 +7,9 @@ import asyncio
 import pytest
 
 from core.broker import EXCHANGE_QUEUE
+from core.broker.topics import TopicError
 from core.delivery import AckQueueConfig, Delivery
 from core.delivery.ackqueue import OVERFLOW_REJECT_PUBLISH
-from core.routing.topics import TopicError
 
 from .conftest import close_broker
 

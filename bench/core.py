@@ -1,0 +1,205 @@
+"""``python -m bench core``: the protocol-neutral core, in process, no sockets.
+
+1. Publish cost with 1, 100 and 100,000 bindings that do not match (AMQP topic patterns, MQTT
+   filters, exact keys), as a ratio to the 1-binding case: the tries keep it flat.
+2. Ack-queue deliver+ack throughput: a consumer acking every delivery as it arrives.
+3. Offset-group commit throughput: commits appended back to back, one durable wait at the end,
+   and commits each awaited (sync durability: group commit shares the fsyncs).
+
+Every figure is printed beside the process CPU time it cost. The log runs in ``async``
+durability for 1 and 2, so routing and delivery, not the disk, are measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import os
+import platform
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from core.broker import Broker, BrokerConfig
+from core.delivery import Delivery
+from core.log import DURABILITY_ASYNC, DURABILITY_SYNC, LogConfig, LogStore
+
+BINDING_COUNTS = (1, 100, 100_000)
+PUBLISHES = 20_000
+DELIVER_RECORDS = 200_000
+COMMITS = 20_000
+TARGET_PUBLISH_RATIO = 1.5
+TARGET_DELIVER_ACK = 100_000
+
+
+def open_broker(data_dir: Path, durability: str) -> Broker:
+    store = LogStore(
+        LogConfig(data_dir, segment_size=256 << 20, durability=durability, retention_ms=None)
+    )
+    return Broker(store, BrokerConfig())
+
+
+def timed(action: Callable[[], object]) -> tuple[float, float]:
+    cpu = time.process_time()
+    wall = time.perf_counter()
+    action()
+    return time.perf_counter() - wall, time.process_time() - cpu
+
+
+async def bench_publish(
+    root: Path, kind: str, bindings: int, publishes: int
+) -> tuple[float, float]:
+    broker = open_broker(root / f"pub-{kind}-{bindings}", DURABILITY_ASYNC)
+    broker.declare_topic("bench")
+    for i in range(bindings):
+        if kind == "topic":
+            pattern = f"dev.{i}.*.temp"
+        elif kind == "mqtt":
+            pattern = f"sensors/{i}/+/temp"
+        else:
+            pattern = f"key.{i}"
+        # In-memory only: persisting 100k bindings is not what is measured.
+        broker.bindings.add("bench", kind, pattern, (f"q{i}", 0))
+    subject = {"topic": "dev.x.y.humidity", "mqtt": "sensors/x/y/humidity", "exact": "key.x"}[kind]
+    for _ in range(1000):  # warm up
+        await broker.publish("bench", b"x" * 100, subject=subject, wait_durable=False)
+    cpu = time.process_time()
+    wall = time.perf_counter()
+    for _ in range(publishes):
+        await broker.publish("bench", b"x" * 100, subject=subject, wait_durable=False)
+    elapsed = time.perf_counter() - wall
+    used = time.process_time() - cpu
+    await broker.close()
+    await broker.store.aclose()
+    return elapsed / publishes, used / publishes
+
+
+async def bench_deliver_ack(root: Path, records: int) -> tuple[float, float]:
+    broker = open_broker(root / "deliver", DURABILITY_ASYNC)
+    queue, _ = broker.declare_ack_queue("jobs")
+    bodies = [b"y" * 100] * 1000
+    for _ in range(records // 1000):
+        broker.store.append_many("jobs", 0, bodies)
+    done = asyncio.Event()
+    count = 0
+
+    def deliver(delivery: Delivery) -> None:
+        nonlocal count
+        delivery.ack()
+        count += 1
+        if count >= records:
+            done.set()
+
+    cpu = time.process_time()
+    wall = time.perf_counter()
+    queue.add_consumer("c", 1000, deliver)
+    await done.wait()
+    elapsed = time.perf_counter() - wall
+    used = time.process_time() - cpu
+    await broker.close()
+    await broker.store.aclose()
+    return elapsed, used
+
+
+async def bench_commits(root: Path, commits: int, awaited: bool) -> tuple[float, float]:
+    broker = open_broker(root / f"commits-{awaited}", DURABILITY_SYNC)
+    await broker.store.start()
+    cpu = time.process_time()
+    wall = time.perf_counter()
+    if awaited:
+
+        async def committer(worker: int) -> None:
+            for n in range(commits // 64):
+                await broker.offsets.commit(f"g{worker}", [("t", 0, n, -1, "")])
+
+        await asyncio.gather(*(committer(w) for w in range(64)))
+    else:
+        end = 0
+        for n in range(commits):
+            end = broker.offsets.commit_nowait("g", [("t", n % 8, n, -1, "")])
+        await broker.store.wait_durable(end)
+    elapsed = time.perf_counter() - wall
+    used = time.process_time() - cpu
+    await broker.close()
+    await broker.store.aclose()
+    return elapsed, used
+
+
+def machine() -> str:
+    model = "unknown cpu"
+    try:
+        with open("/proc/cpuinfo") as info:
+            for line in info:
+                if line.startswith("model name"):
+                    model = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return f"{model}, {os.cpu_count()} cores, {platform.system()} {platform.release()}"
+
+
+async def run(args: argparse.Namespace) -> int:
+    root = Path(tempfile.mkdtemp(prefix="braid-bench-core-", dir=args.dir))
+    failures = 0
+    try:
+        print(
+            f"# bench core  {datetime.date.today()}  {machine()}  Python {platform.python_version()}"
+        )
+        print()
+        print("## Publish cost vs bindings (async durability, 100-byte body, no match)")
+        print("| kind | bindings | µs/publish | CPU µs/publish | ratio to 1 | target |")
+        print("|---|---|---|---|---|---|")
+        for kind in ("topic", "mqtt", "exact"):
+            base = None
+            for count in BINDING_COUNTS:
+                per, cpu = await bench_publish(root, kind, count, args.publishes)
+                base = base or per
+                ratio = per / base
+                verdict = ""
+                if count == BINDING_COUNTS[-1]:
+                    ok = ratio <= TARGET_PUBLISH_RATIO
+                    failures += not ok
+                    verdict = f"<= {TARGET_PUBLISH_RATIO}x {'PASS' if ok else 'FAIL'}"
+                print(
+                    f"| {kind} | {count:,} | {per * 1e6:.1f} | {cpu * 1e6:.1f} | "
+                    f"{ratio:.2f}x | {verdict} |"
+                )
+        print()
+        print("## Ack queue deliver + ack (in process, prefetch 1000)")
+        elapsed, cpu = await bench_deliver_ack(root, args.records)
+        rate = args.records / elapsed
+        ok = rate >= TARGET_DELIVER_ACK
+        failures += not ok
+        print("| records | records/s | CPU s | target |")
+        print("|---|---|---|---|")
+        print(
+            f"| {args.records:,} | {rate:,.0f} | {cpu:.2f} | "
+            f">= {TARGET_DELIVER_ACK:,} {'PASS' if ok else 'FAIL'} |"
+        )
+        print()
+        print("## Offset-group commits (sync durability)")
+        print("| mode | commits | commits/s | CPU s |")
+        print("|---|---|---|---|")
+        for awaited in (False, True):
+            elapsed, cpu = await bench_commits(root, args.commits, awaited)
+            mode = "64 committers, each commit awaited" if awaited else "back to back, one wait"
+            print(f"| {mode} | {args.commits:,} | {args.commits / elapsed:,.0f} | {cpu:.2f} |")
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    return 1 if failures else 0
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench core", description=__doc__)
+    parser.add_argument("--dir", default=None, help="where temporary data directories go")
+    parser.add_argument("--publishes", type=int, default=PUBLISHES)
+    parser.add_argument("--records", type=int, default=DELIVER_RECORDS)
+    parser.add_argument("--commits", type=int, default=COMMITS)
+    parser.add_argument("--quick", action="store_true", help="a small run")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.publishes, args.records, args.commits = 2000, 20_000, 2000
+    return asyncio.run(run(args))
