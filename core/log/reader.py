@@ -31,6 +31,7 @@ class QueueRecord:
 
     __slots__ = (
         "frame",
+        "link_headers",
         "offset",
         "position",
         "queue",
@@ -41,7 +42,14 @@ class QueueRecord:
         "topic",
     )
 
-    def __init__(self, topic: str, queue: int, entry: IndexEntry, frame: memoryview) -> None:
+    def __init__(
+        self,
+        topic: str,
+        queue: int,
+        entry: IndexEntry,
+        frame: memoryview,
+        link_headers: list[tuple[str, bytes]] | None = None,
+    ) -> None:
         self.topic = topic
         self.queue = queue
         self.offset = entry.first_offset
@@ -50,14 +58,18 @@ class QueueRecord:
         self.size = entry.size
         self.store_ms = entry.store_ms
         self.tag_mask = entry.tag_mask
-        self.frame = frame
+        self.frame = frame  # the data frame (a LINK entry is followed to its target)
+        self.link_headers = link_headers
 
     @property
     def next_offset(self) -> int:
         return self.offset + self.record_count
 
     def record(self) -> rec.Record:
-        return rec.decode_record(self.frame, 0, self.position)
+        record = rec.decode_record(self.frame, 0, self.position)
+        if self.link_headers:
+            record.headers.extend(self.link_headers)
+        return record
 
     @property
     def body(self) -> memoryview:
@@ -199,11 +211,14 @@ class LogReader:
                 except KeyError:
                     continue  # deleted by retention while we read
                 frame = buf[start : start + size]
+                link_headers = None
+                if rec.FLAGS.unpack_from(frame, rec.FLAGS_OFFSET)[0] & rec.FLAG_LINK:
+                    frame, link_headers = self._follow_link(frame, entry.position)
                 if tag_filter is not None and not tag_filter.matches(rec.tags_slice(frame, 0)):
                     continue
                 if max_bytes is not None and out and total_bytes + size > max_bytes:
                     return out
-                out.append(QueueRecord(topic, queue, entry, frame))
+                out.append(QueueRecord(topic, queue, entry, frame, link_headers))
                 records += entry.record_count
                 total_bytes += size
                 if records >= max_records:
@@ -211,6 +226,14 @@ class LogReader:
             if not batch:
                 break
         return out
+
+    def _follow_link(
+        self, frame: memoryview, position: int
+    ) -> tuple[memoryview, list[tuple[str, bytes]]]:
+        link = rec.decode_record(frame, 0, position)
+        ((target_position, _size),) = rec.decode_link_body(link.body or b"")
+        buf, start, size = self.commitlog.read_frame(target_position)
+        return buf[start : start + size], link.headers
 
     def offset_for_time(self, topic: str, queue: int, timestamp_ms: int) -> int:
         """The first offset stored at or after ``timestamp_ms``; the next offset if none."""

@@ -32,9 +32,12 @@ Frame layout, little-endian, fixed 72-byte header then the variable fields in th
 Headers: repeated ``u16 name_len, name, u32 value_len, value`` (order kept, duplicates allowed).
 Tags: repeated ``u8 len, tag`` (UTF-8). Destinations: repeated ``u16 topic_len, topic, u32 queue``.
 
-A LINK record's body is ``u64 position, u32 size`` of an earlier record: replaying it indexes that
-record into the LINK's destinations, so moving a record (commit of a half message, a timer firing,
-a dead-letter move) never copies its body.
+A LINK record's body is repeated ``u64 position, u32 size`` of earlier records: replaying it
+indexes those records into the LINK's destinations, or each into its own destinations when the
+LINK names none, all in one frame (so a multi-record transaction commits atomically). Moving a
+record (commit of a half message, a timer firing, a dead-letter move) never copies its body. A
+LINK with headers has one target and is itself what gets indexed: readers follow it to the target
+and add the LINK's headers (e.g. AMQP's ``x-death``) to the target's.
 """
 
 from __future__ import annotations
@@ -75,6 +78,8 @@ HEADER_SIZE = HEADER.size  # 72
 # The prefix every frame starts with, including a BLANK filler: total_size, magic, crc32c.
 PREFIX = struct.Struct("<III")
 CRC_START = PREFIX.size  # the checksum covers everything after the prefix
+FLAGS = struct.Struct("<H")
+FLAGS_OFFSET = 12
 _NULL_LEN = 0xFFFFFFFF
 _LINK_BODY = struct.Struct("<QI")
 _HEADER_NAME = struct.Struct("<H")
@@ -167,13 +172,12 @@ def decode_destinations(raw: bytes | memoryview) -> list[tuple[str, int]]:
     return out
 
 
-def encode_link_body(position: int, size: int) -> bytes:
-    return _LINK_BODY.pack(position, size)
+def encode_link_body(targets: Iterable[tuple[int, int]]) -> bytes:
+    return b"".join(_LINK_BODY.pack(position, size) for position, size in targets)
 
 
-def decode_link_body(body: bytes | memoryview) -> tuple[int, int]:
-    position, size = _LINK_BODY.unpack_from(body, 0)
-    return int(position), int(size)
+def decode_link_body(body: bytes | memoryview) -> list[tuple[int, int]]:
+    return [(int(p), int(s)) for p, s in _LINK_BODY.iter_unpack(body)]
 
 
 def encode_record(

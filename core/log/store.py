@@ -144,7 +144,7 @@ class LogStore(LogReader):
         size = len(frame)
         self.metrics["appends"] += 1
         self.metrics["appended_bytes"] += size
-        targets = destinations or ((topic, queue),)
+        targets = destinations or (None if flags & rec.FLAG_LINK else ((topic, queue),))
         offsets = self._dispatch(
             position, size, flags, targets, tags_mask(tags) if tags else 0, record_count, store_ms
         )
@@ -218,21 +218,28 @@ class LogStore(LogReader):
 
     def link(
         self,
-        position: int,
-        destinations: Sequence[tuple[str, int]],
+        positions: Sequence[int],
+        destinations: Sequence[tuple[str, int]] | None = None,
         *,
         headers: rec.Headers = (),
     ) -> Appended:
-        """Index the earlier record at ``position`` into ``destinations`` by appending a LINK
-        record (a few dozen bytes, the body is not copied). Used to make half messages and
-        delayed records visible and to move records to retry and dead-letter queues."""
-        _buf, _start, size = self.commitlog.read_frame(position)
+        """Index earlier records (by commit-log position) by appending one LINK record: into
+        ``destinations``, or each into its own destinations when None. A few dozen bytes; bodies
+        are not copied. With ``headers`` (one position only) readers of the destinations see the
+        record with those headers added. Makes half messages and delayed records visible and
+        moves records to retry and dead-letter queues; several positions link atomically."""
+        if headers and len(positions) != 1:
+            raise ValueError("a LINK with headers has exactly one target")
+        targets = []
+        for position in positions:
+            _buf, _start, size = self.commitlog.read_frame(position)
+            targets.append((position, size))
         return self.append(
             names.TRANSACTIONS_TOPIC,
             0,
-            rec.encode_link_body(position, size),
+            rec.encode_link_body(targets),
             headers=headers,
-            destinations=list(destinations),
+            destinations=list(destinations) if destinations else None,
             flags=rec.FLAG_LINK,
         )
 
@@ -249,22 +256,31 @@ class LogStore(LogReader):
         position: int,
         size: int,
         flags: int,
+        targets: Sequence[tuple[str, int]] | None,
+        tag_mask: int,
+        record_count: int,
+        store_ms: int,
+    ) -> list[tuple[str, int, int]]:
+        """Write the index entries of the frame at ``position``. ``targets`` None: the frame
+        names no destinations (its own (topic, queue), or per link target)."""
+        if flags & rec.FLAG_LINK:
+            return self._dispatch_link(position, size, targets, store_ms)
+        if flags & rec.FLAG_HALF:
+            targets = ((names.HALF_TOPIC, 0),)
+        elif flags & rec.FLAG_DELAYED:
+            targets = ((names.TIMERS_TOPIC, 0),)
+        assert targets is not None
+        return self._index(position, size, targets, tag_mask, record_count, store_ms)
+
+    def _index(
+        self,
+        position: int,
+        size: int,
         targets: Sequence[tuple[str, int]],
         tag_mask: int,
         record_count: int,
         store_ms: int,
     ) -> list[tuple[str, int, int]]:
-        if flags & rec.FLAG_LINK:
-            buf, start, _ = self.commitlog.read_frame(position)
-            position, size = rec.decode_link_body(rec.body_slice(buf[start : start + size], 0))
-            buf, start, _ = self.commitlog.read_frame(position)
-            header = rec.HEADER.unpack_from(buf, start)
-            record_count = header[9]
-            tag_mask = tags_mask(rec.tags_slice(buf, start))
-        elif flags & rec.FLAG_HALF:
-            targets = ((names.HALF_TOPIC, 0),)
-        elif flags & rec.FLAG_DELAYED:
-            targets = ((names.TIMERS_TOPIC, 0),)
         offsets = []
         for topic, queue in targets:
             index = self._queue_for_write(topic, queue)
@@ -275,6 +291,30 @@ class LogStore(LogReader):
         self.metrics["index_entries"] += len(targets)
         return offsets
 
+    def _dispatch_link(
+        self,
+        position: int,
+        size: int,
+        destinations: Sequence[tuple[str, int]] | None,
+        store_ms: int,
+    ) -> list[tuple[str, int, int]]:
+        buf, start, _ = self.commitlog.read_frame(position)
+        link = rec.decode_record(buf, start, position)
+        offsets: list[tuple[str, int, int]] = []
+        for target_position, target_size in rec.decode_link_body(link.body or b""):
+            tbuf, tstart, _ = self.commitlog.read_frame(target_position)
+            target = rec.decode_record(tbuf, tstart, target_position)
+            mask = tags_mask(target.tags) if target.tags else 0
+            where = destinations or target.index_targets()
+            if link.headers:
+                # The entry points at the LINK so readers see its headers (x-death and such).
+                offsets += self._index(position, size, where, mask, target.record_count, store_ms)
+            else:
+                offsets += self._index(
+                    target_position, target_size, where, mask, target.record_count, store_ms
+                )
+        return offsets
+
     def dispatch_frame(self, position: int, size: int) -> None:
         """Re-index one verified frame (recovery)."""
         buf, start, _ = self.commitlog.read_frame(position)
@@ -283,7 +323,8 @@ class LogStore(LogReader):
             position,
             size,
             record.flags,
-            record.index_targets(),
+            record.destinations
+            or (None if record.flags & rec.FLAG_LINK else record.index_targets()),
             tags_mask(record.tags) if record.tags else 0,
             record.record_count,
             record.store_ms,

@@ -89,7 +89,8 @@ def test_blank_frame_verifies_as_its_size():
 
 
 def test_link_body_round_trip():
-    assert rec.decode_link_body(rec.encode_link_body(2**40 + 3, 777)) == (2**40 + 3, 777)
+    targets = [(2**40 + 3, 777), (5, 80)]
+    assert rec.decode_link_body(rec.encode_link_body(targets)) == targets
 
 
 def test_null_key_and_body_flags():

@@ -155,8 +155,8 @@ def test_half_and_delayed_records_are_invisible_until_linked(store: LogStore):
     assert store.read("orders", 0, 0) == []
     assert [bytes(r.body) for r in store.read(names.HALF_TOPIC, 0, 0)] == [b"half"]
     assert [bytes(r.body) for r in store.read(names.TIMERS_TOPIC, 0, 0)] == [b"later"]
-    store.link(half.position, [("orders", 0), ("audit", 0)])
-    store.link(delayed.position, [("orders", 0)])
+    store.link([half.position], [("orders", 0), ("audit", 0)])
+    store.link([delayed.position], [("orders", 0)])
     assert [bytes(r.body) for r in store.read("orders", 0, 0)] == [b"half", b"later"]
     assert [bytes(r.body) for r in store.read("audit", 0, 0)] == [b"half"]
 
@@ -167,7 +167,7 @@ def test_links_and_indexes_survive_recovery_without_checkpoint(tmp_path: Path):
     half = store.append("orders", 0, b"half", flags=rec.FLAG_HALF, tags=["T"])
     for i in range(300):
         store.append("orders", i % 2, b"x" * i)
-    store.link(half.position, [("orders", 0)])
+    store.link([half.position], [("orders", 0)])
     store.flush()
     # Simulate a crash: no clean close, and a checkpoint from before everything.
     (data_dir / names.CHECKPOINT_FILE).write_text('{"position": 0, "queues": {}}')
@@ -330,3 +330,25 @@ def test_topic_directory_names_round_trip():
         assert "/" not in encoded
         assert not encoded.startswith(".")
         assert names.decode_topic_dir(encoded) == topic
+
+
+def test_link_many_uses_each_targets_own_destinations_atomically(store: LogStore):
+    first = store.append("a", 0, b"one", flags=rec.FLAG_HALF, destinations=[("a", 0), ("q", 0)])
+    second = store.append("b", 2, b"two", flags=rec.FLAG_HALF)
+    assert store.read("a", 0, 0) == []
+    link = store.link([first.position, second.position])
+    assert sorted(link.offsets) == [("a", 0, 0), ("b", 2, 0), ("q", 0, 0)]
+    assert [bytes(r.body) for r in store.read("q", 0, 0)] == [b"one"]
+    assert [bytes(r.body) for r in store.read("b", 2, 0)] == [b"two"]
+
+
+def test_link_with_headers_adds_them_for_readers_of_the_destination(store: LogStore):
+    original = store.append("orders", 0, b"payload", headers=[("h", b"1")], tags=["T"])
+    store.link([original.position], [("dlq", 0)], headers=[("x-death-reason", b"rejected")])
+    (dead,) = store.read("dlq", 0, 0, tag_filter=TagFilter(["T"]))
+    record = dead.record()
+    assert record.body == b"payload"
+    assert record.headers == [("h", b"1"), ("x-death-reason", b"rejected")]
+    assert bytes(dead.body) == b"payload"
+    (plain,) = store.read("orders", 0, 0)
+    assert plain.record().headers == [("h", b"1")]
