@@ -22,6 +22,8 @@ from core.log.tags import TagFilter
 
 log = logging.getLogger(__name__)
 
+# A record moved (dead-lettered, retried) more often than this is refused as corrupt.
+MAX_LINK_DEPTH = 64
 # How many index entries one read looks at, at most, when a tag filter skips entries.
 MAX_ENTRIES_SCANNED_PER_READ = 65_536
 
@@ -68,6 +70,8 @@ class QueueRecord:
     def record(self) -> rec.Record:
         record = rec.decode_record(self.frame, 0, self.position)
         if self.link_headers:
+            overridden = {name for name, _ in self.link_headers}
+            record.headers[:] = [h for h in record.headers if h[0] not in overridden]
             record.headers.extend(self.link_headers)
         return record
 
@@ -230,10 +234,19 @@ class LogReader:
     def _follow_link(
         self, frame: memoryview, position: int
     ) -> tuple[memoryview, list[tuple[str, bytes]]]:
-        link = rec.decode_record(frame, 0, position)
-        ((target_position, _size),) = rec.decode_link_body(link.body or b"")
-        buf, start, size = self.commitlog.read_frame(target_position)
-        return buf[start : start + size], link.headers
+        """The data frame behind a LINK entry, and the LINK headers to lay over its own (a
+        record dead-lettered twice is a LINK to a LINK: the outer headers win)."""
+        headers: dict[str, bytes] = {}
+        for _ in range(MAX_LINK_DEPTH):
+            link = rec.decode_record(frame, 0, position)
+            for name, value in link.headers:
+                headers.setdefault(name, value)
+            ((position, _size),) = rec.decode_link_body(link.body or b"")
+            buf, start, size = self.commitlog.read_frame(position)
+            frame = buf[start : start + size]
+            if not rec.FLAGS.unpack_from(frame, rec.FLAGS_OFFSET)[0] & rec.FLAG_LINK:
+                return frame, list(headers.items())
+        raise rec.CorruptRecordError(position, "LINK chain too deep")
 
     def offset_for_time(self, topic: str, queue: int, timestamp_ms: int) -> int:
         """The first offset stored at or after ``timestamp_ms``; the next offset if none."""

@@ -222,12 +222,15 @@ class LogStore(LogReader):
         destinations: Sequence[tuple[str, int]] | None = None,
         *,
         headers: rec.Headers = (),
+        deliver_at_ms: int = 0,
     ) -> Appended:
         """Index earlier records (by commit-log position) by appending one LINK record: into
         ``destinations``, or each into its own destinations when None. A few dozen bytes; bodies
         are not copied. With ``headers`` (one position only) readers of the destinations see the
         record with those headers added. Makes half messages and delayed records visible and
-        moves records to retry and dead-letter queues; several positions link atomically."""
+        moves records to retry and dead-letter queues; several positions link atomically. With
+        ``deliver_at_ms`` in the future the LINK itself is delayed (a retry with back-off): it
+        waits in ``__timers`` like any delayed record."""
         if headers and len(positions) != 1:
             raise ValueError("a LINK with headers has exactly one target")
         targets = []
@@ -241,6 +244,7 @@ class LogStore(LogReader):
             headers=headers,
             destinations=list(destinations) if destinations else None,
             flags=rec.FLAG_LINK,
+            deliver_at_ms=deliver_at_ms,
         )
 
     # -- dispatch: index entries -----------------------------------------------------------
@@ -263,12 +267,12 @@ class LogStore(LogReader):
     ) -> list[tuple[str, int, int]]:
         """Write the index entries of the frame at ``position``. ``targets`` None: the frame
         names no destinations (its own (topic, queue), or per link target)."""
-        if flags & rec.FLAG_LINK:
-            return self._dispatch_link(position, size, targets, store_ms)
         if flags & rec.FLAG_HALF:
             targets = ((names.HALF_TOPIC, 0),)
         elif flags & rec.FLAG_DELAYED:
             targets = ((names.TIMERS_TOPIC, 0),)
+        elif flags & rec.FLAG_LINK:
+            return self._dispatch_link(position, size, targets, store_ms)
         assert targets is not None
         return self._index(position, size, targets, tag_mask, record_count, store_ms)
 

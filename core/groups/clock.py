@@ -1,0 +1,95 @@
+"""Time for the group coordinator: a monotonic clock in milliseconds and one-shot timers.
+
+The coordinator needs three kinds of timers, all one-shot: the join deadline of a rebalance
+(rebalance timeout, or group.initial.rebalance.delay for an Empty group), the sync deadline after
+a join completes, and one session-expiry timer per member and per KIP-394 pending member.
+:class:`LoopClock` runs them on the running asyncio loop; :class:`ManualClock` runs them only when
+a test calls :meth:`ManualClock.advance`, so timeout tests take no wall time (uvicorn's
+``MockLoop.run_later`` is the model).
+
+Thread-safety: none; both clocks belong to the event-loop thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+from collections.abc import Callable
+from typing import Protocol
+
+
+class Timer(Protocol):
+    """A scheduled callback that can be cancelled (``asyncio.TimerHandle`` is one)."""
+
+    def cancel(self) -> None: ...
+
+
+class Clock(Protocol):
+    """Monotonic time in milliseconds and one-shot timers."""
+
+    def now_ms(self) -> float: ...
+
+    def call_later(self, delay_ms: float, callback: Callable[[], None]) -> Timer: ...
+
+
+class LoopClock:
+    """The running asyncio loop's clock. Looks the loop up at each call, so it can be built
+    before the loop runs (the coordinator is created at configuration time)."""
+
+    def now_ms(self) -> float:
+        return asyncio.get_running_loop().time() * 1000.0
+
+    def call_later(self, delay_ms: float, callback: Callable[[], None]) -> Timer:
+        return asyncio.get_running_loop().call_later(max(delay_ms, 0.0) / 1000.0, callback)
+
+
+class _ManualTimer:
+    __slots__ = ("callback", "cancelled", "due_ms")
+
+    def __init__(self, due_ms: float, callback: Callable[[], None]) -> None:
+        self.due_ms = due_ms
+        self.callback = callback
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class ManualClock:
+    """A clock that moves only when told to: for tests, and for anything replaying time.
+
+    Timers due at the same instant fire in the order they were scheduled.
+    """
+
+    def __init__(self, start_ms: float = 0.0) -> None:
+        self._now_ms = start_ms
+        self._heap: list[tuple[float, int, _ManualTimer]] = []
+        self._sequence = itertools.count()
+
+    def now_ms(self) -> float:
+        return self._now_ms
+
+    def call_later(self, delay_ms: float, callback: Callable[[], None]) -> Timer:
+        timer = _ManualTimer(self._now_ms + max(delay_ms, 0.0), callback)
+        heapq.heappush(self._heap, (timer.due_ms, next(self._sequence), timer))
+        return timer
+
+    def advance(self, delta_ms: float) -> int:
+        """Move time forward by ``delta_ms``, firing every timer that falls due on the way
+        (including timers those callbacks schedule inside the window). Returns how many fired."""
+        target = self._now_ms + delta_ms
+        fired = 0
+        while self._heap and self._heap[0][0] <= target:
+            due_ms, _, timer = heapq.heappop(self._heap)
+            if timer.cancelled:
+                continue
+            self._now_ms = max(self._now_ms, due_ms)
+            timer.callback()
+            fired += 1
+        self._now_ms = max(self._now_ms, target)
+        return fired
+
+    def pending(self) -> int:
+        """The number of timers scheduled and not cancelled."""
+        return sum(1 for _, _, timer in self._heap if not timer.cancelled)
