@@ -24,16 +24,26 @@ from typing import Any
 from core.broker.flow import FlowControl
 from core.broker.partitioner import murmur2_partition
 from core.broker.topics import TopicError, TopicInfo, TopicRegistry
+from core.deadletter.policy import (
+    DEAD_LETTER_REASON_HEADER,
+    RETRY_COUNT_HEADER,
+    X_DEATH_HEADER,
+    DeadLetterPolicy,
+    updated_x_death,
+)
 from core.delivery.ackqueue import (
     OVERFLOW_DROP_HEAD,
+    REASON_DELIVERY_LIMIT,
+    REASON_REJECTED,
     AckQueue,
     AckQueueConfig,
     DeadLetterHook,
 )
+from core.delivery.message import Message
 from core.log import LogStore, TagFilter
 from core.log import record as rec
 from core.log.names import ACKS_TOPIC
-from core.log.store import Appended
+from core.log.store import Appended, now_ms
 from core.offsets import OffsetStore
 from core.routing.table import BindingTable, MatchKind
 from core.state import DurableTable
@@ -81,6 +91,7 @@ def _ack_queue_config_to_json(config: AckQueueConfig) -> dict[str, Any]:
         "single_active_consumer": config.single_active_consumer,
         "delivery_limit": config.delivery_limit,
         "tags": sorted(config.tag_filter.tags) if config.tag_filter else None,
+        "dead_letter": config.dead_letter.to_json(),
     }
 
 
@@ -93,6 +104,7 @@ def _ack_queue_config_from_json(raw: Mapping[str, Any]) -> AckQueueConfig:
         single_active_consumer=bool(raw.get("single_active_consumer")),
         delivery_limit=raw.get("delivery_limit"),
         tag_filter=TagFilter(tags) if tags else None,
+        dead_letter=DeadLetterPolicy.from_json(raw.get("dead_letter")),
     )
 
 
@@ -109,7 +121,10 @@ class Broker:
         self._round_robin: dict[str, int] = {}
         self._watchers: dict[Destination, list[asyncio.Future[None]]] = {}
         self._tasks: list[asyncio.Task[None]] = []
+        # Observer of records leaving a queue unconsumed (tests, metrics); the move itself is
+        # the broker's (_dead_letter).
         self.dead_letter_hook: DeadLetterHook | None = None
+        self.metrics: dict[str, int] = {"retried": 0, "dead_lettered": 0, "dropped": 0}
         self._load_bindings_and_queues()
         store.index_listeners.append(self._on_index)
         store.retention_guards.append(self._segment_is_owed)
@@ -308,9 +323,62 @@ class Broker:
         self.ack_queues[destination] = queue
         return queue
 
-    def _dead_letter(self, queue: AckQueue, message: Any, reason: str) -> None:
+    def _dead_letter(self, queue: AckQueue, message: Message, reason: str) -> None:
+        """A record left ``queue`` unconsumed: retry it later, dead-letter it, or drop it
+        (see core.deadletter.policy). Moves are LINKs: bodies are never copied."""
         if self.dead_letter_hook is not None:
             self.dead_letter_hook(queue, message, reason)
+        policy = queue.config.dead_letter
+        stamp = now_ms()
+        if reason in (REASON_REJECTED, REASON_DELIVERY_LIMIT) and policy.retry_delays_ms:
+            retries = int(message.header(RETRY_COUNT_HEADER) or b"0")
+            if retries < len(policy.retry_delays_ms):
+                self.store.link(
+                    [message.position],
+                    [(queue.topic, queue.queue)],
+                    headers=[(RETRY_COUNT_HEADER, str(retries + 1).encode())],
+                    deliver_at_ms=stamp + policy.retry_delays_ms[retries],
+                )
+                self.metrics["retried"] += 1
+                return
+        target = policy.dead_letter_topic
+        if not target:
+            self.metrics["dropped"] += 1
+            return
+        previous = message.header(X_DEATH_HEADER)
+        # RabbitMQ's cycle rule: a record dead-lettered back into a queue it already died in,
+        # with no rejection along the way, is dropped instead of looping forever.
+        if (
+            reason not in (REASON_REJECTED, REASON_DELIVERY_LIMIT)
+            and previous
+            and any(
+                entry.get("queue") == queue.topic and entry.get("reason") != REASON_REJECTED
+                for entry in json.loads(previous)
+            )
+        ):
+            log.warning("dead-letter cycle through %s: record dropped", queue.topic)
+            self.metrics["dropped"] += 1
+            return
+        subject = policy.dead_letter_subject or message.subject
+        if target not in self.topics:
+            self.declare_topic(target)
+        destinations = [(target, 0)]
+        for routed in self.route(target, subject):
+            if routed not in destinations:
+                destinations.append(routed)
+        x_death = updated_x_death(
+            previous,
+            queue=queue.topic,
+            reason=reason,
+            time_ms=stamp,
+            exchange=message.topic,
+            routing_keys=[message.subject],
+        )
+        headers = [(X_DEATH_HEADER, x_death)]
+        if message.header(DEAD_LETTER_REASON_HEADER) is None:
+            headers.append((DEAD_LETTER_REASON_HEADER, reason.encode()))
+        self.store.link([message.position], destinations, headers=headers)
+        self.metrics["dead_lettered"] += 1
 
     @staticmethod
     def _ack_state_key(destination: Destination) -> str:

@@ -21,8 +21,9 @@ import logging
 import struct
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from core.deadletter.policy import DeadLetterPolicy
 from core.delivery.message import Message, messages_of
 from core.log import LogStore, TagFilter
 from core.log.store import now_ms
@@ -55,6 +56,7 @@ class AckQueueConfig:
     single_active_consumer: bool = False  # x-single-active-consumer
     delivery_limit: int | None = None  # x-delivery-limit: redeliveries before dead-lettering
     tag_filter: TagFilter | None = None
+    dead_letter: DeadLetterPolicy = field(default_factory=DeadLetterPolicy)
 
 
 class Consumer:
@@ -392,7 +394,7 @@ class AckQueue:
 
     def _expired(self, message: Message, now: int) -> bool:
         ttl = self.config.message_ttl_ms
-        if ttl is not None and message.store_ms + ttl <= now:
+        if ttl is not None and message.enqueued_ms + ttl <= now:
             return True
         expires_at = message.expires_at_ms if message.headers else None
         return expires_at is not None and expires_at <= now

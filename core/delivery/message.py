@@ -34,6 +34,7 @@ class Message:
     store_ms: int
     flags: int
     position: int
+    enqueued_ms: int = 0  # when this queue's index entry was written (TTL counts from here)
 
     @property
     def expires_at_ms(self) -> int | None:
@@ -70,6 +71,7 @@ def messages_of(queued: QueueRecord) -> list[Message]:
                 record.store_ms,
                 record.flags,
                 record.position,
+                queued.store_ms,
             )
         ]
     return [
@@ -89,6 +91,7 @@ def messages_of(queued: QueueRecord) -> list[Message]:
             record.store_ms,
             record.flags & ~rec.FLAG_BATCH,
             record.position,
+            queued.store_ms,
         )
         for inner in unpack_batch(record.body or b"")
     ]

@@ -189,7 +189,9 @@ class LogReader:
 
         ``max_records`` counts records (a batch counts as its records, and at least one entry is
         returned). With ``tag_filter``, entries whose tag mask cannot match are skipped without
-        touching the commit log; hash hits are confirmed against the record's tags.
+        touching the commit log; hash hits are confirmed against the record's tags. Entries
+        pointing at a LINK (a moved record) are returned as the record it points at, with the
+        LINK's headers laid over its own, except in system topics, read as stored.
         """
         index = self.queue_index(topic, queue)
         if index is None:
@@ -203,6 +205,8 @@ class LogReader:
         total_bytes = 0
         scanned = 0
         commitlog = self.commitlog
+        # System queues (``__timers`` holds delayed LINKs) are read as stored.
+        follow_links = not names.is_system_topic(topic)
         while entry_number < index.next_entry and scanned < MAX_ENTRIES_SCANNED_PER_READ:
             batch = index.entries(entry_number, min(1024, max_records - records + 1))
             for entry in batch:
@@ -216,7 +220,10 @@ class LogReader:
                     continue  # deleted by retention while we read
                 frame = buf[start : start + size]
                 link_headers = None
-                if rec.FLAGS.unpack_from(frame, rec.FLAGS_OFFSET)[0] & rec.FLAG_LINK:
+                if (
+                    follow_links
+                    and rec.FLAGS.unpack_from(frame, rec.FLAGS_OFFSET)[0] & rec.FLAG_LINK
+                ):
                     frame, link_headers = self._follow_link(frame, entry.position)
                 if tag_filter is not None and not tag_filter.matches(rec.tags_slice(frame, 0)):
                     continue
