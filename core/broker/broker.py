@@ -40,6 +40,7 @@ from core.delivery.ackqueue import (
     DeadLetterHook,
 )
 from core.delivery.message import Message
+from core.groups import GroupCoordinator
 from core.log import LogStore, TagFilter
 from core.log import record as rec
 from core.log.names import ACKS_TOPIC
@@ -115,6 +116,10 @@ class Broker:
         self.topics = TopicRegistry(store)
         self.bindings: BindingTable[Destination] = BindingTable()
         self.offsets = OffsetStore(store)
+        # Membership of offset groups (Kafka consumer groups); in memory, members rejoin.
+        self.groups = GroupCoordinator()
+        for group in self.offsets.groups():
+            self.groups.ensure_group(group)
         self.flow = FlowControl(self.config.memory_high_watermark_bytes)
         self.ack_queues: dict[Destination, AckQueue] = {}
         self._ack_states = DurableTable(store, ACKS_TOPIC)
@@ -168,6 +173,7 @@ class Broker:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks = []
         self.flush_ack_states()
+        self.groups.close()
         for waiters in self._watchers.values():
             for waiter in waiters:
                 if not waiter.done():
@@ -528,6 +534,40 @@ class Broker:
         if wait_durable:
             await self.store.wait_durable(appended.end, topic)
         return PublishResult(appended, destinations, chosen, refused)
+
+    async def publish_batch(
+        self,
+        topic: str,
+        queue: int,
+        batch: bytes | memoryview,
+        record_count: int,
+        *,
+        born_ms: int = 0,
+        client: str = "",
+        address: str = "",
+        flags: int = 0,
+        wait_durable: bool = True,
+    ) -> PublishResult:
+        """Store a Kafka RecordBatch as one batch record in ``(topic, queue)``, indexed once;
+        returns once durable (``wait_durable``) with the batch's base offset."""
+        if self.flow.reasons:
+            await self.flow.wait_unblocked()
+        info = self.topic(topic, create=False)
+        if not 0 <= queue < info.queues:
+            raise TopicError("unknown_queue", f"topic {topic!r} has no queue {queue}")
+        appended = self.store.append_batch(
+            topic,
+            queue,
+            batch,
+            record_count,
+            born_ms=born_ms,
+            client=client,
+            address=address,
+            flags=flags,
+        )
+        if wait_durable:
+            await self.store.wait_durable(appended.end, topic)
+        return PublishResult(appended, [(topic, queue)], queue)
 
     # -- index notifications and long polling ----------------------------------------------
 
