@@ -145,9 +145,8 @@ async def run(args: argparse.Namespace) -> int:
     root = Path(tempfile.mkdtemp(prefix="braid-bench-core-", dir=args.dir))
     failures = 0
     try:
-        print(
-            f"# bench core  {datetime.date.today()}  {machine()}  Python {platform.python_version()}"
-        )
+        today = datetime.date.today()
+        print(f"# bench core  {today}  {machine()}  Python {platform.python_version()}")
         print()
         print("## Publish cost vs bindings (async durability, 100-byte body, no match)")
         print("| kind | bindings | µs/publish | CPU µs/publish | ratio to 1 | target |")

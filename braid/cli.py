@@ -1,0 +1,219 @@
+"""The ``braid`` command line.
+
+    braid serve [--config FILE] [--data-dir DIR] [--host HOST] [--<protocol>-port N] ...
+    braid log stat DIR [--json]
+    braid log dump DIR [--topic T] [--queue N] [--from OFFSET] [--limit N] [--json]
+    braid log verify DIR
+
+Exit codes: 0 success; 1 runtime failure (a listener could not start, corruption found);
+2 usage or configuration error (argparse's convention).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Sequence
+
+from braid import config, version
+
+EXIT_USAGE = 2
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+# (flag, ListenerSettings attribute, default, what listens there)
+PORT_FLAGS = (
+    ("--amqp-port", "amqp_port", config.DEFAULT_AMQP_PORT, "AMQP 0-9-1"),
+    ("--mqtt-port", "mqtt_port", config.DEFAULT_MQTT_PORT, "MQTT over TCP"),
+    ("--mqtt-ws-port", "mqtt_ws_port", config.DEFAULT_MQTT_WS_PORT, "MQTT over WebSocket"),
+    ("--kafka-port", "kafka_port", config.DEFAULT_KAFKA_PORT, "Kafka"),
+    ("--http-port", "http_port", config.DEFAULT_HTTP_PORT, "HTTP /health and /metrics"),
+)
+
+
+def _port(text: str) -> int:
+    try:
+        return config.check_port(int(text), "port")
+    except (ValueError, config.ConfigError):
+        raise argparse.ArgumentTypeError(
+            f"invalid port {text!r}: an integer 0..{config.MAX_PORT} (0: off)"
+        ) from None
+
+
+def _non_negative(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, not {text!r}")
+    return value
+
+
+class _VersionAction(argparse.Action):
+    """argparse's "version" action, looking the version up only when asked."""
+
+    def __call__(self, parser: argparse.ArgumentParser, *_args: object, **_kwargs: object) -> None:
+        print(f"braid {version()}")
+        parser.exit()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="braid",
+        description="BraidMQ: one broker for AMQP 0-9-1, MQTT and Kafka over one commit log.",
+    )
+    parser.add_argument(
+        "--version", action=_VersionAction, nargs=0, help="show the version and exit"
+    )
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    serve = commands.add_parser(
+        "serve",
+        help="run the broker",
+        description=(
+            "Run the broker until SIGINT or SIGTERM. Settings: embedded defaults, overridden by "
+            "--config FILE, overridden by flags. Prints one 'braid ready: ...' line to stdout "
+            "once every listener accepts connections."
+        ),
+    )
+    serve.add_argument("--config", metavar="FILE", help="TOML config file (docs/configuration.md)")
+    serve.add_argument(
+        "--data-dir", metavar="DIR", help=f"data directory (default: {config.DEFAULT_DATA_DIR})"
+    )
+    serve.add_argument(
+        "--host", help=f"address every listener binds to (default: {config.DEFAULT_HOST})"
+    )
+    for flag, dest, default, what in PORT_FLAGS:
+        serve.add_argument(
+            flag, dest=dest, type=_port, metavar="PORT", help=f"{what} (default: {default}; 0: off)"
+        )
+    serve.add_argument(
+        "--log-level",
+        type=str.lower,
+        choices=config.LOG_LEVELS,
+        help=f"stderr log level (default: {config.DEFAULT_LOG_LEVEL})",
+    )
+
+    log_parser = commands.add_parser(
+        "log",
+        help="inspect a data directory (read-only; safe on a running broker's)",
+        description="Inspect a data directory read-only; safe on a running broker's directory.",
+    )
+    log_commands = log_parser.add_subparsers(dest="log_command", metavar="COMMAND", required=True)
+
+    stat = log_commands.add_parser(
+        "stat", help="topics, queues, segments, checkpoint", description="Summarize a data dir."
+    )
+    stat.add_argument("data_dir", metavar="DIR")
+    stat.add_argument("--json", action="store_true", help="print JSON")
+
+    dump = log_commands.add_parser(
+        "dump",
+        help="print records",
+        description=(
+            "Print records, one a line. With --topic: that topic's queues (or --queue N) by "
+            "offset, --from being a queue offset. Without: every record in commit-log order, "
+            "--from being a commit-log position and --queue filtering by queue number."
+        ),
+    )
+    dump.add_argument("data_dir", metavar="DIR")
+    dump.add_argument("--topic", help="read this topic's queues by offset")
+    dump.add_argument("--queue", type=_non_negative, metavar="N", help="only queue N")
+    dump.add_argument(
+        "--from",
+        dest="start",
+        type=_non_negative,
+        metavar="OFFSET",
+        help="first queue offset (with --topic) or commit-log position (without)",
+    )
+    dump.add_argument("--limit", type=_non_negative, metavar="N", help="at most N records")
+    dump.add_argument("--json", action="store_true", help="one JSON object per line")
+    dump.add_argument(
+        "--max-body",
+        type=_non_negative,
+        default=None,
+        metavar="BYTES",
+        help="show at most BYTES of each body (default: 100; 0: whole body)",
+    )
+
+    verify = log_commands.add_parser(
+        "verify",
+        help="check every record's CRC; exit 1 if any is corrupt",
+        description="Check the length, magic and CRC32C of every commit-log frame.",
+    )
+    verify.add_argument("data_dir", metavar="DIR")
+    return parser
+
+
+def _serve(args: argparse.Namespace) -> int:
+    try:
+        settings = config.ServerSettings()
+        if args.config is not None:
+            settings = config.settings_from_mapping(
+                config.read_config_file(args.config), f"config file {args.config}"
+            )
+        settings = config.override(
+            settings,
+            data_dir=args.data_dir,
+            log_level=args.log_level,
+            listeners={
+                "host": args.host,
+                **{dest: getattr(args, dest) for _, dest, _, _ in PORT_FLAGS},
+            },
+        )
+        config.validate(settings, "settings")
+    except config.ConfigError as error:
+        print(f"braid serve: error: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    logging.basicConfig(
+        level=settings.log_level.upper(), format=LOG_FORMAT, stream=sys.stderr, force=True
+    )
+    from braid import server  # imports uvloop and, later, the gateways: only for serve
+
+    return server.run(settings)
+
+
+def _log(args: argparse.Namespace) -> int:
+    from braid import logtool
+
+    logging.basicConfig(
+        level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr
+    )
+    try:
+        if args.log_command == "stat":
+            return logtool.stat(args.data_dir, as_json=args.json, out=sys.stdout)
+        if args.log_command == "dump":
+            return logtool.dump(
+                args.data_dir,
+                topic=args.topic,
+                queue=args.queue,
+                start=args.start,
+                limit=args.limit,
+                as_json=args.json,
+                max_body=logtool.DEFAULT_MAX_BODY if args.max_body is None else args.max_body,
+                out=sys.stdout,
+                err=sys.stderr,
+            )
+        return logtool.verify(args.data_dir, out=sys.stdout)
+    except logtool.NotALogError as error:
+        print(f"braid log {args.log_command}: error: {error}", file=sys.stderr)
+        return logtool.EXIT_NOT_A_LOG
+    except BrokenPipeError:
+        # The reader went away (`braid log dump ... | head`): not an error. Point stdout at
+        # /dev/null so the interpreter's final flush does not raise again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exit_:  # --help, --version, usage errors
+        return exit_.code if isinstance(exit_.code, int) else EXIT_USAGE
+    if args.command == "serve":
+        return _serve(args)
+    return _log(args)

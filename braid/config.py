@@ -1,0 +1,313 @@
+"""Settings of ``braid serve``: embedded defaults, overridden by a TOML file, overridden by flags.
+
+Config file layout (every key optional; docs/configuration.md lists them all)::
+
+    [log]          data_dir, and any field of core.log.LogConfig (segment_size, durability,
+                   topic_durability, retention_ms, retention_bytes, ...)
+    [broker]       any field of core.broker.BrokerConfig (auto_create_topics, default_queues, ...)
+    [listeners]    host, amqp_port, mqtt_port, mqtt_ws_port, kafka_port, http_port (0: off)
+    [logging]      level
+
+Unknown sections and keys are errors, so a typo is reported instead of silently ignored. The
+[log] and [broker] keys are the fields of those dataclasses, so a field added there is
+configurable here at once. For an optional limit (``retention_ms``, ``retention_bytes``,
+``memory_high_watermark_bytes``...), ``-1`` means "no limit", as Kafka's ``retention.ms = -1``
+does (TOML has no null).
+
+Pure functions and frozen dataclasses; no I/O except reading the config file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from core.broker import BrokerConfig
+from core.log import LogConfig
+
+DEFAULT_DATA_DIR = "./data"
+# Listen on every interface, as RabbitMQ, Mosquitto and Kafka do by default.
+DEFAULT_HOST = "0.0.0.0"
+# The IANA / de-facto ports of each protocol: AMQP 5672, MQTT 1883, Kafka 9092; 8083 is EMQX's
+# MQTT-over-WebSocket port; 8080 the usual HTTP operations port.
+DEFAULT_AMQP_PORT = 5672
+DEFAULT_MQTT_PORT = 1883
+DEFAULT_MQTT_WS_PORT = 8083
+DEFAULT_KAFKA_PORT = 9092
+DEFAULT_HTTP_PORT = 8080
+DEFAULT_LOG_LEVEL = "info"
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+MAX_PORT = 65_535
+# Held (flock) in the data dir by the running broker; holds its pid. Kafka's log dirs have a
+# ``.lock`` for the same reason: a second broker would recover (truncate) a live log.
+LOCK_FILE = "braid.lock"
+# An optional LogConfig limit set to this in the file means None (no limit); Kafka's convention.
+UNLIMITED = -1
+
+# LogConfig fields that are not settable from the [log] section (data_dir has its own key).
+_LOG_FIELDS_NOT_CONFIGURABLE = frozenset({"data_dir"})
+SECTIONS = ("log", "broker", "listeners", "logging")
+
+
+class ConfigError(Exception):
+    """A setting is wrong; the message says where (file, section, key) and why."""
+
+
+@dataclass(frozen=True)
+class ListenerSettings:
+    host: str = DEFAULT_HOST
+    amqp_port: int = DEFAULT_AMQP_PORT
+    mqtt_port: int = DEFAULT_MQTT_PORT
+    mqtt_ws_port: int = DEFAULT_MQTT_WS_PORT
+    kafka_port: int = DEFAULT_KAFKA_PORT
+    http_port: int = DEFAULT_HTTP_PORT
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    data_dir: str = DEFAULT_DATA_DIR
+    log_level: str = DEFAULT_LOG_LEVEL
+    listeners: ListenerSettings = field(default_factory=ListenerSettings)
+    # Keyword arguments for LogConfig besides data_dir, already type-checked.
+    log_options: Mapping[str, object] = field(default_factory=dict)
+    # Keyword arguments for BrokerConfig, already type-checked.
+    broker_options: Mapping[str, object] = field(default_factory=dict)
+
+    def log_config(self) -> LogConfig:
+        return LogConfig(Path(self.data_dir), **self.log_options)  # type: ignore[arg-type]
+
+    def broker_config(self) -> BrokerConfig:
+        return BrokerConfig(**self.broker_options)  # type: ignore[arg-type]
+
+
+def configurable_fields(cls: type, skip: frozenset[str] = frozenset()) -> dict[str, object]:
+    """``{field name: type hint}`` of a settings dataclass, as a config section accepts them."""
+    hints = typing.get_type_hints(cls)
+    return {
+        item.name: hints[item.name] for item in dataclasses.fields(cls) if item.name not in skip
+    }
+
+
+def configurable_log_fields() -> dict[str, object]:
+    return configurable_fields(LogConfig, _LOG_FIELDS_NOT_CONFIGURABLE)
+
+
+def configurable_broker_fields() -> dict[str, object]:
+    return configurable_fields(BrokerConfig)
+
+
+def field_defaults(cls: type, skip: frozenset[str] = frozenset()) -> dict[str, object]:
+    """Default value of each field of a settings dataclass (for docs and tests)."""
+    defaults: dict[str, object] = {}
+    for item in dataclasses.fields(cls):
+        if item.name in skip:
+            continue
+        if item.default is not dataclasses.MISSING:
+            defaults[item.name] = item.default
+        elif item.default_factory is not dataclasses.MISSING:
+            defaults[item.name] = item.default_factory()
+    return defaults
+
+
+def log_field_defaults() -> dict[str, object]:
+    return field_defaults(LogConfig, _LOG_FIELDS_NOT_CONFIGURABLE)
+
+
+def check_port(value: object, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_PORT:
+        raise ConfigError(
+            f"{where}: a port must be an integer 0..{MAX_PORT} (0: off), not {value!r}"
+        )
+    return value
+
+
+def check_log_level(value: object, where: str) -> str:
+    if not isinstance(value, str) or value.lower() not in LOG_LEVELS:
+        raise ConfigError(
+            f"{where}: log level must be one of {', '.join(LOG_LEVELS)}, not {value!r}"
+        )
+    return value.lower()
+
+
+def _type_name(hint: object) -> str:
+    return getattr(hint, "__name__", None) or str(hint)
+
+
+def _coerce(value: object, hint: object, where: str) -> object:
+    """Check a TOML value against a LogConfig field's type hint; returns the value to use."""
+    origin = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType) and type(None) in args:
+        if value == UNLIMITED and not isinstance(value, bool):
+            return None
+        (inner,) = [arg for arg in args if arg is not type(None)]
+        return _coerce(value, inner, where)
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{where}: expected true or false, not {value!r}")
+        return value
+    if hint is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{where}: expected an integer, not {value!r}")
+        if value < 0:
+            raise ConfigError(f"{where}: must not be negative, not {value!r}")
+        return value
+    if hint is float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(f"{where}: expected a number, not {value!r}")
+        return float(value)
+    if hint is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{where}: expected a string, not {value!r}")
+        return value
+    if hint is Path:
+        if not isinstance(value, str):
+            raise ConfigError(f"{where}: expected a path string, not {value!r}")
+        return Path(value)
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where}: expected a table, not {value!r}")
+        _key_hint, value_hint = args
+        return {str(k): _coerce(v, value_hint, f"{where}.{k}") for k, v in value.items()}
+    raise ConfigError(f"{where}: cannot be set from a config file (type {_type_name(hint)})")
+
+
+def _must_be_positive(key: str) -> bool:
+    """Sizes, counts and intervals where 0 is meaningless (an interval of 0 would spin a loop)."""
+    return key.endswith("_interval_ms") or key in (
+        "segment_size",
+        "index_entries_per_file",
+        "default_queues",
+    )
+
+
+def _dataclass_options(
+    section: Mapping[str, object],
+    fields: Mapping[str, object],
+    where: str,
+    extra_keys: tuple[str, ...] = (),
+) -> dict[str, object]:
+    """Check a section's keys and values against a settings dataclass's fields."""
+    options: dict[str, object] = {}
+    for key, value in section.items():
+        if key not in fields:
+            known = ", ".join([*extra_keys, *fields])
+            raise ConfigError(f"{where} {key}: unknown key (known: {known})")
+        options[key] = _coerce(value, fields[key], f"{where} {key}")
+        if _must_be_positive(key) and options[key] == 0:
+            raise ConfigError(f"{where} {key}: must be positive")
+    return options
+
+
+def _section(raw: Mapping[str, object], name: str, where: str) -> dict[str, object]:
+    section = raw.get(name, {})
+    if not isinstance(section, dict):
+        raise ConfigError(f"{where}: [{name}] must be a table")
+    return section
+
+
+def read_config_file(path: str) -> dict[str, object]:
+    """Parse a TOML config file; every problem is a ConfigError naming the file."""
+    try:
+        with open(path, "rb") as stream:
+            return tomllib.load(stream)
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path}: not found") from None
+    except IsADirectoryError:
+        raise ConfigError(f"config file {path}: is a directory") from None
+    except OSError as error:
+        raise ConfigError(f"config file {path}: {error.strerror or error}") from None
+    except tomllib.TOMLDecodeError as error:
+        raise ConfigError(f"config file {path}: invalid TOML: {error}") from None
+    except UnicodeDecodeError as error:
+        raise ConfigError(f"config file {path}: not UTF-8 text: {error}") from None
+
+
+def settings_from_mapping(raw: Mapping[str, object], source: str) -> ServerSettings:
+    """Settings from a parsed config file (``source`` names it in error messages)."""
+    unknown = sorted(set(raw) - set(SECTIONS))
+    if unknown:
+        raise ConfigError(
+            f"{source}: unknown section or key {', '.join(unknown)} "
+            f"(known sections: {', '.join(f'[{s}]' for s in SECTIONS)})"
+        )
+
+    log_section = dict(_section(raw, "log", source))
+    data_dir = log_section.pop("data_dir", DEFAULT_DATA_DIR)
+    if not isinstance(data_dir, str) or not data_dir:
+        raise ConfigError(
+            f"{source}: [log] data_dir: expected a non-empty path string, not {data_dir!r}"
+        )
+    log_options = _dataclass_options(
+        log_section, configurable_log_fields(), f"{source}: [log]", extra_keys=("data_dir",)
+    )
+    broker_options = _dataclass_options(
+        _section(raw, "broker", source), configurable_broker_fields(), f"{source}: [broker]"
+    )
+
+    listener_section = _section(raw, "listeners", source)
+    listener_values: dict[str, object] = {}
+    listener_fields = {item.name for item in dataclasses.fields(ListenerSettings)}
+    for key, value in listener_section.items():
+        where = f"{source}: [listeners] {key}"
+        if key not in listener_fields:
+            raise ConfigError(f"{where}: unknown key (known: {', '.join(sorted(listener_fields))})")
+        if key == "host":
+            if not isinstance(value, str) or not value:
+                raise ConfigError(f"{where}: expected a host name or address, not {value!r}")
+            listener_values[key] = value
+        else:
+            listener_values[key] = check_port(value, where)
+
+    logging_section = _section(raw, "logging", source)
+    log_level = DEFAULT_LOG_LEVEL
+    for key, value in logging_section.items():
+        where = f"{source}: [logging] {key}"
+        if key != "level":
+            raise ConfigError(f"{where}: unknown key (known: level)")
+        log_level = check_log_level(value, where)
+
+    settings = ServerSettings(
+        data_dir=data_dir,
+        log_level=log_level,
+        listeners=ListenerSettings(**listener_values),  # type: ignore[arg-type]
+        log_options=log_options,
+        broker_options=broker_options,
+    )
+    validate(settings, source)
+    return settings
+
+
+def validate(settings: ServerSettings, source: str) -> None:
+    """Let LogConfig and BrokerConfig check what they check (durability names, minimum segment
+    size...)."""
+    try:
+        settings.log_config()
+    except (TypeError, ValueError) as error:
+        raise ConfigError(f"{source}: [log] {error}") from None
+    try:
+        settings.broker_config()
+    except (TypeError, ValueError) as error:
+        raise ConfigError(f"{source}: [broker] {error}") from None
+
+
+def override(
+    settings: ServerSettings,
+    *,
+    data_dir: str | None = None,
+    log_level: str | None = None,
+    listeners: Mapping[str, object] | None = None,
+) -> ServerSettings:
+    """Apply command-line flags (``None``: not given) on top of ``settings``."""
+    given = {key: value for key, value in (listeners or {}).items() if value is not None}
+    return dataclasses.replace(
+        settings,
+        data_dir=settings.data_dir if data_dir is None else data_dir,
+        log_level=settings.log_level if log_level is None else log_level,
+        listeners=dataclasses.replace(settings.listeners, **given),  # type: ignore[arg-type]
+    )

@@ -1,0 +1,376 @@
+"""``braid serve``: assemble the broker process and run it until SIGINT or SIGTERM.
+
+Start order: take the data-directory lock, open (and recover) the :class:`~core.log.LogStore`,
+start its background tasks (flush, checkpoint, retention), build the :class:`~core.broker.Broker`
+facade on it (the one object gateways talk to) and start its tasks, start the listeners of
+:data:`LISTENERS` (the protocol gateways and the HTTP operations endpoint), then print exactly
+one ready line to stdout::
+
+    braid ready: data=./data amqp=- mqtt=- mqtt-ws=- kafka=- http=127.0.0.1:8080
+
+Each listener shows ``host:port`` once it accepts connections, ``-`` when it is off (port 0) or
+not implemented yet. Nothing else is written to stdout; logs go to stderr.
+
+Stop order (on SIGINT/SIGTERM): stop accepting (listeners closed, newest first), close the broker
+(writes its pending ack state), flush and close the store (which writes the ``clean_shutdown``
+marker), release the lock, exit 0.
+
+This module is the only one that imports the gateways (ARCHITECTURE.md: the process that
+assembles the listeners is the only place that knows all three).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import logging
+import os
+import signal
+import sys
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from braid import version
+from braid.config import LOCK_FILE, ServerSettings
+from braid.http import HealthCheck, HTTPServer, operations_router
+from braid.metrics import (
+    GAUGE,
+    Collector,
+    Family,
+    MetricsRegistry,
+    process_collector,
+    store_collector,
+)
+from core.broker import Broker
+from core.log import LogStore, names
+
+log = logging.getLogger(__name__)
+
+NOT_LISTENING = "-"
+# Help texts of Broker.metrics counters (exported as braid_broker_<key>_total).
+BROKER_METRICS = {
+    "retried": "Unconsumed records re-queued for another attempt after a retry delay.",
+    "dead_lettered": "Unconsumed records moved (linked) to a dead-letter topic.",
+    "dropped": "Unconsumed records dropped: no dead-letter topic, or a dead-letter cycle.",
+}
+
+
+class Listener(Protocol):
+    """What a listener factory returns: a started server."""
+
+    @property
+    def address(self) -> tuple[str, int] | None: ...
+
+    async def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class ServerContext:
+    """What a listener factory gets to build its server from."""
+
+    settings: ServerSettings
+    broker: Broker  # the core facade: the only thing a gateway talks to
+    metrics: MetricsRegistry  # register(...) / register_counters(...) the listener's metrics
+    health: HealthCheck
+
+
+ListenerFactory = Callable[[ServerContext, str, int], Awaitable[Listener]]
+
+
+@dataclass(frozen=True)
+class ListenerSlot:
+    name: str  # as shown in the ready line and logs
+    port_setting: str  # attribute of ListenerSettings holding its port (0: off)
+    factory: ListenerFactory | None  # None: not implemented yet
+
+
+class StartupError(Exception):
+    """The server could not start; the message says what and where."""
+
+
+async def _start_http(context: ServerContext, host: str, port: int) -> Listener:
+    server = HTTPServer(operations_router(context.health, context.metrics))
+    await server.start(host, port)
+    return server
+
+
+# =================================================================================================
+# LISTENERS: every front end of the broker, in start order (closed in reverse order).
+#
+# Register a protocol gateway by replacing its ``None`` with a factory that imports the gateway
+# lazily (this module is the only one allowed to import gateway packages), e.g.:
+#
+#     async def _start_amqp(context: ServerContext, host: str, port: int) -> Listener:
+#         from gateway.amqp.server import AMQPServer
+#
+#         server = AMQPServer(context.broker)  # a gateway talks to core only through the Broker
+#         context.metrics.register_counters("braid_amqp_", lambda: server.metrics)
+#         await server.start(host, port)
+#         return server
+#
+# Gateways come first so that, when the ready line prints, every protocol is accepting.
+# =================================================================================================
+LISTENERS: tuple[ListenerSlot, ...] = (
+    ListenerSlot("amqp", "amqp_port", None),  # gateway/amqp: AMQP 0-9-1
+    ListenerSlot("mqtt", "mqtt_port", None),  # gateway/mqtt: MQTT 3.1.1 / 5.0 over TCP
+    ListenerSlot("mqtt-ws", "mqtt_ws_port", None),  # gateway/mqtt: MQTT over WebSocket
+    ListenerSlot("kafka", "kafka_port", None),  # gateway/kafka
+    ListenerSlot("http", "http_port", _start_http),  # braid/http.py: /health, /metrics
+)
+
+
+def broker_collector(broker: Broker) -> Collector:
+    def collect() -> list[Family]:
+        return [
+            Family(
+                "braid_broker_flow_blocked",
+                GAUGE,
+                "1 while flow control slows publishers (memory or backlog pressure), else 0.",
+                1 if broker.flow.blocked else 0,
+            ),
+            Family(
+                "braid_broker_ack_queues",
+                GAUGE,
+                "Ack queues (AMQP queues, MQTT session queues) the broker holds open.",
+                len(broker.ack_queues),
+            ),
+        ]
+
+    return collect
+
+
+def format_address(address: tuple[str, int] | None) -> str:
+    if address is None:
+        return NOT_LISTENING
+    host, port = address
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+class BraidServer:
+    """The broker process: the log store, the Broker facade on it, and the listeners.
+    ``await start()``, then ``await stop()``."""
+
+    def __init__(
+        self, settings: ServerSettings, listeners: Sequence[ListenerSlot] = LISTENERS
+    ) -> None:
+        self.settings = settings
+        self.slots = tuple(listeners)
+        self.metrics = MetricsRegistry()
+        self.store: LogStore | None = None
+        self.broker: Broker | None = None
+        self.listeners: dict[str, Listener] = {}
+        self.stopping = False
+        self._lock_fd: int | None = None
+
+    # -- start -----------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Open the store and start every listener; on failure undo what started and raise
+        :class:`StartupError`."""
+        try:
+            self._lock_data_dir()
+            self.store = self._open_store()
+            await self.store.start()
+            self.broker = broker = Broker(self.store, self.settings.broker_config())
+            await broker.start()
+            self.metrics.register("log", store_collector(self.store))
+            self.metrics.register_counters("braid_broker_", lambda: broker.metrics, BROKER_METRICS)
+            self.metrics.register("broker", broker_collector(self.broker))
+            self.metrics.register("process", process_collector)
+            context = ServerContext(self.settings, self.broker, self.metrics, self.health)
+            for slot in self.slots:
+                await self._start_listener(slot, context)
+        except BaseException:
+            await self.stop()
+            raise
+
+    def _lock_data_dir(self) -> None:
+        data_dir = Path(self.settings.data_dir)
+        try:
+            data_dir.mkdir(parents=True, exist_ok=True)
+            fd = os.open(data_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as error:
+            raise StartupError(f"cannot use data dir {data_dir}: {error}") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise StartupError(
+                f"data dir {data_dir} is in use by another braid process (pid {holder})"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._lock_fd = fd
+
+    def _open_store(self) -> LogStore:
+        config = self.settings.log_config()
+        log.debug("settings: %s; log config: %s", self.settings, config)
+        log.info(
+            "braid %s: opening %s (segment size %d, durability %s)",
+            version(),
+            config.data_dir,
+            config.segment_size,
+            config.durability,
+        )
+        existed = (config.data_dir / names.LOG_META_FILE).exists()
+        try:
+            store = LogStore(config)
+        except (OSError, ValueError, KeyError) as error:
+            raise StartupError(f"cannot open data dir {config.data_dir}: {error}") from error
+        report = store.recovery
+        if not existed:
+            state = "new log"
+        elif report.clean_shutdown:
+            state = "clean shutdown"
+        else:
+            state = "unclean shutdown"
+        log.info(
+            "log open (%s): %d queues, write position %d, %d records replayed",
+            state,
+            len(store.queues(include_system=True)),
+            store.commitlog.write_position,
+            report.replayed_records,
+        )
+        return store
+
+    async def _start_listener(self, slot: ListenerSlot, context: ServerContext) -> None:
+        port = getattr(self.settings.listeners, slot.port_setting)
+        if port == 0:
+            log.info("%s listener off (port 0)", slot.name)
+            return
+        if slot.factory is None:
+            log.info("%s listener not implemented yet (port %d unused)", slot.name, port)
+            return
+        host = self.settings.listeners.host
+        try:
+            listener = await slot.factory(context, host, port)
+        except OSError as error:
+            raise StartupError(f"cannot listen for {slot.name} on {host}:{port}: {error}") from None
+        self.listeners[slot.name] = listener
+        log.info("%s listening on %s", slot.name, format_address(listener.address))
+
+    # -- state -----------------------------------------------------------------------------
+
+    def address_of(self, name: str) -> tuple[str, int] | None:
+        listener = self.listeners.get(name)
+        return listener.address if listener is not None else None
+
+    def ready_line(self) -> str:
+        parts = [f"data={self.settings.data_dir}"]
+        parts += [
+            f"{slot.name}={format_address(self.address_of(slot.name))}" for slot in self.slots
+        ]
+        return "braid ready: " + " ".join(parts)
+
+    def health(self) -> tuple[bool, dict[str, object]]:
+        store = self.store
+        ok = store is not None and not store.closed and not self.stopping
+        details: dict[str, object] = {
+            "version": version(),
+            "data_dir": self.settings.data_dir,
+            "listeners": {
+                slot.name: (
+                    format_address(self.address_of(slot.name))
+                    if slot.name in self.listeners
+                    else None
+                )
+                for slot in self.slots
+            },
+        }
+        if not ok:
+            details["reason"] = "stopping" if self.stopping else "log store closed"
+        if store is not None and not store.closed:
+            details["log"] = {
+                "write_position": store.commitlog.write_position,
+                "flushed_position": store.commitlog.flushed_position,
+                "segments": len(store.commitlog.segments),
+                "queues": len(store.queues(include_system=True)),
+            }
+        return ok, details
+
+    # -- stop ------------------------------------------------------------------------------
+
+    async def stop(self) -> None:
+        """Stop accepting, then flush and close the store. Safe to call more than once."""
+        self.stopping = True
+        for name in reversed(list(self.listeners)):
+            listener = self.listeners.pop(name)
+            try:
+                await listener.close()
+            except Exception:
+                log.exception("closing the %s listener failed", name)
+        broker, self.broker = self.broker, None
+        if broker is not None:
+            try:
+                await broker.close()
+            except Exception:
+                log.exception("closing the broker failed")  # the store is still closed below
+        store, self.store = self.store, None
+        if store is not None:
+            await store.aclose()
+            log.info("log closed at write position %d", store.commitlog.write_position)
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # releases the flock
+            self._lock_fd = None
+
+
+async def serve(settings: ServerSettings) -> int:
+    """Run until SIGINT or SIGTERM; returns the process exit code."""
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    received: list[str] = []
+
+    def on_signal(signum: signal.Signals) -> None:
+        if received:
+            log.warning("%s: already stopping", signum.name)
+            return
+        received.append(signum.name)
+        stop.set()
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, on_signal, signum)
+
+    server = BraidServer(settings)
+    try:
+        await server.start()
+    except StartupError as error:
+        log.error("%s", error)
+        return 1
+    except Exception:
+        log.exception("startup failed")
+        return 1
+    if not stop.is_set():
+        try:
+            print(server.ready_line(), flush=True)
+        except OSError as error:  # nobody reads stdout any more: keep serving
+            log.warning("cannot write the ready line: %s", error)
+        await stop.wait()
+    log.info("%s received: stopping", received[0])
+    try:
+        await server.stop()
+    except Exception:
+        log.exception("shutdown failed")
+        return 1
+    log.info("stopped")
+    return 0
+
+
+def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """uvloop's event loop when it is installed (ARCHITECTURE.md), asyncio's otherwise."""
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    return uvloop.new_event_loop  # type: ignore[no-any-return]
+
+
+def run(settings: ServerSettings) -> int:
+    with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+        code = runner.run(serve(settings))
+    with contextlib.suppress(OSError):
+        sys.stdout.flush()
+    return code
