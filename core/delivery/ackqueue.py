@@ -209,10 +209,11 @@ class AckQueue:
         """Detach a consumer; its in-flight records are requeued. Returns how many."""
         if consumer in self.consumers:
             self.consumers.remove(consumer)
-            returned = [offset for offset, d in self.inflight.items() if d.consumer is consumer]
-        for offset in returned:
-            del self.inflight[offset]
-            heapq.heappush(self._redeliver, offset)
+            returned = [d for d in self.inflight.values() if d.consumer is consumer]
+        for delivery in returned:
+            del self.inflight[delivery.offset]
+            self._delivery_counts[delivery.offset] = delivery.delivery_count
+            heapq.heappush(self._redeliver, delivery.offset)
         consumer.inflight = 0
         if returned:
             self.notify()
@@ -249,6 +250,7 @@ class AckQueue:
             delivery.consumer.inflight -= 1
         limit = self.config.delivery_limit
         if requeue and (limit is None or delivery.delivery_count <= limit):
+            self._delivery_counts[offset] = delivery.delivery_count
             heapq.heappush(self._redeliver, offset)
         else:
             reason = REASON_REJECTED if not requeue else REASON_DELIVERY_LIMIT
@@ -350,9 +352,10 @@ class AckQueue:
 
     def _deliver_to(self, consumer: Consumer | None, message: Message, *, track: bool) -> Delivery:
         offset = message.offset
+        # Only records handed out before keep a count (set when they come back), so the common
+        # first delivery costs no dict write.
         count = self._delivery_counts.get(offset, 0) + 1
         redelivered = count > 1 or offset < self.delivered_frontier
-        self._delivery_counts[offset] = count
         if offset >= self.delivered_frontier:
             self.delivered_frontier = offset + 1
             self.dirty = True
