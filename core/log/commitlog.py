@@ -166,6 +166,12 @@ class CommitLog:
             raise rec.CorruptRecordError(position, error.reason) from None
         return segment.buf, offset, size
 
+    def frame_unchecked(self, position: int) -> tuple[memoryview, int]:
+        """``(segment buffer, offset)`` of a frame this process already verified or wrote (no
+        CRC check: for the dispatcher following a LINK). KeyError if its segment is gone."""
+        number, offset = divmod(position, self.segment_size)
+        return self.segments[number].buf, offset
+
     def scan(self, start: int, end: int | None = None) -> Iterator[tuple[int, int, int]]:
         """Yield ``(position, frame size, magic)`` of each frame from ``start`` (to ``end``); BLANK
         fillers are skipped. Stops at unwritten space. A corrupt frame raises CorruptRecordError."""

@@ -392,6 +392,28 @@ def decode_record(buf: memoryview | bytes, pos: int, position: int | None = None
     )
 
 
+def index_fields(
+    buf: memoryview | bytes, pos: int
+) -> tuple[int, int, list[str], list[tuple[str, int]]]:
+    """``(size, record_count, tags, index targets)`` of the frame at ``buf[pos:]``, decoding only
+    what dispatching a LINK to it needs."""
+    fields = HEADER.unpack_from(buf, pos)
+    total, queue, record_count = fields[0], fields[8], fields[9]
+    topic_len, subject_len, key_len, headers_len, tags_len = fields[10:15]
+    client_len, address_len, dests_len = fields[15:18]
+    if key_len == _NULL_LEN:
+        key_len = 0
+    start = pos + HEADER_SIZE
+    tags_at = start + topic_len + subject_len + key_len + headers_len
+    tags = decode_tags(buf[tags_at : tags_at + tags_len]) if tags_len else []
+    if dests_len:
+        dests_at = tags_at + tags_len + client_len + address_len
+        targets = decode_destinations(buf[dests_at : dests_at + dests_len])
+    else:
+        targets = [(bytes(buf[start : start + topic_len]).decode(), queue)]
+    return total, record_count, tags, targets
+
+
 def body_slice(buf: memoryview, pos: int) -> memoryview:
     """The body of the verified frame at ``buf[pos:]`` without decoding the rest (zero-copy)."""
     fields = HEADER.unpack_from(buf, pos)

@@ -235,8 +235,8 @@ class LogStore(LogReader):
             raise ValueError("a LINK with headers has exactly one target")
         targets = []
         for position in positions:
-            _buf, _start, size = self.commitlog.read_frame(position)
-            targets.append((position, size))
+            buf, start = self.commitlog.frame_unchecked(position)
+            targets.append((position, int.from_bytes(buf[start : start + 4], "little")))
         return self.append(
             names.TRANSACTIONS_TOPIC,
             0,
@@ -302,20 +302,21 @@ class LogStore(LogReader):
         destinations: Sequence[tuple[str, int]] | None,
         store_ms: int,
     ) -> list[tuple[str, int, int]]:
-        buf, start, _ = self.commitlog.read_frame(position)
-        link = rec.decode_record(buf, start, position)
+        buf, start = self.commitlog.frame_unchecked(position)
+        frame = buf[start : start + size]
+        has_headers = rec.HEADER.unpack_from(frame, 0)[13] > 0
         offsets: list[tuple[str, int, int]] = []
-        for target_position, target_size in rec.decode_link_body(link.body or b""):
-            tbuf, tstart, _ = self.commitlog.read_frame(target_position)
-            target = rec.decode_record(tbuf, tstart, target_position)
-            mask = tags_mask(target.tags) if target.tags else 0
-            where = destinations or target.index_targets()
-            if link.headers:
+        for target_position, target_size in rec.decode_link_body(rec.body_slice(frame, 0)):
+            tbuf, tstart = self.commitlog.frame_unchecked(target_position)
+            _, record_count, tags, own_targets = rec.index_fields(tbuf, tstart)
+            mask = tags_mask(tags) if tags else 0
+            where = destinations or own_targets
+            if has_headers:
                 # The entry points at the LINK so readers see its headers (x-death and such).
-                offsets += self._index(position, size, where, mask, target.record_count, store_ms)
+                offsets += self._index(position, size, where, mask, record_count, store_ms)
             else:
                 offsets += self._index(
-                    target_position, target_size, where, mask, target.record_count, store_ms
+                    target_position, target_size, where, mask, record_count, store_ms
                 )
         return offsets
 

@@ -1,0 +1,181 @@
+"""How transactions are written into the log: half-message headers and operation records.
+
+Nothing here does I/O; :mod:`core.transactions.service` appends, :mod:`core.transactions.recovery`
+replays. Two system queues hold everything (RocketMQ's RMQ_SYS_TRANS_HALF_TOPIC and
+RMQ_SYS_TRANS_OP_HALF_TOPIC are the model):
+
+``__half/0`` (written by the log's dispatcher): every half message, i.e. a record appended to its
+own topic with ``FLAG_HALF``. It is durable but indexed only here, so no reader of a user topic
+(gateway or Spark) can see it. The service adds these headers after the producer's own::
+
+    x-braid-txn               transaction id (UTF-8)
+    x-braid-producer-group    producer group, whose check-back callback is asked (UTF-8)
+    x-braid-txn-timeout-ms    decimal; present only when the transaction has its own timeout
+
+The ``x-braid-`` prefix is the broker's: a committed record keeps these headers (it is the same
+frame), and a front end strips them before handing it to a client if it wants to.
+
+``__transactions/0`` (written by the service): one OPERATION record per decision::
+
+    field     contents
+    key       transaction id (UTF-8)
+    client    producer group
+    tags      [op kind]: "commit", "rollback" or "check" (tag filters skip kinds without reads)
+    headers   x-braid-txn-resume   b"<half offset> <op offset>": replay may start there (below)
+              x-braid-txn-reason   why, when not the client's call: "check-back",
+                                   "timeout", "max-checks", "recovered"
+              x-braid-txn-checks   decimal check count so far (check ops only; RocketMQ's
+                                   TRANSACTION_CHECK_TIMES)
+    body      commit and rollback: the transaction's halves as repeated ``u64 position,
+              u32 size`` -- exactly the body of the LINK that commits them; check: empty
+
+A COMMIT is the operation record immediately followed (same synchronous step, no await in
+between) by one LINK record naming every half of the transaction, with the same body. The LINK
+makes them visible at their destinations atomically (one frame). The LINK is what makes records
+visible; the op record is what tells replay the transaction is decided. Because the op record
+comes first, a crash can leave "op record, no LINK" but never "LINK, no op record"; replay then
+looks for the LINK right after the op record and writes it again only if it is missing.
+
+Resume mark: every op record names the offsets in ``__half/0`` and ``__transactions/0`` from
+which a replay sees every transaction still open after that op record: the oldest open
+transaction's first half, and the end of ``__transactions/0`` when it stored that half (with none
+open: both queue ends). The op record itself is always at or after its mark's op offset, and a
+commit op names its halves in its body, so replay finds a commit decided just before a crash even
+though the mark no longer counts it. Restart reads the mark of the last op record: its cost is
+bounded by the oldest open transaction, not by the age of the log.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+TXN_HEADER = "x-braid-txn"
+PRODUCER_GROUP_HEADER = "x-braid-producer-group"
+TIMEOUT_HEADER = "x-braid-txn-timeout-ms"
+RESUME_HEADER = "x-braid-txn-resume"
+REASON_HEADER = "x-braid-txn-reason"
+CHECKS_HEADER = "x-braid-txn-checks"
+# Headers the broker adds to a half message; everything else is the producer's.
+HALF_HEADERS = frozenset((TXN_HEADER, PRODUCER_GROUP_HEADER, TIMEOUT_HEADER))
+
+# Operation kinds (the op record's only tag).
+OP_COMMIT = "commit"
+OP_ROLLBACK = "rollback"
+OP_CHECK = "check"
+OP_KINDS = (OP_COMMIT, OP_ROLLBACK, OP_CHECK)
+
+# Why an outcome was chosen.
+REASON_CLIENT = "client"  # the producer (or a front end on its behalf) said so
+REASON_CHECK_BACK = "check-back"  # the producer's answer to a check-back
+REASON_TIMEOUT = "timeout"  # no check-back for this group: the default outcome after a timeout
+REASON_MAX_CHECKS = "max-checks"  # every check answered unknown: the default outcome
+REASON_RECOVERED = "recovered"  # restart found a commit whose LINK never reached the log
+
+
+@dataclass(frozen=True, slots=True)
+class ResumeMark:
+    """Replay reads ``__half/0`` from ``half_offset`` and ``__transactions/0`` from
+    ``op_offset``: every half below ``half_offset`` belongs to a decided transaction, and every
+    op record that replay needs is at or after ``op_offset``."""
+
+    half_offset: int
+    op_offset: int
+
+    def encode(self) -> bytes:
+        return f"{self.half_offset} {self.op_offset}".encode()
+
+    @classmethod
+    def decode(cls, raw: bytes) -> ResumeMark:
+        half, op = raw.split()
+        return cls(int(half), int(op))
+
+
+@dataclass(frozen=True, slots=True)
+class HalfInfo:
+    """The transaction headers of a half message."""
+
+    txn_id: str
+    producer_group: str
+    timeout_ms: float | None
+
+
+def half_headers(
+    txn_id: str, producer_group: str, timeout_ms: float | None
+) -> list[tuple[str, bytes]]:
+    headers = [(TXN_HEADER, txn_id.encode()), (PRODUCER_GROUP_HEADER, producer_group.encode())]
+    if timeout_ms is not None:
+        headers.append((TIMEOUT_HEADER, str(int(timeout_ms)).encode()))
+    return headers
+
+
+def half_info(headers: list[tuple[str, bytes]]) -> HalfInfo | None:
+    """The transaction a half message belongs to; None if it carries no ``x-braid-txn`` (a half
+    message some other component wrote)."""
+    txn_id: str | None = None
+    group = ""
+    timeout: float | None = None
+    for name, value in headers:
+        if name == TXN_HEADER:
+            txn_id = value.decode()
+        elif name == PRODUCER_GROUP_HEADER:
+            group = value.decode()
+        elif name == TIMEOUT_HEADER:
+            timeout = float(value)
+    return None if txn_id is None else HalfInfo(txn_id, group, timeout)
+
+
+def user_headers(headers: list[tuple[str, bytes]]) -> list[tuple[str, bytes]]:
+    """A record's headers without the ones the transaction service added."""
+    return [(name, value) for name, value in headers if name not in HALF_HEADERS]
+
+
+def op_headers(mark: ResumeMark, reason: str | None, checks: int | None) -> list[tuple[str, bytes]]:
+    headers = [(RESUME_HEADER, mark.encode())]
+    if reason is not None and reason != REASON_CLIENT:  # absent: the client decided
+        headers.append((REASON_HEADER, reason.encode()))
+    if checks is not None:
+        headers.append((CHECKS_HEADER, str(checks).encode()))
+    return headers
+
+
+@dataclass(frozen=True, slots=True)
+class Operation:
+    """One decoded op record."""
+
+    position: int
+    end: int
+    kind: str
+    txn_id: str
+    producer_group: str
+    mark: ResumeMark | None
+    reason: str | None
+    checks: int
+    body: bytes
+
+
+def decode_operation(
+    position: int,
+    size: int,
+    key: bytes | None,
+    client: str,
+    tags: list[str],
+    headers: list[tuple[str, bytes]],
+    body: bytes | None,
+) -> Operation | None:
+    """The op record's meaning; None for a record of ``__transactions/0`` that is not one."""
+    kind = next((tag for tag in tags if tag in OP_KINDS), None)
+    if kind is None or key is None:
+        return None
+    mark: ResumeMark | None = None
+    reason: str | None = None
+    checks = 0
+    for name, value in headers:
+        if name == RESUME_HEADER:
+            mark = ResumeMark.decode(value)
+        elif name == REASON_HEADER:
+            reason = value.decode()
+        elif name == CHECKS_HEADER:
+            checks = int(value)
+    return Operation(
+        position, position + size, kind, key.decode(), client, mark, reason, checks, body or b""
+    )

@@ -1,0 +1,177 @@
+"""Rebuild the transactions left open by the last run from ``__half/0`` and ``__transactions/0``.
+
+Replay reads both queues from the resume mark of the last op record (see
+:mod:`core.transactions.layout`), merges them in commit-log order and applies each record:
+
+- a half with ``x-braid-txn`` opens its transaction (or adds to it; an id whose previous
+  transaction was decided starts a new one, so ids may be reused once decided);
+- a ``check`` op raises the transaction's durable check count;
+- a ``commit`` or ``rollback`` op decides it.
+
+Transactions with halves and no decision are open again. Every replayed ``commit`` op is then
+checked for its LINK: the frames after the op record are scanned for a LINK whose body equals the
+op's body. It is normally the very next frame (the service appends both in one synchronous step);
+it is missing only when the process or the machine died between the two appends, or the LINK was
+in the torn tail that recovery of the log erased, and then it is the op record that ends the log,
+so the scan is short. Those commits are returned for the service to link again: visible exactly
+once, whatever the moment of the crash.
+
+Reads only; the service writes. Not thread-safe.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from core.log import LogStore, QueueRecord
+from core.log import record as rec
+from core.log.names import HALF_TOPIC, TRANSACTIONS_TOPIC
+from core.transactions.layout import (
+    OP_CHECK,
+    OP_COMMIT,
+    OP_ROLLBACK,
+    RESUME_HEADER,
+    Operation,
+    ResumeMark,
+    decode_operation,
+    half_headers,
+    half_info,
+)
+from core.transactions.state import COMMITTED, OPEN, ROLLED_BACK, Transaction
+
+log = logging.getLogger(__name__)
+
+# Records per read while replaying a queue.
+REPLAY_BATCH = 1024
+
+
+@dataclass
+class Replay:
+    mark: ResumeMark
+    open: list[Transaction]  # undecided, oldest first half first
+    decided: dict[str, str]  # txn id -> COMMITTED / ROLLED_BACK, in decision order
+    unlinked: list[Operation]  # commit ops whose LINK is not in the log (one per body)
+    halves_read: int = 0
+    ops_read: int = 0
+    foreign_halves: int = 0  # half messages without x-braid-txn (not ours)
+
+
+def find_resume_mark(store: LogStore) -> ResumeMark:
+    """The resume mark of the newest op record; the queue starts when there is none."""
+    half_start, _ = store.queue_bounds(HALF_TOPIC, 0)
+    op_start, op_next = store.queue_bounds(TRANSACTIONS_TOPIC, 0)
+    offset = op_next - 1
+    while offset >= op_start:
+        found = store.read(TRANSACTIONS_TOPIC, 0, offset, max_records=1)
+        if found:
+            for name, value in found[0].record().headers:
+                if name == RESUME_HEADER:
+                    mark = ResumeMark.decode(value)
+                    # Retention may have moved the queues' starts past the mark.
+                    return ResumeMark(
+                        max(mark.half_offset, half_start), max(mark.op_offset, op_start)
+                    )
+        offset -= 1
+    return ResumeMark(half_start, op_start)
+
+
+def _queue_records(store: LogStore, topic: str, offset: int) -> Iterator[QueueRecord]:
+    while True:
+        batch = store.read(topic, 0, offset, max_records=REPLAY_BATCH)
+        if not batch:
+            return
+        yield from batch
+        offset = batch[-1].next_offset
+
+
+def replay(store: LogStore, mark: ResumeMark | None = None) -> Replay:
+    mark = find_resume_mark(store) if mark is None else mark
+    result = Replay(mark, [], {}, [])
+    current: dict[str, Transaction] = {}  # txn id -> its newest transaction
+    created: list[Transaction] = []
+    commits: list[Operation] = []
+    halves = (
+        (queued.position, 0, queued)
+        for queued in _queue_records(store, HALF_TOPIC, mark.half_offset)
+    )
+    ops = (
+        (queued.position, 1, queued)
+        for queued in _queue_records(store, TRANSACTIONS_TOPIC, mark.op_offset)
+    )
+    for _position, source, queued in heapq.merge(halves, ops, key=lambda item: item[:2]):
+        record = queued.record()
+        if source == 0:
+            result.halves_read += 1
+            info = half_info(record.headers)
+            if info is None:
+                result.foreign_halves += 1
+                continue
+            txn = current.get(info.txn_id)
+            if txn is None or txn.state != OPEN:
+                txn = Transaction(info.txn_id, info.producer_group, info.timeout_ms)
+                txn.half_headers = half_headers(info.txn_id, info.producer_group, info.timeout_ms)
+                txn.first_half_offset = queued.offset
+                txn.first_op_offset = mark.op_offset
+                current[info.txn_id] = txn
+                created.append(txn)
+            txn.halves.append((record.position, record.size))
+            txn.sync = txn.sync or store.is_sync(record.topic)
+            continue
+        result.ops_read += 1
+        op = decode_operation(
+            record.position,
+            record.size,
+            record.key,
+            record.client,
+            record.tags,
+            record.headers,
+            record.body,
+        )
+        if op is None:
+            continue
+        if op.kind == OP_COMMIT:
+            commits.append(op)
+        txn = current.get(op.txn_id)
+        if txn is None or txn.state != OPEN:
+            # Its halves are before the mark (or this repeats a decision): remember the outcome.
+            if op.kind != OP_CHECK:
+                result.decided[op.txn_id] = COMMITTED if op.kind == OP_COMMIT else ROLLED_BACK
+            continue
+        if op.kind == OP_CHECK:
+            txn.checks = max(txn.checks, op.checks)
+        elif op.kind in (OP_COMMIT, OP_ROLLBACK):
+            txn.state = COMMITTED if op.kind == OP_COMMIT else ROLLED_BACK
+            result.decided[op.txn_id] = txn.state
+    result.open = [txn for txn in created if txn.state == OPEN]
+    # A commit written again by an earlier restart repeats the body: the scan from the first op
+    # with that body sees every LINK written for it since, so each is linked at most once.
+    first_by_body: dict[bytes, Operation] = {}
+    for op in commits:
+        if op.body:
+            first_by_body.setdefault(op.body, op)
+    result.unlinked = [op for op in first_by_body.values() if not link_follows(store, op)]
+    return result
+
+
+def link_follows(store: LogStore, op: Operation) -> bool:
+    """Whether a LINK whose body is the commit op's body follows the op record in the log."""
+    commitlog = store.commitlog
+    position = op.end
+    while True:
+        try:
+            for frame_position, _size, _magic in commitlog.scan(position):
+                buf, start, _ = commitlog.read_frame(frame_position)
+                (flags,) = rec.FLAGS.unpack_from(buf, start + rec.FLAGS_OFFSET)
+                if flags & rec.FLAG_LINK and rec.body_slice(buf, start) == op.body:
+                    return True
+            return False
+        except rec.CorruptRecordError as error:
+            # Recovery of the log reported the rest of that segment lost; go on after it.
+            number = error.position // commitlog.segment_size
+            later = [n for n in commitlog.segment_numbers() if n > number]
+            if not later:
+                return False
+            position = later[0] * commitlog.segment_size

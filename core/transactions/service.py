@@ -1,0 +1,590 @@
+"""TransactionService: transactional half messages with RocketMQ semantics, over the log.
+
+A transaction is a set of HALF records (each appended to its own topic, durable, indexed only in
+``__half/0`` so no reader sees it) that become visible together, at every destination, through
+ONE LINK record (one frame, so a multi-record, multi-topic commit is atomic), or never. Record and
+header layout: :mod:`core.transactions.layout`; restart: :mod:`core.transactions.recovery`.
+
+Outcomes:
+
+- the producer (or a front end: AMQP ``tx.commit``, Kafka ``EndTxn``) calls :meth:`commit` or
+  :meth:`rollback`;
+- otherwise, ``check_timeout_ms`` after the last half was added (or after the last check) the
+  service asks the producer group's check-back callback, at most ``max_checks`` times
+  (RocketMQ: transactionCheckMax = 15), then applies ``default_outcome``; a group without a
+  callback (AMQP tx, Kafka transactions) gets ``default_outcome`` at the first timeout (Kafka
+  aborts a transaction that outlives transaction.timeout.ms).
+
+Every decision is an op record in ``__transactions/0``, each check too (before the callback
+runs), so the bound on checks holds across restarts (RocketMQ's TRANSACTION_CHECK_TIMES). A
+commit appends its op record and then its LINK in one synchronous step; restart links again a
+commit whose LINK is missing, so committed records are visible exactly once.
+
+Not thread-safe: use from the event-loop thread that runs the store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import os
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Sequence
+
+from core.groups.clock import Clock, LoopClock, Timer
+from core.log import LogStore, Record
+from core.log import record as rec
+from core.log.names import HALF_TOPIC, TRANSACTIONS_TOPIC
+from core.log.store import Appended
+from core.transactions.layout import (
+    OP_CHECK,
+    OP_COMMIT,
+    OP_ROLLBACK,
+    REASON_CHECK_BACK,
+    REASON_CLIENT,
+    REASON_MAX_CHECKS,
+    REASON_RECOVERED,
+    REASON_TIMEOUT,
+    ResumeMark,
+    half_headers,
+    op_headers,
+)
+from core.transactions.recovery import Replay, replay
+from core.transactions.state import (
+    COMMIT,
+    COMMITTED,
+    OPEN,
+    ROLLBACK,
+    ROLLED_BACK,
+    UNKNOWN,
+    PendingTransaction,
+    Transaction,
+    TransactionError,
+)
+
+log = logging.getLogger(__name__)
+
+# check_back(producer_group, txn_id, first half record) -> "commit" | "rollback" | "unknown".
+CheckBack = Callable[[str, str, Record], Awaitable[str]]
+
+# RocketMQ broker defaults: transactionTimeOut = 6 s before the first check,
+# transactionCheckMax = 15 checks before the message is discarded.
+DEFAULT_CHECK_TIMEOUT_MS = 6000
+DEFAULT_MAX_CHECKS = 15
+# How long one check-back call may take before it counts as "unknown" (RocketMQ sends the check
+# one-way and waits for the producer's EndTransaction; a bounded wait is the equivalent here).
+DEFAULT_CHECK_CALL_TIMEOUT_MS = 3000
+# Overdue transactions are found by one sweep of the open ones this often at most (RocketMQ's
+# transactionCheckInterval is 60 s; a quarter of the timeout keeps checks close to it).
+MAX_SWEEP_INTERVAL_MS = 1000
+# Outcomes of decided transactions kept for txn_state() (they are in the log anyway).
+RECENT_OUTCOMES = 100_000
+# Flags a half message may carry besides FLAG_HALF (a Kafka batch, a Kafka control batch).
+_ALLOWED_HALF_FLAGS = rec.FLAG_BATCH | rec.FLAG_TXN_CONTROL
+
+_OUTCOME_STATE = {COMMIT: COMMITTED, ROLLBACK: ROLLED_BACK}
+
+
+class TransactionService:
+    """Create it right after opening the store, before anything else appends: the constructor
+    replays ``__half/0`` and ``__transactions/0`` (open transactions are open again, a commit
+    whose LINK is missing is linked) and registers :meth:`owes_segment` as a retention guard.
+    Then ``await start()`` (timers), and from the event loop::
+
+        txn = service.begin("producer-group")          # or begin(group, "own-id")
+        await service.add(txn, "orders", 0, b"...", destinations=[("orders", 0), ("audit", 0)])
+        await service.add(txn, "payments", 3, b"...")
+        await service.commit(txn)                       # or rollback(txn)
+    """
+
+    def __init__(
+        self,
+        store: LogStore,
+        *,
+        check_back: CheckBack | None = None,
+        check_timeout_ms: float = DEFAULT_CHECK_TIMEOUT_MS,
+        max_checks: int = DEFAULT_MAX_CHECKS,
+        default_outcome: str = ROLLBACK,
+        check_call_timeout_ms: float = DEFAULT_CHECK_CALL_TIMEOUT_MS,
+        sweep_interval_ms: float | None = None,
+        clock: Clock | None = None,
+    ) -> None:
+        if default_outcome not in (COMMIT, ROLLBACK):
+            raise ValueError(f"default_outcome must be {COMMIT!r} or {ROLLBACK!r}")
+        if max_checks < 0 or check_timeout_ms <= 0:
+            raise ValueError("max_checks must be >= 0 and check_timeout_ms > 0")
+        self.store = store
+        self.default_check_back = check_back
+        # Per producer group: its callback, or None for "never check back" (AMQP tx, Kafka).
+        self.check_backs: dict[str, CheckBack | None] = {}
+        self.check_timeout_ms = check_timeout_ms
+        self.max_checks = max_checks
+        self.default_outcome = default_outcome
+        self.check_call_timeout_ms = check_call_timeout_ms
+        self.sweep_interval_ms = (
+            min(check_timeout_ms / 4, MAX_SWEEP_INTERVAL_MS)
+            if sweep_interval_ms is None
+            else sweep_interval_ms
+        )
+        self.clock: Clock = clock or LoopClock()
+        self.metrics: dict[str, int] = {
+            "pending": 0,
+            "committed": 0,
+            "rolled_back": 0,
+            "checks": 0,
+            "checks_unknown": 0,
+            "checks_failed": 0,
+            "default_outcomes": 0,
+            "recovered_pending": 0,
+            "relinked": 0,
+        }
+        self._open: dict[str, Transaction] = {}
+        # Open transactions that stored a half, oldest first half first: the resume mark and the
+        # retention guard come from the head.
+        self._stored: OrderedDict[str, Transaction] = OrderedDict()
+        self._recent: OrderedDict[str, str] = OrderedDict()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._sweeper: Timer | None = None
+        # Generated ids: random per service instance (so unique across restarts), then a counter.
+        self._id_prefix = os.urandom(8).hex() + "-"
+        self._id_counter = itertools.count(1)
+        self._started = False
+        self._closed = False
+        self.replay: Replay = self._recover()
+        # Stays registered after aclose(): open halves are owed until decided, service or not.
+        store.retention_guards.append(self.owes_segment)
+
+    # -- restart ---------------------------------------------------------------------------
+
+    def _recover(self) -> Replay:
+        result = replay(self.store)
+        for txn_id, state in result.decided.items():
+            self._remember(txn_id, state)
+        for txn in result.open:
+            self._open[txn.txn_id] = txn
+            self._stored[txn.txn_id] = txn
+        for op in result.unlinked:
+            # The op record made it, its LINK did not: link again, after a fresh op record so
+            # the pair is adjacent.
+            positions = [position for position, _ in rec.decode_link_body(op.body)]
+            try:
+                for position in positions:
+                    self.store.read_at(position)
+            except (KeyError, rec.CorruptRecordError) as error:
+                log.error("transaction %s: committed halves are unreadable: %r", op.txn_id, error)
+                continue
+            self._append_op(
+                OP_COMMIT,
+                op.txn_id,
+                op.producer_group,
+                REASON_RECOVERED,
+                None,
+                op.body,
+                self._mark(),
+            )
+            self.store.link(positions)
+            self.metrics["relinked"] += 1
+            log.warning("transaction %s: commit LINK was missing after restart; linked", op.txn_id)
+        if result.unlinked:
+            self.store.flush()
+        self.metrics["recovered_pending"] = len(result.open)
+        self.metrics["pending"] = len(self._open)
+        if result.open or result.unlinked:
+            log.info(
+                "transactions: %d pending again, %d commits relinked (replayed %d halves, %d ops)",
+                len(result.open),
+                len(result.unlinked),
+                result.halves_read,
+                result.ops_read,
+            )
+        return result
+
+    async def start(self) -> None:
+        """Start looking for overdue transactions. Those restart found open (and any begun
+        before) are due ``check_timeout_ms`` from now: their timers restart."""
+        self._started = True
+        now = self.clock.now_ms()
+        for txn in self._open.values():
+            txn.deadline_ms = now + self._timeout(txn)
+        self._sweeper = self.clock.call_later(self.sweep_interval_ms, self._sweep)
+
+    async def aclose(self) -> None:
+        """Stop the sweeper and running checks; open transactions stay open in the log."""
+        self._closed = True
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def settle(self) -> None:
+        """Wait until no check-back or default outcome is in progress (tests, shutdown)."""
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+    # -- configuration ---------------------------------------------------------------------
+
+    def set_check_back(self, producer_group: str, check_back: CheckBack | None) -> None:
+        """Give ``producer_group`` its own callback; None means the group is never asked and a
+        timeout applies the default outcome (AMQP tx, Kafka transactions)."""
+        self.check_backs[producer_group] = check_back
+
+    def _check_back_for(self, producer_group: str) -> CheckBack | None:
+        if producer_group in self.check_backs:
+            return self.check_backs[producer_group]
+        return self.default_check_back
+
+    # -- the producer's side ---------------------------------------------------------------
+
+    def begin(
+        self,
+        producer_group: str,
+        transaction_id: str | None = None,
+        *,
+        timeout_ms: float | None = None,
+    ) -> str:
+        """Open a transaction and return its id. ``transaction_id`` may be given (a front end's
+        own id: it must not name an open transaction, and may be reused once that one is
+        decided). ``timeout_ms`` replaces ``check_timeout_ms`` for this transaction (Kafka's
+        transaction.timeout.ms); it is stored with each half, so it survives restart."""
+        if transaction_id is None:
+            txn_id = f"{self._id_prefix}{next(self._id_counter):x}"
+        else:
+            txn_id = transaction_id
+        if txn_id in self._open:
+            raise TransactionError(f"transaction {txn_id!r} is already open")
+        if timeout_ms is not None and timeout_ms <= 0:
+            raise ValueError("timeout_ms must be positive")
+        txn = Transaction(txn_id, producer_group, timeout_ms)
+        txn.half_headers = half_headers(txn_id, producer_group, timeout_ms)
+        self._open[txn_id] = txn
+        self._recent.pop(txn_id, None)
+        self.metrics["pending"] = len(self._open)
+        if self._started:
+            txn.deadline_ms = self.clock.now_ms() + self._timeout(txn)
+        return txn_id
+
+    def add_nowait(
+        self,
+        txn_id: str,
+        topic: str,
+        queue: int,
+        body: bytes | memoryview | None,
+        *,
+        key: bytes | None = b"",
+        headers: rec.Headers = (),
+        tags: Sequence[str] = (),
+        subject: str = "",
+        client: str = "",
+        address: str = "",
+        destinations: Sequence[tuple[str, int]] | None = None,
+        protocol: int = rec.PROTOCOL_INTERNAL,
+        born_ms: int = 0,
+        flags: int = 0,
+        record_count: int = 1,
+    ) -> Appended:
+        """Append a half message to the open transaction ``txn_id``; not yet durable (await
+        ``store.wait_durable(appended.end)``, or let :meth:`commit` wait). The fields are the
+        record's, as :meth:`LogStore.append` takes them; ``destinations`` are where a commit
+        makes it visible (default ``(topic, queue)``)."""
+        txn = self._open.get(txn_id)
+        if txn is None:
+            raise TransactionError(self._not_open(txn_id))
+        if flags & ~_ALLOWED_HALF_FLAGS:
+            raise ValueError("a half message may only add FLAG_BATCH or FLAG_TXN_CONTROL")
+        appended = self.store.append(
+            topic,
+            queue,
+            body,
+            key=key,
+            headers=[*headers, *txn.half_headers] if headers else txn.half_headers,
+            tags=tags,
+            subject=subject,
+            client=client,
+            address=address,
+            destinations=destinations,
+            protocol=protocol,
+            born_ms=born_ms,
+            flags=flags | rec.FLAG_HALF,
+            record_count=record_count,
+        )
+        if not txn.halves:
+            txn.first_half_offset = appended.offsets[0][2]
+            txn.first_op_offset = self._op_next_offset()
+            self._stored[txn_id] = txn
+        txn.halves.append((appended.position, appended.end - appended.position))
+        if not txn.sync and self.store.is_sync(topic):
+            txn.sync = True
+        if self._started:
+            txn.deadline_ms = self.clock.now_ms() + self._timeout(txn)
+        return appended
+
+    async def add(
+        self,
+        txn_id: str,
+        topic: str,
+        queue: int,
+        body: bytes | memoryview | None,
+        *,
+        key: bytes | None = b"",
+        headers: rec.Headers = (),
+        tags: Sequence[str] = (),
+        subject: str = "",
+        client: str = "",
+        address: str = "",
+        destinations: Sequence[tuple[str, int]] | None = None,
+        protocol: int = rec.PROTOCOL_INTERNAL,
+        born_ms: int = 0,
+        flags: int = 0,
+        record_count: int = 1,
+    ) -> int:
+        """Append a half message and return its commit-log position once it is durable (at
+        ``topic``'s durability): only then may the producer run its local transaction."""
+        appended = self.add_nowait(
+            txn_id,
+            topic,
+            queue,
+            body,
+            key=key,
+            headers=headers,
+            tags=tags,
+            subject=subject,
+            client=client,
+            address=address,
+            destinations=destinations,
+            protocol=protocol,
+            born_ms=born_ms,
+            flags=flags,
+            record_count=record_count,
+        )
+        await self.store.wait_durable(appended.end, topic)
+        return appended.position
+
+    async def commit(self, txn_id: str, *, durable: bool = True) -> None:
+        """Make every half of ``txn_id`` visible at its destinations, atomically, and return
+        once that is durable. Committing a committed transaction does nothing.
+
+        ``durable=False`` returns once the decision is appended (RocketMQ's one-way
+        EndTransaction): it survives a process crash (the segments are shared memory maps) but
+        an OS crash before the next fsync may lose it, and then the transaction is open again
+        after restart, to be checked back. Only for producer groups with a check-back."""
+        await self._decide(txn_id, COMMIT, REASON_CLIENT, durable)
+
+    async def rollback(self, txn_id: str, *, durable: bool = True) -> None:
+        """Discard every half of ``txn_id``: they are never indexed anywhere visible. Rolling
+        back a rolled-back transaction does nothing. ``durable`` as for :meth:`commit`."""
+        await self._decide(txn_id, ROLLBACK, REASON_CLIENT, durable)
+
+    # -- state -----------------------------------------------------------------------------
+
+    def txn_state(self, txn_id: str) -> str | None:
+        """``"open"``, ``"committed"``, ``"rolled_back"``, or None if unknown (never begun, or
+        decided long ago and forgotten)."""
+        if txn_id in self._open:
+            return OPEN
+        return self._recent.get(txn_id)
+
+    def pending(self) -> list[PendingTransaction]:
+        """Every open transaction."""
+        return [
+            PendingTransaction(
+                txn.txn_id,
+                txn.producer_group,
+                len(txn.halves),
+                txn.halves[0][0] if txn.halves else None,
+                txn.checks,
+                txn.checking,
+            )
+            for txn in self._open.values()
+        ]
+
+    def owes_segment(self, start: int, end: int) -> bool:
+        """Retention guard (the service registers it in ``store.retention_guards``): True while
+        the commit-log range ``[start, end)`` may hold a half of an open transaction. Segments
+        go oldest first, so keeping everything from the oldest open half on is exact enough."""
+        if not self._stored:
+            return False
+        oldest = next(iter(self._stored.values()))
+        return oldest.halves[0][0] < end
+
+    # -- deciding --------------------------------------------------------------------------
+
+    def _not_open(self, txn_id: str) -> str:
+        state = self._recent.get(txn_id)
+        if state is None:
+            return f"unknown transaction {txn_id!r}"
+        return f"transaction {txn_id!r} is already {state.replace('_', ' ')}"
+
+    async def _decide(self, txn_id: str, outcome: str, reason: str, durable: bool) -> None:
+        txn = self._open.get(txn_id)
+        if txn is None:
+            if self._recent.get(txn_id) == _OUTCOME_STATE[outcome]:
+                return
+            raise TransactionError(self._not_open(txn_id))
+        end = self._decide_now(txn, outcome, reason)
+        if end is not None and durable:
+            await self.store.wait_durable(end, None if txn.sync else TRANSACTIONS_TOPIC)
+
+    def _decide_now(self, txn: Transaction, outcome: str, reason: str) -> int | None:
+        """Write the decision (synchronously: nothing else runs in between) and forget the
+        transaction. Returns the position to wait for, None when nothing was stored."""
+        txn.state = _OUTCOME_STATE[outcome]
+        del self._open[txn.txn_id]
+        self._stored.pop(txn.txn_id, None)
+        self._remember(txn.txn_id, txn.state)
+        self.metrics["committed" if outcome == COMMIT else "rolled_back"] += 1
+        self.metrics["pending"] = len(self._open)
+        if not txn.halves:
+            return None
+        # The mark no longer counts this transaction, yet replay still reads this op record (it
+        # is at or after the mark's op offset) and it names the halves itself: enough to find
+        # its LINK, or to write it again. (Should the append raise, the log decides at restart.)
+        op = self._append_op(
+            OP_COMMIT if outcome == COMMIT else OP_ROLLBACK,
+            txn.txn_id,
+            txn.producer_group,
+            reason,
+            None,
+            rec.encode_link_body(txn.halves),
+            self._mark(),
+        )
+        if outcome == ROLLBACK:
+            return op.end
+        return self.store.link([position for position, _ in txn.halves]).end
+
+    def _remember(self, txn_id: str, state: str) -> None:
+        self._recent[txn_id] = state
+        self._recent.move_to_end(txn_id)
+        while len(self._recent) > RECENT_OUTCOMES:
+            self._recent.popitem(last=False)
+
+    # -- op records ------------------------------------------------------------------------
+
+    def _op_next_offset(self) -> int:
+        index = self.store.queue_index(TRANSACTIONS_TOPIC, 0)
+        return 0 if index is None else index.next_offset
+
+    def _mark(self) -> ResumeMark:
+        if self._stored:
+            oldest = next(iter(self._stored.values()))
+            return ResumeMark(oldest.first_half_offset, oldest.first_op_offset)
+        half_index = self.store.queue_index(HALF_TOPIC, 0)
+        return ResumeMark(
+            0 if half_index is None else half_index.next_offset, self._op_next_offset()
+        )
+
+    def _append_op(
+        self,
+        kind: str,
+        txn_id: str,
+        producer_group: str,
+        reason: str | None,
+        checks: int | None,
+        body: bytes,
+        mark: ResumeMark,
+    ) -> Appended:
+        return self.store.append(
+            TRANSACTIONS_TOPIC,
+            0,
+            body,
+            key=txn_id.encode(),
+            client=producer_group,
+            tags=(kind,),
+            headers=op_headers(mark, reason, checks),
+        )
+
+    # -- timers and check-back -------------------------------------------------------------
+
+    def _timeout(self, txn: Transaction) -> float:
+        return self.check_timeout_ms if txn.timeout_ms is None else txn.timeout_ms
+
+    def _sweep(self) -> None:
+        """Start resolving every open transaction past its deadline; then sweep again later."""
+        self._sweeper = None
+        if self._closed:
+            return
+        now = self.clock.now_ms()
+        overdue = [
+            txn for txn in self._open.values() if not txn.checking and txn.deadline_ms <= now
+        ]
+        loop = asyncio.get_running_loop()
+        for txn in overdue:
+            txn.checking = True
+            task = loop.create_task(self._overdue(txn))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        self._sweeper = self.clock.call_later(self.sweep_interval_ms, self._sweep)
+
+    async def _overdue(self, txn: Transaction) -> None:
+        try:
+            await self._resolve_overdue(txn)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("transaction %s: check failed", txn.txn_id)
+            txn.deadline_ms = self.clock.now_ms() + self._timeout(txn)
+        finally:
+            txn.checking = False
+
+    async def _resolve_overdue(self, txn: Transaction) -> None:
+        if not txn.halves:
+            # Begun, nothing stored: nothing to ask about or to write.
+            self._decide_now(txn, ROLLBACK, REASON_TIMEOUT)
+            return
+        check_back = self._check_back_for(txn.producer_group)
+        if check_back is None or txn.checks >= self.max_checks:
+            await self._apply_default(
+                txn, REASON_TIMEOUT if check_back is None else REASON_MAX_CHECKS
+            )
+            return
+        txn.checks += 1
+        self.metrics["checks"] += 1
+        # The count is durable before the producer is asked: the bound holds across crashes.
+        op = self._append_op(
+            OP_CHECK, txn.txn_id, txn.producer_group, None, txn.checks, b"", self._mark()
+        )
+        await self.store.wait_durable(op.end)
+        if txn.state != OPEN:
+            return  # the producer decided meanwhile
+        answer = await self._ask(check_back, txn)
+        if txn.state != OPEN:
+            return  # the producer decided while we asked
+        if answer in (COMMIT, ROLLBACK):
+            end = self._decide_now(txn, answer, REASON_CHECK_BACK)
+            if end is not None:
+                await self.store.wait_durable(end)
+            return
+        self.metrics["checks_unknown"] += 1
+        if txn.checks >= self.max_checks:
+            await self._apply_default(txn, REASON_MAX_CHECKS)
+            return
+        txn.deadline_ms = self.clock.now_ms() + self._timeout(txn)
+
+    async def _ask(self, check_back: CheckBack, txn: Transaction) -> str:
+        try:
+            first = self.store.read_at(txn.halves[0][0])
+            answer = await asyncio.wait_for(
+                check_back(txn.producer_group, txn.txn_id, first),
+                self.check_call_timeout_ms / 1000,
+            )
+        except asyncio.CancelledError:
+            raise
+        except Exception as error:  # the producer failed to answer: as good as "unknown"
+            self.metrics["checks_failed"] += 1
+            log.info("transaction %s: check-back failed: %r", txn.txn_id, error)
+            return UNKNOWN
+        normalized = str(answer).lower()
+        return normalized if normalized in (COMMIT, ROLLBACK) else UNKNOWN
+
+    async def _apply_default(self, txn: Transaction, reason: str) -> None:
+        self.metrics["default_outcomes"] += 1
+        log.info("transaction %s: %s after %s", txn.txn_id, self.default_outcome, reason)
+        end = self._decide_now(txn, self.default_outcome, reason)
+        if end is not None:
+            await self.store.wait_durable(end)
