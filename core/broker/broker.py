@@ -48,6 +48,7 @@ from core.log.store import Appended, now_ms
 from core.offsets import OffsetStore
 from core.routing.table import BindingTable, MatchKind
 from core.state import DurableTable
+from core.transactions import TransactionService
 
 log = logging.getLogger(__name__)
 
@@ -118,6 +119,9 @@ class Broker:
         self.offsets = OffsetStore(store)
         # Membership of offset groups (Kafka consumer groups); in memory, members rejoin.
         self.groups = GroupCoordinator()
+        # Half messages and their commit/rollback (RocketMQ semantics): the base of Kafka
+        # transactions and AMQP tx. Front ends register their check-back per producer group.
+        self.transactions = TransactionService(store)
         for group in self.offsets.groups():
             self.groups.ensure_group(group)
         self.flow = FlowControl(self.config.memory_high_watermark_bytes)
@@ -154,6 +158,7 @@ class Broker:
                 self._open_ack_queue(destination, _ack_queue_config_from_json(raw["config"]))
 
     async def start(self) -> None:
+        await self.transactions.start()
         self._tasks = [
             asyncio.create_task(self._periodic(ACK_STATE_FLUSH_INTERVAL_S, self.flush_ack_states)),
             asyncio.create_task(self._periodic(FLOW_CHECK_INTERVAL_S, self.check_flow)),
@@ -172,6 +177,7 @@ class Broker:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks = []
+        await self.transactions.aclose()
         self.flush_ack_states()
         self.groups.close()
         for waiters in self._watchers.values():
