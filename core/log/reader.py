@@ -48,18 +48,20 @@ class QueueRecord:
         self,
         topic: str,
         queue: int,
-        entry: IndexEntry,
+        entry: IndexEntry | tuple[int, int, int, int, int, int],
         frame: memoryview,
         link_headers: list[tuple[str, bytes]] | None = None,
     ) -> None:
         self.topic = topic
         self.queue = queue
-        self.offset = entry.first_offset
-        self.record_count = entry.record_count
-        self.position = entry.position
-        self.size = entry.size
-        self.store_ms = entry.store_ms
-        self.tag_mask = entry.tag_mask
+        (
+            self.position,
+            self.size,
+            self.record_count,
+            self.tag_mask,
+            self.store_ms,
+            self.offset,
+        ) = entry
         self.frame = frame  # the data frame (a LINK entry is followed to its target)
         self.link_headers = link_headers
 
@@ -208,14 +210,15 @@ class LogReader:
         # System queues (``__timers`` holds delayed LINKs) are read as stored.
         follow_links = not names.is_system_topic(topic)
         while entry_number < index.next_entry and scanned < MAX_ENTRIES_SCANNED_PER_READ:
-            batch = index.entries(entry_number, min(1024, max_records - records + 1))
+            batch = index.raw_entries(entry_number, min(1024, max_records - records + 1))
             for entry in batch:
                 entry_number += 1
                 scanned += 1
-                if tag_filter is not None and not tag_filter.may_match(entry.tag_mask):
+                # entry: (position, size, record_count, tag_mask, store_ms, first_offset)
+                if tag_filter is not None and not tag_filter.may_match(entry[3]):
                     continue
                 try:
-                    buf, start, size = commitlog.read_frame(entry.position)
+                    buf, start, size = commitlog.read_frame(entry[0])
                 except KeyError:
                     continue  # deleted by retention while we read
                 frame = buf[start : start + size]
@@ -224,13 +227,13 @@ class LogReader:
                     follow_links
                     and rec.FLAGS.unpack_from(frame, rec.FLAGS_OFFSET)[0] & rec.FLAG_LINK
                 ):
-                    frame, link_headers = self._follow_link(frame, entry.position)
+                    frame, link_headers = self._follow_link(frame, entry[0])
                 if tag_filter is not None and not tag_filter.matches(rec.tags_slice(frame, 0)):
                     continue
                 if max_bytes is not None and out and total_bytes + size > max_bytes:
                     return out
                 out.append(QueueRecord(topic, queue, entry, frame, link_headers))
-                records += entry.record_count
+                records += entry[2]
                 total_bytes += size
                 if records >= max_records:
                     return out

@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from crc32c import crc32c
 
@@ -280,9 +280,11 @@ def verify_frame(buf: memoryview, pos: int, limit: int) -> int:
     return int(total)
 
 
-@dataclass(frozen=True, slots=True)
-class Record:
-    """One decoded commit-log record. ``key``/``body`` are ``None`` when the producer sent null."""
+class Record(NamedTuple):
+    """One decoded commit-log record. ``key``/``body`` are ``None`` when the producer sent null.
+
+    A NamedTuple rather than a frozen dataclass: every delivery decodes one, and building a
+    frozen dataclass of 18 fields measured several times slower."""
 
     position: int
     size: int
