@@ -97,6 +97,15 @@ async def _start_http(context: ServerContext, host: str, port: int) -> Listener:
     return server
 
 
+async def _start_amqp(context: ServerContext, host: str, port: int) -> Listener:
+    from gateway.amqp.server import AMQPServer
+
+    server = AMQPServer(context.broker)  # a gateway talks to core only through the Broker
+    context.metrics.register_counters("braid_amqp_", lambda: server.metrics)
+    await server.start(host, port)
+    return server
+
+
 # =================================================================================================
 # LISTENERS: every front end of the broker, in start order (closed in reverse order).
 #
@@ -114,7 +123,7 @@ async def _start_http(context: ServerContext, host: str, port: int) -> Listener:
 # Gateways come first so that, when the ready line prints, every protocol is accepting.
 # =================================================================================================
 LISTENERS: tuple[ListenerSlot, ...] = (
-    ListenerSlot("amqp", "amqp_port", None),  # gateway/amqp: AMQP 0-9-1
+    ListenerSlot("amqp", "amqp_port", _start_amqp),  # gateway/amqp: AMQP 0-9-1
     ListenerSlot("mqtt", "mqtt_port", None),  # gateway/mqtt: MQTT 3.1.1 / 5.0 over TCP
     ListenerSlot("mqtt-ws", "mqtt_ws_port", None),  # gateway/mqtt: MQTT over WebSocket
     ListenerSlot("kafka", "kafka_port", None),  # gateway/kafka

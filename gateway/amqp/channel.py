@@ -1,0 +1,978 @@
+"""One AMQP channel: its consumers, unacked deliveries, prefetch, confirm and tx modes.
+
+The session (session.py) hands each channel the methods and hot events of its number; handlers
+raise ``AmqpChannelError`` (the session closes this channel) or ``AmqpConnectionError``. A handler
+returns ``None`` when done, or an awaitable the session waits for before the next frame of the
+connection (a flow-blocked publish, a tx.commit waiting for the disk), so replies stay in order.
+
+Deliveries: each consumer is a core ack-queue consumer whose callback (called synchronously by the
+queue's pump) numbers the delivery on this channel and writes the Basic.Deliver frames.
+
+Prefetch: ``basic.qos`` with ``global=false`` limits each consumer created afterwards (the core's
+per-consumer in-flight limit); ``global=true`` limits the channel as a whole and ``channel.flow``
+pauses it. The core has no per-channel limit yet, so the channel lends its consumers a per-consumer
+limit equal to what the channel still allows (``update_capacity``), recomputed on every delivery
+and acknowledgement (a limit of -1 means "none now").
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Awaitable, Coroutine
+from typing import TYPE_CHECKING, Any, Final
+
+from pamqp import commands
+
+from core.broker import PublishResult
+from core.broker.topics import TopicError
+from core.delivery import Consumer, Delivery, Message
+from core.delivery.message import EXPIRES_AT_HEADER
+from core.log.record import PROTOCOL_AMQP
+from core.log.store import now_ms
+from core.transactions import TransactionError
+from gateway.amqp.codec import (
+    encode_basic_return,
+    encode_deliver,
+    encode_get_ok,
+    encode_method,
+)
+from gateway.amqp.constants import (
+    ACCESS_REFUSED,
+    NO_ROUTE,
+    NOT_ALLOWED,
+    NOT_FOUND,
+    NOT_IMPLEMENTED,
+    PRECONDITION_FAILED,
+)
+from gateway.amqp.eager import run_eagerly
+from gateway.amqp.errors import AmqpChannelError, AmqpConnectionError
+from gateway.amqp.events import Publish
+from gateway.amqp.messages import (
+    PROPERTIES_HEADER,
+    PublishInfo,
+    delivery_properties,
+    publish_info,
+)
+from gateway.amqp.properties import decode_properties, encode_properties
+from gateway.amqp.vhost import (
+    DIRECT_REPLY_TO,
+    DIRECT_REPLY_TO_PREFIX,
+    QUEUE_TOPIC_PREFIX,
+    Queue,
+    exchange_name,
+    queue_name,
+    server_generated_name,
+)
+
+if TYPE_CHECKING:
+    from gateway.amqp.session import Session
+
+log = logging.getLogger(__name__)
+
+__all__ = ["Channel", "ChannelConsumer"]
+
+CONSUMER_TAG_PREFIX: Final = "amq.ctag-"
+NO_CAPACITY: Final = -1  # a core consumer limit that admits nothing (0 would mean unlimited)
+_NO_ROUTE_TEXT: Final = b"NO_ROUTE"
+
+_TX_PUBLISH, _TX_ACK, _TX_NACK = range(3)
+# The producer group of AMQP transactions in the core's TransactionService (no check-back: an
+# undecided one is rolled back when it times out, and at the next start of the server).
+AMQP_TX_GROUP: Final = "amqp-tx"
+# AMQP transactions have no timeout; the core's would roll an idle one back after this long.
+TX_TIMEOUT_MS: Final = 24 * 3600 * 1000
+
+
+def _properties(message: Message) -> bytes:
+    return delivery_properties(
+        message.headers, message.protocol == PROTOCOL_AMQP, exchange_name, queue_name
+    )
+
+
+class ChannelConsumer:
+    """A basic.consume: the core consumer plus what the channel needs to deliver to it."""
+
+    __slots__ = (
+        "cancelled",
+        "channel",
+        "core",
+        "exclusive",
+        "no_ack",
+        "prefetch",
+        "queue",
+        "tag",
+        "tag_bytes",
+    )
+
+    def __init__(
+        self,
+        channel: Channel,
+        tag: str,
+        queue: Queue | None,
+        no_ack: bool,
+        exclusive: bool,
+        prefetch: int,
+    ) -> None:
+        self.channel = channel
+        self.tag = tag
+        self.tag_bytes = tag.encode()
+        self.queue = queue  # None: the direct reply-to pseudo-queue
+        self.no_ack = no_ack
+        self.exclusive = exclusive
+        self.prefetch = prefetch  # its own basic.qos(global=false) limit, 0 = none
+        self.core: Consumer | None = None
+        self.cancelled = False
+
+    def deliver(self, delivery: Delivery) -> None:
+        """The core's callback: number the delivery and write Basic.Deliver (hot path)."""
+        channel = self.channel
+        tag = channel.delivery_tag = channel.delivery_tag + 1
+        if not self.no_ack:
+            channel.unacked[tag] = delivery
+        message = delivery.message
+        topic = message.topic
+        headers = message.headers
+        # Fast path: a record an AMQP client published, not dead-lettered since: its own
+        # property octets (stored first) go back out untouched.
+        if (
+            message.protocol == PROTOCOL_AMQP
+            and len(headers) == 1
+            and headers[0][0] == PROPERTIES_HEADER
+        ):
+            properties = headers[0][1]
+        else:
+            properties = _properties(message)
+        session = channel.session
+        session.write(
+            encode_deliver(
+                channel.number,
+                self.tag_bytes,
+                tag,
+                delivery.redelivered,
+                "" if topic.startswith(QUEUE_TOPIC_PREFIX) else topic,
+                message.subject,
+                properties,
+                message.body or b"",
+                session.frame_max,
+            )
+        )
+        session.metrics["delivered"] += 1
+        if channel.limited:
+            channel.update_capacity(notify=False)
+
+    def deliver_direct(self, routing_key: str, properties_raw: bytes, body: bytes) -> None:
+        """A direct reply-to message: straight to this consumer, never stored."""
+        channel = self.channel
+        tag = channel.delivery_tag = channel.delivery_tag + 1
+        session = channel.session
+        session.write(
+            encode_deliver(
+                channel.number,
+                self.tag_bytes,
+                tag,
+                False,
+                "",
+                routing_key,
+                properties_raw,
+                body,
+                session.frame_max,
+            )
+        )
+        session.metrics["delivered"] += 1
+
+    def cancelled_by_server(self) -> None:
+        """Its queue was deleted: consumer_cancel_notify clients get a Basic.Cancel."""
+        self.channel.server_cancel(self)
+
+    def __repr__(self) -> str:
+        return f"ChannelConsumer({self.tag!r}, channel={self.channel.number})"
+
+
+class Channel:
+    def __init__(self, session: Session, number: int) -> None:
+        self.session = session
+        self.number = number
+        self.vhost = session.vhost
+        self.broker = session.vhost.broker
+        self._is_sync = self.broker.store.is_sync
+        self.consumers: dict[str, ChannelConsumer] = {}
+        self.draining: list[ChannelConsumer] = []  # cancelled, still owed acks
+        self.unacked: dict[int, Delivery] = {}  # delivery tag -> delivery, in tag order
+        self.delivery_tag = 0
+        self.prefetch_consumer = 0  # basic.qos global=false: for consumers made afterwards
+        self.prefetch_global = 0  # basic.qos global=true: the whole channel
+        self.flow_active = True
+        self.limited = False  # prefetch_global or flow off: consumers' limits are lent
+        self.confirm = False
+        self.next_seq = 1  # publish sequence number in confirm mode
+        self.tx: list[tuple[int, Any, bool]] | None = None
+        self.tx_end = 0  # highest log position a tx.commit must wait for
+        self.txn_id: str | None = None  # the core transaction holding this tx's half messages
+        self._tx_destinations: set[tuple[str, int]] = set()
+        self._tx_expiring: set[tuple[str, int]] = set()
+        self._committing = False
+        self.confirmed = 0  # highest publish sequence number confirmed
+        self.last_queue: str | None = None  # for the "" queue name shorthand
+        self.reply_address: str | None = None  # direct reply-to
+        self._reply_properties: dict[bytes, bytes] = {}
+        self.closed = False
+
+    # -- helpers -----------------------------------------------------------------------------
+
+    def write_method(self, method: Any) -> None:
+        self.session.write(encode_method(self.number, method))
+
+    def _queue_name(self, name: str) -> str:
+        if name:
+            return name
+        if self.last_queue is None:
+            raise AmqpChannelError(NOT_FOUND, "NOT_FOUND - no previously declared queue")
+        return self.last_queue
+
+    @property
+    def owner(self) -> object:
+        return self.session
+
+    # -- exchanges ---------------------------------------------------------------------------
+
+    def exchange_declare(self, m: commands.Exchange.Declare) -> None:
+        self.vhost.declare_exchange(
+            m.exchange,
+            m.exchange_type,
+            passive=m.passive,
+            durable=m.durable,
+            auto_delete=m.auto_delete,
+            internal=m.internal,
+            arguments=m.arguments,
+        )
+        if not m.nowait:
+            self.write_method(commands.Exchange.DeclareOk())
+
+    def exchange_delete(self, m: commands.Exchange.Delete) -> None:
+        self.vhost.delete_exchange(m.exchange, if_unused=m.if_unused)
+        if not m.nowait:
+            self.write_method(commands.Exchange.DeleteOk())
+
+    def exchange_bind(self, m: commands.Exchange.Bind) -> None:
+        self.vhost.bind_exchange(m.destination, m.source, m.routing_key, m.arguments)
+        if not m.nowait:
+            self.write_method(commands.Exchange.BindOk())
+
+    def exchange_unbind(self, m: commands.Exchange.Unbind) -> None:
+        self.vhost.bind_exchange(m.destination, m.source, m.routing_key, m.arguments, unbind=True)
+        if not m.nowait:
+            self.write_method(commands.Exchange.UnbindOk())
+
+    # -- queues ------------------------------------------------------------------------------
+
+    def queue_declare(self, m: commands.Queue.Declare) -> None:
+        if m.queue == DIRECT_REPLY_TO or (m.passive and m.queue.startswith(DIRECT_REPLY_TO_PREFIX)):
+            if not m.nowait:
+                self.write_method(commands.Queue.DeclareOk(m.queue, 0, 0))
+            return
+        queue = self.vhost.declare_queue(
+            self.owner,
+            m.queue,
+            passive=m.passive,
+            durable=m.durable,
+            exclusive=m.exclusive,
+            auto_delete=m.auto_delete,
+            arguments=m.arguments,
+        )
+        self.last_queue = queue.name
+        if not m.nowait:
+            self.write_method(
+                commands.Queue.DeclareOk(
+                    queue.name, queue.ack.message_count(), len(queue.consumers)
+                )
+            )
+
+    def queue_bind(self, m: commands.Queue.Bind) -> None:
+        name = self._queue_name(m.queue)
+        routing_key = m.routing_key if m.routing_key or m.queue else name
+        self.vhost.bind_queue(self.owner, name, m.exchange, routing_key, m.arguments)
+        if not m.nowait:
+            self.write_method(commands.Queue.BindOk())
+
+    def queue_unbind(self, m: commands.Queue.Unbind) -> None:
+        name = self._queue_name(m.queue)
+        routing_key = m.routing_key if m.routing_key or m.queue else name
+        self.vhost.bind_queue(self.owner, name, m.exchange, routing_key, m.arguments, unbind=True)
+        self.write_method(commands.Queue.UnbindOk())
+
+    def queue_purge(self, m: commands.Queue.Purge) -> None:
+        count = self.vhost.purge_queue(self.owner, self._queue_name(m.queue))
+        if not m.nowait:
+            self.write_method(commands.Queue.PurgeOk(count))
+
+    def queue_delete(self, m: commands.Queue.Delete) -> None:
+        count = self.vhost.delete_queue(
+            self.owner, self._queue_name(m.queue), if_unused=m.if_unused, if_empty=m.if_empty
+        )
+        if not m.nowait:
+            self.write_method(commands.Queue.DeleteOk(count))
+
+    # -- consumers ---------------------------------------------------------------------------
+
+    def basic_qos(self, m: commands.Basic.Qos) -> None:
+        if m.prefetch_size:
+            raise AmqpConnectionError(
+                NOT_IMPLEMENTED, f"NOT_IMPLEMENTED - prefetch_size!=0 ({m.prefetch_size})"
+            )
+        if m.global_:
+            self.prefetch_global = m.prefetch_count
+            self._limits_changed()
+        else:
+            self.prefetch_consumer = m.prefetch_count
+        self.write_method(commands.Basic.QosOk())
+
+    def channel_flow(self, m: commands.Channel.Flow) -> None:
+        self.flow_active = bool(m.active)
+        self._limits_changed()
+        self.write_method(commands.Channel.FlowOk(self.flow_active))
+
+    def _limits_changed(self) -> None:
+        was_limited = self.limited
+        self.limited = self.prefetch_global > 0 or not self.flow_active
+        if self.limited or was_limited:
+            self.update_capacity(notify=True)
+
+    def update_capacity(self, *, notify: bool) -> None:
+        """Lend each consumer the limit the channel allows now (see the module docstring)."""
+        remaining = self.prefetch_global - len(self.unacked) if self.prefetch_global else 0
+        for consumer in self.consumers.values():
+            core = consumer.core
+            if core is None or consumer.no_ack:
+                continue
+            own = consumer.prefetch
+            if not self.flow_active:
+                limit = NO_CAPACITY
+            elif self.prefetch_global:
+                if remaining <= 0:
+                    limit = NO_CAPACITY
+                else:
+                    limit = core.inflight + remaining
+                    if own:
+                        limit = min(limit, own)
+            else:
+                limit = own
+            if core.prefetch != limit:
+                core.prefetch = limit
+                if notify and limit != NO_CAPACITY:
+                    core.queue.notify()
+
+    def basic_consume(self, m: commands.Basic.Consume) -> None:
+        name = self._queue_name(m.queue)
+        tag = m.consumer_tag or server_generated_name(CONSUMER_TAG_PREFIX)
+        if tag in self.consumers:
+            raise AmqpConnectionError(
+                NOT_ALLOWED, f"NOT_ALLOWED - attempt to reuse consumer tag '{tag}'"
+            )
+        if name == DIRECT_REPLY_TO:
+            self._consume_reply_to(tag, m)
+            return
+        queue = self.vhost.queue(name, self.owner)
+        if queue.exclusive_consumer or (m.exclusive and queue.consumers):
+            raise AmqpChannelError(
+                ACCESS_REFUSED,
+                f"ACCESS_REFUSED - queue '{name}' in vhost '{self.vhost.name}' in exclusive use",
+            )
+        if not m.nowait:
+            self.write_method(commands.Basic.ConsumeOk(tag))
+        consumer = ChannelConsumer(self, tag, queue, m.no_ack, m.exclusive, self.prefetch_consumer)
+        self.consumers[tag] = consumer
+        consumer.core = queue.ack.add_consumer(
+            tag, consumer.prefetch, consumer.deliver, no_ack=m.no_ack
+        )
+        self.vhost.consumer_added(queue, consumer)
+        if self.limited:
+            self.update_capacity(notify=True)
+
+    def _consume_reply_to(self, tag: str, m: commands.Basic.Consume) -> None:
+        if not m.no_ack:
+            raise AmqpChannelError(
+                PRECONDITION_FAILED, "PRECONDITION_FAILED - reply consumer cannot acknowledge"
+            )
+        if self.reply_address is not None:
+            raise AmqpChannelError(
+                PRECONDITION_FAILED, "PRECONDITION_FAILED - reply consumer already set"
+            )
+        consumer = ChannelConsumer(self, tag, None, True, False, 0)
+        self.consumers[tag] = consumer
+        self.reply_address = server_generated_name(DIRECT_REPLY_TO_PREFIX)
+        self.vhost.reply_consumers[self.reply_address] = consumer
+        if not m.nowait:
+            self.write_method(commands.Basic.ConsumeOk(tag))
+
+    def basic_cancel(self, m: commands.Basic.Cancel) -> None:
+        tag = m.consumer_tag or ""
+        consumer = self.consumers.pop(tag, None)
+        if consumer is not None:
+            self._detach(consumer, keep_unacked=True)
+        if not m.nowait:
+            self.write_method(commands.Basic.CancelOk(tag))
+
+    def _detach(self, consumer: ChannelConsumer, *, keep_unacked: bool) -> None:
+        """Stop a consumer. With ``keep_unacked`` (basic.cancel) its unacked deliveries stay
+        acknowledgeable, as in RabbitMQ: the core consumer is kept, admitting nothing, until
+        they are settled; otherwise they return to the queue now."""
+        consumer.cancelled = True
+        queue = consumer.queue
+        if queue is None:
+            if self.reply_address is not None:
+                self.vhost.reply_consumers.pop(self.reply_address, None)
+                self.reply_address = None
+            return
+        core = consumer.core
+        if core is not None:
+            if keep_unacked and core.inflight and not consumer.no_ack:
+                core.prefetch = NO_CAPACITY
+                self.draining.append(consumer)
+            else:
+                queue.ack.remove_consumer(core)
+        self.vhost.consumer_removed(queue, consumer)
+
+    def _settle_draining(self) -> None:
+        for consumer in list(self.draining):
+            core = consumer.core
+            if core is None or not core.inflight:
+                self.draining.remove(consumer)
+                if core is not None and consumer.queue is not None:
+                    consumer.queue.ack.remove_consumer(core)
+
+    def server_cancel(self, consumer: ChannelConsumer) -> None:
+        if self.consumers.get(consumer.tag) is consumer:
+            del self.consumers[consumer.tag]
+        consumer.cancelled = True
+        if consumer in self.draining:
+            self.draining.remove(consumer)
+        if self.session.capabilities.get("consumer_cancel_notify") and not self.closed:
+            self.write_method(commands.Basic.Cancel(consumer.tag, nowait=True))
+
+    # -- basic.get / ack / nack / reject / recover ------------------------------------------
+
+    def basic_get(self, m: commands.Basic.Get) -> None:
+        queue = self.vhost.queue(self._queue_name(m.queue), self.owner)
+        self.vhost.queue_used(queue)
+        delivery = queue.ack.get(no_ack=m.no_ack)
+        if delivery is None:
+            self.write_method(commands.Basic.GetEmpty())
+            return
+        tag = self.delivery_tag = self.delivery_tag + 1
+        if not m.no_ack:
+            self.unacked[tag] = delivery
+        message = delivery.message
+        self.session.write(
+            encode_get_ok(
+                self.number,
+                tag,
+                delivery.redelivered,
+                exchange_name(message.topic),
+                message.subject,
+                queue.ack.message_count(),
+                _properties(message),
+                message.body or b"",
+                self.session.frame_max,
+            )
+        )
+        self.session.metrics["delivered"] += 1
+
+    def _take(self, tag: int, multiple: bool) -> list[tuple[int, Delivery]]:
+        """Remove and return (tag, delivery) of what an ack/nack/reject of ``tag`` settles."""
+        unacked = self.unacked
+        if not multiple:
+            delivery = unacked.pop(tag, None)
+            if delivery is None:
+                raise AmqpChannelError(
+                    PRECONDITION_FAILED, f"PRECONDITION_FAILED - unknown delivery tag {tag}"
+                )
+            return [(tag, delivery)]
+        if tag == 0:
+            taken = list(unacked.items())
+            unacked.clear()
+            return taken
+        if tag > self.delivery_tag:
+            raise AmqpChannelError(
+                PRECONDITION_FAILED, f"PRECONDITION_FAILED - unknown delivery tag {tag}"
+            )
+        tags = []
+        for key in unacked:
+            if key > tag:
+                break
+            tags.append(key)
+        return [(key, unacked.pop(key)) for key in tags]
+
+    def basic_ack(self, tag: int, multiple: bool) -> None:
+        if not multiple and self.tx is None:
+            delivery = self.unacked.pop(tag, None)  # the hot path
+            if delivery is None:
+                raise AmqpChannelError(
+                    PRECONDITION_FAILED, f"PRECONDITION_FAILED - unknown delivery tag {tag}"
+                )
+            queue = delivery.queue
+            queue.ack(delivery.offset)
+            self.session.pumps.add(queue)
+        else:
+            deliveries = self._take(tag, multiple)
+            if self.tx is not None:
+                self.tx.append((_TX_ACK, deliveries, False))
+                return
+            pumps = self.session.pumps
+            for _tag, delivery in deliveries:
+                delivery.queue.ack(delivery.offset)
+                pumps.add(delivery.queue)
+        self._after_settle()
+
+    def basic_nack(self, tag: int, multiple: bool, requeue: bool) -> None:
+        deliveries = self._take(tag, multiple)
+        if self.tx is not None:
+            self.tx.append((_TX_NACK, deliveries, requeue))
+            return
+        pumps = self.session.pumps
+        for _tag, delivery in deliveries:
+            delivery.queue.nack(delivery.offset, requeue=requeue)
+            pumps.add(delivery.queue)
+        self._after_settle()
+
+    def _after_settle(self) -> None:
+        if self.draining:
+            self._settle_draining()
+        if self.limited:
+            self.update_capacity(notify=True)
+
+    def basic_recover(self, m: commands.Basic.Recover) -> None:
+        self.basic_recover_async(m)
+        self.write_method(commands.Basic.RecoverOk())
+
+    def basic_recover_async(self, m: commands.Basic.Recover | commands.Basic.RecoverAsync) -> None:
+        if not m.requeue:
+            raise AmqpConnectionError(NOT_IMPLEMENTED, "NOT_IMPLEMENTED - requeue=false")
+        deliveries = list(self.unacked.values())
+        self.unacked.clear()
+        for delivery in deliveries:
+            delivery.queue.nack(delivery.offset, requeue=True)
+        self._after_settle()
+
+    # -- publish -----------------------------------------------------------------------------
+
+    def basic_publish(self, event: Publish) -> Awaitable[None] | None:
+        if self.tx is not None:
+            if self.broker.flow.reasons:
+                return self._stage_when_unblocked(event)
+            self._stage(event)
+            return None
+        return self._publish(event)
+
+    async def _stage_when_unblocked(self, event: Publish) -> None:
+        await self.broker.flow.wait_unblocked()
+        self._stage(event)
+
+    def _stage(self, event: Publish) -> None:
+        """tx mode: route the publish now and store it as a half message of the channel's
+        transaction (the core's TransactionService): invisible until tx.commit links every
+        half of it at once, atomically, or tx.rollback discards them."""
+        assert self.tx is not None
+        session = self.session
+        session.metrics["published"] += 1
+        if event.immediate:
+            raise AmqpConnectionError(NOT_IMPLEMENTED, "NOT_IMPLEMENTED - immediate=true")
+        properties_raw = event.properties_raw
+        info = publish_info(properties_raw)
+        self._check_user(info)
+        if info.reply_to == DIRECT_REPLY_TO:
+            properties_raw, info = self._with_reply_address(properties_raw)
+        exchange = event.exchange
+        routing_key = event.routing_key
+        destinations: list[tuple[str, int]] = []
+        if not exchange:
+            queue = self.vhost.queues.get(routing_key)
+            if queue is None:
+                if routing_key.startswith(DIRECT_REPLY_TO_PREFIX):
+                    self.tx.append((_TX_PUBLISH, event, False))  # delivered at commit
+                else:
+                    self._unroutable(event, properties_raw)
+                return
+            if queue.ack.would_overflow():
+                return  # refused by a reject-publish queue (no confirms in tx mode)
+            topic, queue_number = queue.topic, 0
+            destinations = [(topic, 0)]
+        else:
+            ex = self.vhost.exchange(exchange)
+            self._check_internal(ex.internal, exchange)
+            if ex.delayed and info.delay_ms > 0:
+                # A half message cannot also be delayed: published normally at commit.
+                self.tx.append((_TX_PUBLISH, event, False))
+                return
+            topic = ex.name
+            queue_number = self.broker.choose_queue(ex.info, None)
+            extra = (
+                self._alternate_destinations(ex.name, ex.alternate, routing_key, info)
+                if ex.alternate is not None
+                else []
+            )
+            destinations, refused = self.broker.prepare_destinations(
+                topic, queue_number, routing_key, info.table, extra
+            )
+            ack_queues = self.broker.ack_queues
+            routed = bool(refused) or any(d in ack_queues for d in destinations)
+            if not routed and event.mandatory:
+                self._return(event, properties_raw)
+        headers = info.headers
+        if info.expiration_ms is not None:
+            headers = [*headers, (EXPIRES_AT_HEADER, str(now_ms() + info.expiration_ms).encode())]
+            self._tx_expiring.update(destinations)
+        transactions = self.broker.transactions
+        if self.txn_id is None:
+            self.txn_id = transactions.begin(AMQP_TX_GROUP, timeout_ms=TX_TIMEOUT_MS)
+        transactions.add_nowait(
+            self.txn_id,
+            topic,
+            queue_number,
+            event.body,
+            headers=headers,
+            subject=routing_key,
+            client=session.client_name,
+            address=session.peer,
+            destinations=destinations if len(destinations) > 1 else None,
+            protocol=PROTOCOL_AMQP,
+        )
+        self._tx_destinations.update(destinations)
+
+    def _check_user(self, info: PublishInfo) -> None:
+        if info.user_id is not None and info.user_id != self.session.user:
+            raise AmqpChannelError(
+                PRECONDITION_FAILED,
+                f"PRECONDITION_FAILED - user_id property set to '{info.user_id}' but "
+                f"authenticated user was '{self.session.user}'",
+            )
+
+    def _check_internal(self, internal: bool, exchange: str) -> None:
+        if internal:
+            raise AmqpChannelError(
+                ACCESS_REFUSED,
+                f"ACCESS_REFUSED - cannot publish to internal exchange '{exchange}' in "
+                f"vhost '{self.vhost.name}'",
+            )
+
+    def _publish(self, event: Publish) -> Awaitable[None] | None:
+        """Append the record now (in order); durability is awaited by the confirm pipeline."""
+        session = self.session
+        session.metrics["published"] += 1
+        if event.immediate:
+            raise AmqpConnectionError(NOT_IMPLEMENTED, "NOT_IMPLEMENTED - immediate=true")
+        properties_raw = event.properties_raw
+        info = publish_info(properties_raw)
+        if info.user_id is not None:
+            self._check_user(info)
+        if info.reply_to == DIRECT_REPLY_TO:
+            properties_raw, info = self._with_reply_address(properties_raw)
+        exchange = event.exchange
+        routing_key = event.routing_key
+        extra: list[tuple[str, int]] = []
+        deliver_at = 0
+        queue: Queue | None = None
+        if not exchange:
+            queue = self.vhost.queues.get(routing_key)
+            if queue is None:
+                if routing_key.startswith(DIRECT_REPLY_TO_PREFIX):
+                    reply = self.vhost.reply_consumers.get(routing_key)
+                    if reply is not None:
+                        reply.deliver_direct(routing_key, properties_raw, event.body)
+                        self._confirm_now()
+                        return None
+                self._unroutable(event, properties_raw)
+                return None
+            if queue.ack.would_overflow():
+                self._unroutable(event, properties_raw, refused=True)
+                return None
+            topic = queue.topic
+        else:
+            ex = self.vhost.exchange(exchange)
+            if ex.internal:
+                self._check_internal(True, exchange)
+            topic = ex.name
+            if ex.alternate is not None:
+                extra = self._alternate_destinations(ex.name, ex.alternate, routing_key, info)
+            if ex.delayed and info.delay_ms > 0:
+                deliver_at = now_ms() + info.delay_ms
+        headers = info.headers
+        if info.expiration_ms is not None:
+            headers = [*headers, (EXPIRES_AT_HEADER, str(now_ms() + info.expiration_ms).encode())]
+        try:
+            result, rest = run_eagerly(
+                self.broker.publish(
+                    topic,
+                    event.body,
+                    subject=routing_key,
+                    headers=headers,
+                    routing_headers=info.table,
+                    protocol=PROTOCOL_AMQP,
+                    client=session.client_name,
+                    address=session.peer,
+                    deliver_at_ms=deliver_at,
+                    extra_destinations=extra,
+                    create_topic=False,
+                    wait_durable=False,
+                )
+            )
+        except TopicError:
+            raise self._no_exchange(exchange) from None
+        if rest is not None:
+            return self._publish_later(rest, event, properties_raw, info, topic, queue)
+        assert result is not None
+        self._published(event, result, properties_raw, info, topic, queue)
+        return None
+
+    async def _publish_later(
+        self,
+        rest: Coroutine[Any, Any, PublishResult],
+        event: Publish,
+        properties_raw: bytes,
+        info: PublishInfo,
+        topic: str,
+        queue: Queue | None,
+    ) -> None:
+        try:
+            result = await rest
+        except TopicError:
+            raise self._no_exchange(event.exchange) from None
+        self._published(event, result, properties_raw, info, topic, queue)
+
+    def _no_exchange(self, name: str) -> AmqpChannelError:
+        return AmqpChannelError(
+            NOT_FOUND, f"NOT_FOUND - no exchange '{name}' in vhost '{self.vhost.name}'"
+        )
+
+    def _published(
+        self,
+        event: Publish,
+        result: PublishResult,
+        properties_raw: bytes,
+        info: PublishInfo,
+        topic: str,
+        queue: Queue | None,
+    ) -> None:
+        """After the append: max-length, returns, and the confirm (hot path)."""
+        if queue is not None:  # the default exchange: straight into one queue
+            if queue.ack.config.max_length is not None:
+                queue.ack.enforce_max_length()
+            if info.expiration_ms is not None:
+                self.vhost.expiring.add(queue)
+        elif event.mandatory or info.expiration_ms is not None:
+            ack_queues = self.broker.ack_queues
+            routed = bool(result.refused)
+            for destination in result.destinations:
+                if destination in ack_queues:
+                    routed = True
+                    if info.expiration_ms is not None:
+                        self._mark_may_expire(destination[0])
+            if not routed and event.mandatory:
+                self._return(event, properties_raw)
+        # Persistent messages wait for the disk if their topic is synced; others (RabbitMQ:
+        # transient messages are confirmed once enqueued) do not.
+        end = result.appended.end if info.persistent and self._is_sync(topic) else 0
+        if self.confirm:
+            seq = self.next_seq
+            self.next_seq = seq + 1
+            self.session.confirm(self, seq, end, bool(result.refused))
+        elif self.tx is not None or self._committing:
+            self.tx_end = max(self.tx_end, end)
+
+    def _mark_may_expire(self, topic: str) -> None:
+        queue = self.vhost.queues.get(queue_name(topic))
+        if queue is not None and queue.topic == topic:
+            self.vhost.expiring.add(queue)
+
+    def _alternate_destinations(
+        self, name: str, alternate: str, routing_key: str, info: PublishInfo
+    ) -> list[tuple[str, int]]:
+        ack_queues = self.broker.ack_queues
+        if any(d in ack_queues for d in self.broker.route(name, routing_key, info.table)):
+            return []
+        target = self.vhost.find_exchange(alternate)
+        if target is None:
+            return []
+        return [(target.name, 0), *self.broker.route(target.name, routing_key, info.table)]
+
+    def _with_reply_address(self, properties_raw: bytes) -> tuple[bytes, PublishInfo]:
+        """Direct reply-to: the requester's reply_to becomes its channel's reply address."""
+        if self.reply_address is None:
+            raise AmqpChannelError(
+                PRECONDITION_FAILED, "PRECONDITION_FAILED - fast reply consumer does not exist"
+            )
+        rewritten = self._reply_properties.get(properties_raw)
+        if rewritten is None:
+            properties = dict(decode_properties(properties_raw))
+            properties["reply_to"] = self.reply_address
+            rewritten = encode_properties(properties)
+            if len(self._reply_properties) > 256:
+                self._reply_properties.clear()
+            self._reply_properties[properties_raw] = rewritten
+        return rewritten, publish_info(rewritten)
+
+    def _unroutable(self, event: Publish, properties_raw: bytes, *, refused: bool = False) -> None:
+        if event.mandatory and not refused:
+            self._return(event, properties_raw)
+        self._confirm_now(nack=refused)
+
+    def _return(self, event: Publish, properties_raw: bytes) -> None:
+        self.session.metrics["returned"] += 1
+        self.session.write(
+            encode_basic_return(
+                self.number,
+                NO_ROUTE,
+                _NO_ROUTE_TEXT,
+                event.exchange,
+                event.routing_key,
+                properties_raw,
+                event.body,
+                self.session.frame_max,
+            )
+        )
+
+    def _confirm_now(self, *, nack: bool = False) -> None:
+        if self.confirm:
+            seq = self.next_seq
+            self.next_seq = seq + 1
+            self.session.confirm(self, seq, 0, nack)
+
+    # -- confirm and tx ----------------------------------------------------------------------
+
+    def confirm_select(self, m: commands.Confirm.Select) -> None:
+        if self.tx is not None:
+            raise AmqpChannelError(
+                PRECONDITION_FAILED,
+                "PRECONDITION_FAILED - cannot switch from tx to confirm mode",
+            )
+        self.confirm = True
+        if not m.nowait:
+            self.write_method(commands.Confirm.SelectOk())
+
+    def tx_select(self) -> None:
+        if self.confirm:
+            raise AmqpChannelError(
+                PRECONDITION_FAILED,
+                "PRECONDITION_FAILED - cannot switch from confirm to tx mode",
+            )
+        if self.tx is None:
+            self.tx = []
+        self.write_method(commands.Tx.SelectOk())
+
+    def _not_transactional(self) -> AmqpChannelError:
+        return AmqpChannelError(
+            PRECONDITION_FAILED, "PRECONDITION_FAILED - channel is not transactional"
+        )
+
+    def tx_commit(self) -> Awaitable[None] | None:
+        if self.tx is None:
+            raise self._not_transactional()
+        actions, self.tx = self.tx, []
+        txn_id, self.txn_id = self.txn_id, None
+        if not actions and txn_id is None:
+            self.write_method(commands.Tx.CommitOk())
+            return None
+        destinations, self._tx_destinations = self._tx_destinations, set()
+        expiring, self._tx_expiring = self._tx_expiring, set()
+        return self._commit(txn_id, actions, destinations, expiring)
+
+    async def _commit(
+        self,
+        txn_id: str | None,
+        actions: list[tuple[int, Any, bool]],
+        destinations: set[tuple[str, int]],
+        expiring: set[tuple[str, int]],
+    ) -> None:
+        """Make the transaction's half messages visible (one LINK, durable when this returns),
+        then apply what could not be a half (delayed and direct reply-to publishes) and the
+        acknowledgements, in order (RabbitMQ: publishes, then acks, at tx.commit)."""
+        if txn_id is not None:
+            try:
+                await self.broker.transactions.commit(txn_id)
+            except TransactionError as error:
+                raise AmqpChannelError(
+                    PRECONDITION_FAILED, f"PRECONDITION_FAILED - tx.commit failed: {error}"
+                ) from None
+            ack_queues = self.broker.ack_queues
+            for destination in destinations:
+                ack_queue = ack_queues.get(destination)
+                if ack_queue is not None and ack_queue.config.max_length is not None:
+                    ack_queue.enforce_max_length()
+            for destination in expiring:
+                self._mark_may_expire(destination[0])
+        tx, self.tx = self.tx, None  # _publish must not stage again
+        self._committing = True
+        self.tx_end = 0
+        try:
+            for kind, payload, requeue in actions:
+                if kind == _TX_PUBLISH:
+                    pending = self._publish(payload)
+                    if pending is not None:
+                        await pending
+                elif kind == _TX_ACK:
+                    for _tag, delivery in payload:
+                        delivery.queue.ack(delivery.offset)
+                else:
+                    for _tag, delivery in payload:
+                        delivery.queue.nack(delivery.offset, requeue=requeue)
+        finally:
+            self.tx = tx if tx is not None else []
+            self._committing = False
+        self._after_settle()
+        if self.tx_end:
+            await self.broker.store.wait_durable(self.tx_end)
+        self.tx_end = 0
+        if not self.closed:
+            self.write_method(commands.Tx.CommitOk())
+
+    def tx_rollback(self) -> Awaitable[None] | None:
+        if self.tx is None:
+            raise self._not_transactional()
+        actions, self.tx = self.tx, []
+        txn_id, self.txn_id = self.txn_id, None
+        self._tx_destinations = set()
+        self._tx_expiring = set()
+        returned = [pair for kind, pairs, _ in actions if kind != _TX_PUBLISH for pair in pairs]
+        if returned:  # the acks are undone: those deliveries are unacked again, in tag order
+            merged = dict(self.unacked)
+            merged.update(returned)
+            self.unacked = dict(sorted(merged.items()))
+        if txn_id is None:
+            self.write_method(commands.Tx.RollbackOk())
+            return None
+        return self._rollback(txn_id)
+
+    async def _rollback(self, txn_id: str) -> None:
+        with contextlib.suppress(TransactionError):  # already decided (its timeout passed)
+            await self.broker.transactions.rollback(txn_id)
+        if not self.closed:
+            self.write_method(commands.Tx.RollbackOk())
+
+    # -- closing -----------------------------------------------------------------------------
+
+    def cleanup(self) -> None:
+        """The channel is closing: consumers go, unacked deliveries return to their queues."""
+        if self.closed:
+            return
+        self.closed = True
+        for consumer in list(self.consumers.values()):
+            self._detach(consumer, keep_unacked=False)
+        self.consumers.clear()
+        for consumer in self.draining:
+            if consumer.core is not None and consumer.queue is not None:
+                consumer.queue.ack.remove_consumer(consumer.core)
+        self.draining.clear()
+        pending = list(self.unacked.values())
+        for kind, payload, _requeue in self.tx or ():
+            if kind != _TX_PUBLISH:
+                pending.extend(delivery for _tag, delivery in payload)
+        for delivery in pending:
+            # Deliveries of removed consumers are back in their queues already (no-op here);
+            # basic.get ones are requeued.
+            if delivery.consumer is None:
+                delivery.queue.nack(delivery.offset, requeue=True)
+        self.unacked.clear()
+        self.tx = None
+        if self.txn_id is not None:  # publishes of an uncommitted transaction are discarded
+            txn_id, self.txn_id = self.txn_id, None
+            self.vhost.run_in_background(self.broker.transactions.rollback(txn_id))

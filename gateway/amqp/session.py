@@ -1,0 +1,811 @@
+"""One AMQP connection's state machine: handshake, channels, heartbeats, confirms, closing.
+
+The transport (server.py) feeds it bytes and gives it a ``SessionIO`` to write to; everything
+else happens here, in the order frames arrive:
+
+    state        accepts on channel 0                 then
+    -----------  -----------------------------------  --------------------------------------
+    header       the protocol header                  Connection.Start  -> start_ok
+    start_ok     Connection.Start-Ok                  Connection.Tune   -> tune_ok
+    tune_ok      Connection.Tune-Ok                   -> open
+    open         Connection.Open                      Connection.Open-Ok -> opened
+    opened       Connection.Close, Update-Secret;     channels work
+                 any method on channels 1..max
+    closing      Connection.Close(-Ok) only           (the server sent Connection.Close)
+    closed       nothing
+
+Anything missing from the table is a connection error (504 CHANNEL_ERROR, as RabbitMQ's
+``handle_method0`` "unexpected method in connection state"). A channel error closes only its
+channel: the server sends Channel.Close and ignores the channel's frames until Close-Ok; a
+connection error sends Connection.Close and waits (bounded) for Close-Ok. Both are logged.
+
+Frames are handled synchronously; a handler that must wait (a flow-blocked publish, a tx.commit
+waiting for the disk) returns an awaitable, and the session stops reading and parks the rest of
+the frames until it is done. A read holding many publishes is handled ``PUBLISH_SLICE`` publishes
+per loop iteration (parked in between), so one fast publisher cannot starve the acks and
+deliveries of other connections. Publisher confirms: the publishes of one slice are appended at
+once, then one durability wait covers them all; confirms go out in order, ``multiple`` when
+several. At the end of a slice the queues it acked in are pumped, so the deliveries the acks made
+room for leave in the same write as the read's replies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import platform
+from collections import deque
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final, Protocol
+
+from pamqp import base, commands
+
+from core.delivery import AckQueue
+from gateway.amqp.channel import Channel
+from gateway.amqp.codec import AmqpDecoder, encode_ack, encode_heartbeat, encode_method, encode_nack
+from gateway.amqp.constants import (
+    ACCESS_REFUSED,
+    CHANNEL_ERROR,
+    COMMAND_INVALID,
+    DEFAULT_FRAME_MAX,
+    FRAME_MIN_SIZE,
+    INDEX_BASIC_ACK,
+    INDEX_BASIC_NACK,
+    INDEX_BASIC_PUBLISH,
+    INDEX_BASIC_REJECT,
+    INTERNAL_ERROR,
+    NOT_ALLOWED,
+    UNEXPECTED_FRAME,
+)
+from gateway.amqp.eager import run_eagerly
+from gateway.amqp.errors import AmqpChannelError, AmqpConnectionError, AmqpError
+from gateway.amqp.events import (
+    Ack,
+    AmqpEvent,
+    BadProtocolHeader,
+    Heartbeat,
+    Method,
+    Nack,
+    ProtocolHeader,
+    Publish,
+    Reject,
+)
+from gateway.amqp.fieldtable import read_table
+from gateway.amqp.vhost import VirtualHost
+
+log = logging.getLogger(__name__)
+
+__all__ = ["Session", "SessionIO", "SessionSettings"]
+
+# RabbitMQ's defaults (rabbit.app): channel_max 2047, heartbeat 60 s, handshake_timeout 10 s.
+DEFAULT_CHANNEL_MAX: Final = 2047
+DEFAULT_HEARTBEAT_S: Final = 60
+HANDSHAKE_TIMEOUT_S: Final = 10.0
+# How long the server waits for Connection.Close-Ok after sending Connection.Close
+# (RabbitMQ's ?CLOSING_TIMEOUT is 30 s; a client that answers does so at once).
+CLOSE_OK_TIMEOUT_S: Final = 10.0
+# Publishes handled per turn of a connection: a read holding more is handled in slices, one per
+# loop iteration, so the acks and deliveries of other connections are not kept waiting behind
+# it (a consumer's deliveries would otherwise fall ever further behind a fast publisher).
+PUBLISH_SLICE: Final = 64
+# A client is gone when nothing arrived for this many heartbeat intervals (rabbit_heartbeat).
+HEARTBEAT_MISSES: Final = 2
+MECHANISMS: Final = ("PLAIN", "AMQPLAIN")
+
+HEADER, START_OK, TUNE_OK, OPEN, OPENED, CLOSING, CLOSED = (
+    "header",
+    "start_ok",
+    "tune_ok",
+    "open",
+    "opened",
+    "closing",
+    "closed",
+)
+
+# What RabbitMQ 3.x advertises (rabbit_reader:server_capabilities), less consumer priorities.
+SERVER_CAPABILITIES: Final = {
+    "publisher_confirms": True,
+    "exchange_exchange_bindings": True,
+    "basic.nack": True,
+    "consumer_cancel_notify": True,
+    "connection.blocked": True,
+    "authentication_failure_close": True,
+    "per_consumer_qos": True,
+    "direct_reply_to": True,
+}
+
+
+def _product_version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("braidmq")
+    except Exception:
+        return "0"
+
+
+@dataclass
+class SessionSettings:
+    users: Mapping[str, str] = field(default_factory=lambda: {"guest": "guest"})
+    vhosts: tuple[str, ...] = ("/",)
+    frame_max: int = DEFAULT_FRAME_MAX
+    channel_max: int = DEFAULT_CHANNEL_MAX
+    heartbeat: int = DEFAULT_HEARTBEAT_S
+    server_properties: dict[str, Any] = field(
+        default_factory=lambda: {
+            "product": "BraidMQ",
+            "version": _product_version(),
+            "platform": f"Python {platform.python_version()}",
+            "copyright": "BraidMQ contributors",
+            "information": "Licensed under the Apache License 2.0",
+            "cluster_name": f"braid@{platform.node()}",
+            "capabilities": dict(SERVER_CAPABILITIES),
+        }
+    )
+
+
+class SessionIO(Protocol):
+    """What a session needs of its transport (server.py's ``AmqpConnection``)."""
+
+    peer: str
+    last_write: float
+
+    def write(self, data: bytes) -> None: ...
+
+    def close(self) -> None: ...  # flush what was written, then close
+
+    def abort(self) -> None: ...
+
+    def pause_reading(self) -> None: ...
+
+    def resume_reading(self) -> None: ...
+
+
+class _ConfirmBatch:
+    """The confirms one channel owes for one read's worth of publishes."""
+
+    __slots__ = ("channel", "high", "nacks")
+
+    def __init__(self, channel: Channel) -> None:
+        self.channel = channel
+        self.high = 0
+        self.nacks: list[int] = []
+
+
+class _ConfirmGroup:
+    __slots__ = ("batches", "ready")
+
+    def __init__(self, batches: list[_ConfirmBatch]) -> None:
+        self.batches = batches
+        self.ready = False
+
+
+Handler = Callable[[Channel, Any], Awaitable[None] | None]
+
+
+def _text(value: str | bytes) -> str:
+    return value if isinstance(value, str) else value.decode("utf-8", "replace")
+
+
+# Channel methods (channels 1..max) -> handler; anything else is 503 COMMAND_INVALID.
+CHANNEL_HANDLERS: Final[dict[type[base.Frame], Handler]] = {
+    commands.Exchange.Declare: Channel.exchange_declare,
+    commands.Exchange.Delete: Channel.exchange_delete,
+    commands.Exchange.Bind: Channel.exchange_bind,
+    commands.Exchange.Unbind: Channel.exchange_unbind,
+    commands.Queue.Declare: Channel.queue_declare,
+    commands.Queue.Bind: Channel.queue_bind,
+    commands.Queue.Unbind: Channel.queue_unbind,
+    commands.Queue.Purge: Channel.queue_purge,
+    commands.Queue.Delete: Channel.queue_delete,
+    commands.Basic.Qos: Channel.basic_qos,
+    commands.Basic.Consume: Channel.basic_consume,
+    commands.Basic.Cancel: Channel.basic_cancel,
+    commands.Basic.Get: Channel.basic_get,
+    commands.Basic.Recover: Channel.basic_recover,
+    commands.Basic.RecoverAsync: Channel.basic_recover_async,
+    commands.Basic.Ack: lambda ch, m: ch.basic_ack(m.delivery_tag, m.multiple),
+    commands.Basic.Nack: lambda ch, m: ch.basic_nack(m.delivery_tag, m.multiple, m.requeue),
+    commands.Basic.Reject: lambda ch, m: ch.basic_nack(m.delivery_tag, False, m.requeue),
+    commands.Channel.Flow: Channel.channel_flow,
+    commands.Channel.FlowOk: lambda ch, m: None,
+    commands.Confirm.Select: Channel.confirm_select,
+    commands.Tx.Select: lambda ch, m: ch.tx_select(),
+    commands.Tx.Commit: lambda ch, m: ch.tx_commit(),
+    commands.Tx.Rollback: lambda ch, m: ch.tx_rollback(),
+}
+
+
+class Session:
+    def __init__(
+        self,
+        io: SessionIO,
+        vhost: VirtualHost,
+        settings: SessionSettings,
+        metrics: dict[str, int],
+        *,
+        blocked: Callable[[], str | None] = lambda: None,
+    ) -> None:
+        self.io = io
+        self.write: Callable[[bytes], None] = io.write
+        self.vhost = vhost
+        self.broker = vhost.broker
+        self.settings = settings
+        self.metrics = metrics
+        self._blocked = blocked  # the broker's flow-control reason while blocked
+        self.peer = io.peer
+        self.loop = asyncio.get_running_loop()
+        self.decoder = AmqpDecoder()
+        self.state = HEADER
+        self.user = ""
+        self.client_name = ""
+        self.client_properties: dict[str, Any] = {}
+        self.capabilities: dict[str, Any] = {}
+        self.frame_max = FRAME_MIN_SIZE
+        self.channel_max = settings.channel_max
+        self.heartbeat = 0
+        self.channels: dict[int, Channel] = {}
+        self.closing_channels: set[int] = set()
+        self.last_received = self.loop.time()
+        self._current_channel = 0
+        self._current_index = 0
+        self._parked: tuple[list[AmqpEvent], int] | None = None  # events not handled yet
+        self._paused = False  # reading paused while events are parked
+        self._task: asyncio.Task[None] | None = None
+        # Ack queues this read acked or nacked in: pumped at its end, so the deliveries the
+        # acks make room for leave with this read's replies (not a loop iteration later).
+        self.pumps: set[AckQueue] = set()
+        self._confirms: dict[Channel, _ConfirmBatch] = {}
+        self._confirm_end = 0
+        self._confirm_groups: deque[_ConfirmGroup] = deque()
+        self._confirm_tasks: set[asyncio.Task[None]] = set()
+        self._timer: asyncio.TimerHandle | None = self.loop.call_later(
+            HANDSHAKE_TIMEOUT_S, self._handshake_timeout
+        )
+        self.metrics["connections_opened"] += 1
+
+    # -- input -------------------------------------------------------------------------------
+
+    def data_received(self, data: bytes) -> None:
+        self.last_received = self.loop.time()
+        events = self.decoder.feed(data)
+        if not events:
+            return
+        if self._parked is not None:  # (reading is paused; only a read already under way)
+            self._parked[0].extend(events)
+            return
+        self._run(events, 0)
+
+    def _run(self, events: list[AmqpEvent], start: int) -> None:
+        """Handle ``events[start:]`` in order. Stops early, parking the rest with reading
+        paused, when a handler must wait (resumed by a task) or after ``PUBLISH_SLICE``
+        publishes (resumed at the next loop iteration, so other connections' acks and
+        deliveries get their turn between the slices of a big read)."""
+        step = self._step
+        budget = PUBLISH_SLICE
+        count = len(events)
+        i = start
+        while i < count:
+            event = events[i]
+            i += 1
+            pending = step(event)
+            if pending is not None:
+                self._end_of_run()
+                self._park(events, i)
+                self._task = self.loop.create_task(
+                    self._resume(pending, self._current_channel, self._current_index)
+                )
+                return
+            if type(event) is Publish:
+                budget -= 1
+                if not budget and i < count:
+                    self._end_of_run()
+                    self._park(events, i)
+                    self.loop.call_soon(self._unpark)
+                    return
+        self._end_of_run()
+        if self._paused:
+            self._paused = False
+            if self.state != CLOSED:
+                self.io.resume_reading()
+
+    def _park(self, events: list[AmqpEvent], start: int) -> None:
+        self._parked = (events, start)
+        if not self._paused:
+            self._paused = True
+            self.io.pause_reading()
+
+    def _unpark(self) -> None:
+        parked, self._parked = self._parked, None
+        if parked is not None and self.state != CLOSED:
+            self._run(*parked)
+
+    def _step(self, event: AmqpEvent) -> Awaitable[None] | None:
+        """Handle one event; errors become Channel.Close / Connection.Close."""
+        try:
+            return self._dispatch(event)
+        except AmqpChannelError as error:
+            self._channel_error(error)
+        except AmqpConnectionError as error:
+            self._connection_error(error)
+        except Exception:
+            log.exception("amqp %s: internal error handling %r", self.peer, event)
+            self._connection_error(
+                AmqpConnectionError(INTERNAL_ERROR, "INTERNAL_ERROR - see the broker log")
+            )
+        return None
+
+    async def _resume(self, pending: Awaitable[None], channel: int, index: int) -> None:
+        """Wait for a handler that had to wait, then go on with the parked events."""
+        try:
+            await pending
+        except AmqpChannelError as error:
+            self._current_channel, self._current_index = channel, index
+            self._channel_error(error)
+        except AmqpConnectionError as error:
+            self._current_channel, self._current_index = channel, index
+            self._connection_error(error)
+        except Exception:
+            log.exception("amqp %s: internal error", self.peer)
+            self._connection_error(
+                AmqpConnectionError(INTERNAL_ERROR, "INTERNAL_ERROR - see the broker log")
+            )
+        self._task = None
+        self._unpark()
+
+    def _dispatch(self, event: AmqpEvent) -> Awaitable[None] | None:
+        kind = type(event)
+        if kind is Publish:
+            assert isinstance(event, Publish)
+            channel = self._channel_for(event.channel, INDEX_BASIC_PUBLISH)
+            return None if channel is None else channel.basic_publish(event)
+        if kind is Ack:
+            assert isinstance(event, Ack)
+            channel = self._channel_for(event.channel, INDEX_BASIC_ACK)
+            if channel is not None:
+                channel.basic_ack(event.delivery_tag, event.multiple)
+            return None
+        if kind is Method:
+            assert isinstance(event, Method)
+            return self._method(event.channel, event.method)
+        if kind is Nack:
+            assert isinstance(event, Nack)
+            channel = self._channel_for(event.channel, INDEX_BASIC_NACK)
+            if channel is not None:
+                channel.basic_nack(event.delivery_tag, event.multiple, event.requeue)
+            return None
+        if kind is Reject:
+            assert isinstance(event, Reject)
+            channel = self._channel_for(event.channel, INDEX_BASIC_REJECT)
+            if channel is not None:
+                channel.basic_nack(event.delivery_tag, False, event.requeue)
+            return None
+        if kind is Heartbeat:
+            return None
+        if kind is ProtocolHeader:
+            self._send_start()
+            return None
+        if kind is BadProtocolHeader:
+            assert isinstance(event, BadProtocolHeader)
+            log.warning("amqp %s: not an AMQP 0-9-1 client (header %r)", self.peer, event.received)
+            self.io.write(event.reply)
+            self._finish()
+            return None
+        if isinstance(event, AmqpError):
+            raise event
+        raise AmqpConnectionError(INTERNAL_ERROR, f"INTERNAL_ERROR - unexpected event {event!r}")
+
+    def _channel_for(self, number: int, index: int) -> Channel | None:
+        """The open channel a content or ack frame is for; None if it is closing (ignored)."""
+        self._current_channel, self._current_index = number, index
+        channel = self.channels.get(number)
+        if channel is not None:
+            return channel
+        if number in self.closing_channels or self.state in (CLOSING, CLOSED):
+            return None
+        if self.state != OPENED:
+            raise AmqpConnectionError(
+                UNEXPECTED_FRAME, f"UNEXPECTED_FRAME - frame on channel {number} before open"
+            )
+        raise AmqpConnectionError(CHANNEL_ERROR, "CHANNEL_ERROR - expected 'channel.open'")
+
+    # -- methods -----------------------------------------------------------------------------
+
+    def _method(self, number: int, method: base.Frame) -> Awaitable[None] | None:
+        self._current_channel, self._current_index = number, method.index
+        kind = type(method)
+        if number == 0:
+            self._connection_method(method)
+            return None
+        if self.state != OPENED:
+            if self.state in (CLOSING, CLOSED):
+                return None
+            raise AmqpConnectionError(
+                UNEXPECTED_FRAME, f"UNEXPECTED_FRAME - {method.name} before connection.open"
+            )
+        if kind is commands.Channel.Open:
+            self._channel_open(number)
+            return None
+        channel = self.channels.get(number)
+        if channel is None:
+            if number in self.closing_channels:
+                if kind is commands.Channel.Close:
+                    self.io.write(encode_method(number, commands.Channel.CloseOk()))
+                elif kind is commands.Channel.CloseOk:
+                    self.closing_channels.discard(number)
+                return None
+            raise AmqpConnectionError(CHANNEL_ERROR, "CHANNEL_ERROR - expected 'channel.open'")
+        if kind is commands.Channel.Close:
+            del self.channels[number]
+            channel.cleanup()
+            self.io.write(encode_method(number, commands.Channel.CloseOk()))
+            self.metrics["channels_closed"] += 1
+            return None
+        if kind is commands.Channel.CloseOk:
+            return None
+        handler = CHANNEL_HANDLERS.get(kind)
+        if handler is None:
+            raise AmqpConnectionError(
+                COMMAND_INVALID, f"COMMAND_INVALID - unexpected {method.name}"
+            )
+        return handler(channel, method)
+
+    def _channel_open(self, number: int) -> None:
+        if number in self.channels:
+            raise AmqpConnectionError(CHANNEL_ERROR, "CHANNEL_ERROR - second 'channel.open' seen")
+        if number in self.closing_channels:
+            return  # reused before Close-Ok: RabbitMQ ignores frames of a closing channel
+        if number > self.channel_max:
+            raise AmqpConnectionError(
+                NOT_ALLOWED,
+                f"NOT_ALLOWED - channel {number} is above the negotiated channel_max "
+                f"({self.channel_max})",
+            )
+        self.channels[number] = Channel(self, number)
+        self.metrics["channels_opened"] += 1
+        self.io.write(encode_method(number, commands.Channel.OpenOk()))
+
+    def _connection_method(self, method: base.Frame) -> None:
+        kind = type(method)
+        state = self.state
+        if kind is commands.Connection.Close:
+            self._client_close(method)
+        elif kind is commands.Connection.CloseOk:
+            if state == CLOSING:
+                self._finish()
+        elif state in (CLOSING, CLOSED):
+            return
+        elif kind is commands.Connection.StartOk and state == START_OK:
+            assert isinstance(method, commands.Connection.StartOk)
+            self._start_ok(method)
+        elif kind is commands.Connection.TuneOk and state == TUNE_OK:
+            assert isinstance(method, commands.Connection.TuneOk)
+            self._tune_ok(method)
+        elif kind is commands.Connection.Open and state == OPEN:
+            assert isinstance(method, commands.Connection.Open)
+            self._open(method)
+        elif kind is commands.Connection.UpdateSecret and state == OPENED:
+            self.io.write(encode_method(0, commands.Connection.UpdateSecretOk()))
+        else:
+            raise AmqpConnectionError(
+                CHANNEL_ERROR,
+                f"CHANNEL_ERROR - unexpected method {method.name} in connection state {state}",
+            )
+
+    def _send_start(self) -> None:
+        self.io.write(
+            encode_method(
+                0,
+                commands.Connection.Start(
+                    0,
+                    9,
+                    self.settings.server_properties,
+                    " ".join(MECHANISMS),
+                    "en_US",
+                ),
+            )
+        )
+        self.state = START_OK
+
+    def _start_ok(self, method: commands.Connection.StartOk) -> None:
+        self.client_properties = dict(method.client_properties or {})
+        capabilities = self.client_properties.get("capabilities")
+        self.capabilities = dict(capabilities) if isinstance(capabilities, dict) else {}
+        name = self.client_properties.get("connection_name")
+        product = self.client_properties.get("product")
+        self.client_name = str(name or product or "")[:255]
+        mechanism = method.mechanism
+        response = method.response
+        raw = response.encode("utf-8", "surrogateescape") if isinstance(response, str) else response
+        user: str | None = None
+        password: str | None = None
+        if mechanism == "PLAIN":
+            parts = bytes(raw).split(b"\x00")
+            if len(parts) == 3:
+                user, password = _text(parts[1]), _text(parts[2])
+        elif mechanism == "AMQPLAIN":
+            try:
+                table, _ = read_table(len(raw).to_bytes(4, "big") + bytes(raw))
+            except AmqpError:
+                table = {}
+            login, secret = table.get("LOGIN"), table.get("PASSWORD")
+            if isinstance(login, str | bytes) and isinstance(secret, str | bytes):
+                user, password = _text(login), _text(secret)
+        else:
+            raise AmqpConnectionError(
+                COMMAND_INVALID, f"COMMAND_INVALID - unknown authentication mechanism '{mechanism}'"
+            )
+        if user is None or self.settings.users.get(user) != password:
+            self.metrics["logins_refused"] += 1
+            log.warning(
+                "amqp %s: login refused for user %r (mechanism %s)", self.peer, user, mechanism
+            )
+            if self.capabilities.get("authentication_failure_close"):
+                raise AmqpConnectionError(
+                    ACCESS_REFUSED,
+                    f"ACCESS_REFUSED - Login was refused using authentication mechanism "
+                    f"{mechanism}. For details see the broker logfile.",
+                )
+            self._finish()
+            return
+        self.user = user
+        self.io.write(
+            encode_method(
+                0,
+                commands.Connection.Tune(
+                    self.settings.channel_max, self.settings.frame_max, self.settings.heartbeat
+                ),
+            )
+        )
+        self.state = TUNE_OK
+
+    def _tune_ok(self, method: commands.Connection.TuneOk) -> None:
+        frame_max = method.frame_max or self.settings.frame_max
+        if frame_max < FRAME_MIN_SIZE:
+            raise AmqpConnectionError(
+                NOT_ALLOWED, f"NOT_ALLOWED - frame_max={frame_max} < {FRAME_MIN_SIZE} min size"
+            )
+        if frame_max > self.settings.frame_max:
+            raise AmqpConnectionError(
+                NOT_ALLOWED,
+                f"NOT_ALLOWED - frame_max={frame_max} > {self.settings.frame_max} max size",
+            )
+        self.frame_max = frame_max
+        self.decoder.frame_max = frame_max
+        channel_max = method.channel_max or self.settings.channel_max
+        self.channel_max = min(channel_max, self.settings.channel_max)
+        self.heartbeat = method.heartbeat
+        self.state = OPEN
+
+    def _open(self, method: commands.Connection.Open) -> None:
+        if method.virtual_host not in self.settings.vhosts:
+            raise AmqpConnectionError(
+                NOT_ALLOWED, f"NOT_ALLOWED - vhost {method.virtual_host} not found"
+            )
+        self.io.write(encode_method(0, commands.Connection.OpenOk()))
+        self.state = OPENED
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self.heartbeat > 0:
+            self._timer = self.loop.call_later(self.heartbeat / 2, self._heartbeat_tick)
+        log.info(
+            "amqp %s: connection open (user %r, client %r)", self.peer, self.user, self.client_name
+        )
+        reason = self._blocked()
+        if reason is not None:
+            self.flow_changed(True, reason)
+
+    def _client_close(self, method: base.Frame) -> None:
+        if self.state != CLOSING:
+            assert isinstance(method, commands.Connection.Close)
+            if method.reply_code not in (0, 200):
+                log.info(
+                    "amqp %s: client closed the connection: %d %s",
+                    self.peer,
+                    method.reply_code,
+                    method.reply_text,
+                )
+        self._cleanup()
+        self.io.write(encode_method(0, commands.Connection.CloseOk()))
+        self._finish()
+
+    # -- errors ------------------------------------------------------------------------------
+
+    def _fill_method(self, error: AmqpError) -> None:
+        if not error.class_id and not error.method_id:
+            error.class_id, error.method_id = divmod(self._current_index, 1 << 16)
+
+    def _channel_error(self, error: AmqpChannelError) -> None:
+        number = error.channel or self._current_channel
+        if not number:
+            self._connection_error(
+                AmqpConnectionError(
+                    error.reply_code, error.reply_text, error.class_id, error.method_id
+                )
+            )
+            return
+        if self.state in (CLOSING, CLOSED) or number in self.closing_channels:
+            return
+        self._fill_method(error)
+        error.channel = number
+        self.metrics["channel_errors"] += 1
+        log.warning("amqp %s: channel %d closed: %s", self.peer, number, error)
+        channel = self.channels.pop(number, None)
+        if channel is not None:
+            channel.cleanup()
+        self.closing_channels.add(number)
+        self.io.write(encode_method(number, error.close_method()))
+
+    def _connection_error(self, error: AmqpConnectionError) -> None:
+        if self.state in (CLOSING, CLOSED):
+            return
+        self._fill_method(error)
+        self.metrics["connection_errors"] += 1
+        log.warning("amqp %s: connection closed: %s", self.peer, error)
+        self._cleanup()
+        self.io.write(encode_method(0, error.close_method()))
+        if self.decoder.dead:
+            self._finish()
+            return
+        self.decoder.start_closing()
+        self.state = CLOSING
+        self._timer = self.loop.call_later(CLOSE_OK_TIMEOUT_S, self._close_ok_timeout)
+
+    def close_by_server(self, reply_code: int, reply_text: str) -> None:
+        """Server shutdown: Connection.Close (e.g. 320 CONNECTION_FORCED) to the client."""
+        if self.state == OPENED:
+            self._current_channel = self._current_index = 0
+            self._connection_error(AmqpConnectionError(reply_code, reply_text))
+        elif self.state != CLOSED:
+            self._finish()
+
+    def _handshake_timeout(self) -> None:
+        self._timer = None
+        if self.state in (HEADER, START_OK, TUNE_OK, OPEN):
+            log.warning("amqp %s: handshake timeout", self.peer)
+            self._finish()
+
+    def _close_ok_timeout(self) -> None:
+        self._timer = None
+        if self.state == CLOSING:
+            self._cleanup()
+            self.state = CLOSED
+            self.io.abort()
+
+    def _heartbeat_tick(self) -> None:
+        self._timer = None
+        if self.state != OPENED:
+            return
+        now = self.loop.time()
+        if now - self.last_received > HEARTBEAT_MISSES * self.heartbeat:
+            log.warning(
+                "amqp %s: missed heartbeats from client, timeout: %ds", self.peer, self.heartbeat
+            )
+            self._cleanup()
+            self.state = CLOSED
+            self.io.abort()
+            return
+        if now - self.io.last_write >= self.heartbeat / 2:
+            self.io.write(encode_heartbeat())
+        self._timer = self.loop.call_later(self.heartbeat / 2, self._heartbeat_tick)
+
+    # -- flow control ------------------------------------------------------------------------
+
+    def flow_changed(self, blocked: bool, reason: str) -> None:
+        """The broker blocked or unblocked publishers: tell clients that asked to be told."""
+        if self.state != OPENED or not self.capabilities.get("connection.blocked"):
+            return
+        if blocked:
+            self.io.write(encode_method(0, commands.Connection.Blocked(reason[:255])))
+        else:
+            self.io.write(encode_method(0, commands.Connection.Unblocked()))
+
+    # -- publisher confirms ------------------------------------------------------------------
+
+    def confirm(self, channel: Channel, seq: int, end: int, nack: bool) -> None:
+        """Publish ``seq`` on ``channel`` is stored up to log position ``end`` (0: nothing to
+        wait for); confirm it (``nack``: negatively) once durable, in order."""
+        batch = self._confirms.get(channel)
+        if batch is None:
+            batch = self._confirms[channel] = _ConfirmBatch(channel)
+        batch.high = seq
+        if nack:
+            batch.nacks.append(seq)
+        if end > self._confirm_end:
+            self._confirm_end = end
+
+    def _end_of_run(self) -> None:
+        """After a read's frames: pump the queues it acked in; one durability wait covers
+        every publish it made."""
+        if self.pumps:
+            for queue in self.pumps:
+                if queue.consumers:
+                    queue.pump()
+            self.pumps.clear()
+        if not self._confirms:
+            return
+        group = _ConfirmGroup(list(self._confirms.values()))
+        self._confirms = {}
+        end, self._confirm_end = self._confirm_end, 0
+        self._confirm_groups.append(group)
+        if end:
+            _, rest = run_eagerly(self.broker.store.wait_durable(end))
+            if rest is not None:
+                task = self.loop.create_task(rest)
+                self._confirm_tasks.add(task)
+                task.add_done_callback(lambda done: self._durable(group, done))
+                return
+        group.ready = True
+        self._flush_confirms()
+
+    def _durable(self, group: _ConfirmGroup, task: asyncio.Task[None]) -> None:
+        self._confirm_tasks.discard(task)
+        if task.cancelled() or self.state == CLOSED:
+            return
+        error = task.exception()
+        if error is not None:
+            log.error("amqp %s: durability wait failed: %r", self.peer, error)
+            self._connection_error(
+                AmqpConnectionError(INTERNAL_ERROR, "INTERNAL_ERROR - the log could not sync")
+            )
+            return
+        group.ready = True
+        self._flush_confirms()
+
+    def _flush_confirms(self) -> None:
+        groups = self._confirm_groups
+        write = self.io.write
+        while groups and groups[0].ready:
+            for batch in groups.popleft().batches:
+                channel = batch.channel
+                if channel.closed:
+                    continue
+                number = channel.number
+                done = channel.confirmed
+                for seq in batch.nacks:
+                    if seq - 1 > done:
+                        write(encode_ack(number, seq - 1, seq - 1 - done > 1))
+                    write(encode_nack(number, seq))
+                    done = seq
+                if batch.high > done:
+                    write(encode_ack(number, batch.high, batch.high - done > 1))
+                self.metrics["confirms"] += batch.high - channel.confirmed
+                channel.confirmed = batch.high
+
+    # -- closing -----------------------------------------------------------------------------
+
+    def _cleanup(self) -> None:
+        """Channels go (consumers cancelled, unacked requeued), exclusive queues are deleted."""
+        for channel in list(self.channels.values()):
+            channel.cleanup()
+            self.metrics["channels_closed"] += 1
+        self.channels.clear()
+        self.closing_channels.clear()
+        self.vhost.owner_gone(self)
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _finish(self) -> None:
+        """Done with the socket: flush what was written and close it."""
+        if self.state == CLOSED:
+            return
+        self._cleanup()
+        self.state = CLOSED
+        self.io.close()
+
+    def connection_lost(self) -> None:
+        if self.state == OPENED:
+            log.info("amqp %s: client closed the socket without Connection.Close", self.peer)
+        self._cleanup()
+        self.state = CLOSED
+        self.metrics["connections_closed"] += 1
+        if self._task is not None:
+            self._task.cancel()
+            self._task = None
+        for task in list(self._confirm_tasks):
+            task.cancel()
+        self._confirm_tasks.clear()
+        self._confirm_groups.clear()
