@@ -1,0 +1,342 @@
+"""``python -m bench spark``: batch read throughput of the ``braid`` Spark source against Parquet.
+
+One run, in a temporary directory (``--dir`` to choose where):
+
+1. writes ``--records`` (default 5 million) records of ``--value-size`` (100) random bytes to a
+   fresh log with ``LogStore.append_many`` batches, spread over ``--queues`` queues;
+2. writes the same rows (every column of the braid schema, as the source returns them) as
+   Parquet with pyarrow, ``--parquet-files`` files, snappy, the usual Spark defaults;
+3. starts one local SparkSession (``--master``, default ``local[2]``) and times, interleaved,
+   ``count(*)`` and ``sum(length(value))`` (an aggregate that forces the value column to be read)
+   over
+   - ``braid``: ``spark.read.format("braid")`` with the full schema;
+   - ``braid value``: the same with ``.schema("value binary")``, the columns the query needs
+     (Parquet prunes columns by itself, a Python data source does not: every column it returns
+     is converted by Spark row by row, so this is the like-for-like figure);
+   - ``braid value, no CRC``: the same with ``verifyChecksums=false``;
+   - ``parquet``: ``spark.read.parquet`` of step 2;
+   - ``arrow floor``: a Python data source that decodes nothing and yields the same number of
+     prebuilt 100-byte-value Arrow batches in as many partitions: what Spark's Python data
+     source path itself costs on this machine, the bound for any decoder.
+
+Each query runs once to warm up, then ``--runs`` times; the best run counts (the machine is
+shared: the best is the least disturbed). Rows/s, value MB/s and the ratio to Parquet are
+printed; the target is a ratio of at least 0.5. The temporary directory is removed at the end
+unless ``--keep``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    import pyarrow as pa
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.types import StructType
+
+MB = 1_000_000
+DEFAULT_RECORDS = 5_000_000
+DEFAULT_VALUE_SIZE = 100
+DEFAULT_QUEUES = 4
+DEFAULT_RUNS = 3
+DEFAULT_MASTER = "local[2]"
+APPEND_BATCH = 10_000  # records per append_many call
+TOPIC = "bench"
+TARGET_RATIO = 0.5  # braid rows/s over Parquet rows/s, from the issue
+
+
+FLOOR_FORMAT = "braid_bench_floor"
+FLOOR_BATCH_ROWS = 65_536  # as spark.decode's batches
+
+
+class FloorSource(DataSource):  # type: ignore[misc]
+    """Rows without decoding: ``records`` rows of ``value_size`` bytes in ``partitions`` tasks."""
+
+    @classmethod
+    def name(cls) -> str:
+        return FLOOR_FORMAT
+
+    def schema(self) -> str:
+        return "value binary"
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return FloorReader(
+            int(self.options["records"]),
+            int(self.options["value_size"]),
+            int(self.options["partitions"]),
+        )
+
+
+class FloorReader(DataSourceReader):  # type: ignore[misc]
+    def __init__(self, records: int, value_size: int, partitions: int) -> None:
+        self.records, self.value_size, self.count = records, value_size, partitions
+
+    def partitions(self) -> list[InputPartition]:
+        share = -(-self.records // self.count)
+        bounds = [(n * share, min(self.records, (n + 1) * share)) for n in range(self.count)]
+        return [InputPartition(stop - start) for start, stop in bounds]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        import pyarrow as pa
+
+        rows: int = partition.value
+        value = os.urandom(self.value_size)
+        full = pa.RecordBatch.from_arrays(
+            [pa.array([value] * FLOOR_BATCH_ROWS, pa.binary())], names=["value"]
+        )
+        while rows > 0:
+            batch = full if rows >= FLOOR_BATCH_ROWS else full.slice(0, rows)
+            rows -= batch.num_rows
+            yield batch
+
+
+@dataclass
+class Timing:
+    name: str
+    seconds: list[float]
+    rows: int
+    value_bytes: int
+
+    @property
+    def best(self) -> float:
+        return min(self.seconds)
+
+    @property
+    def rows_per_s(self) -> float:
+        return self.rows / self.best
+
+    @property
+    def mb_per_s(self) -> float:
+        return self.value_bytes / self.best / MB
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench spark", description=__doc__.splitlines()[0] if __doc__ else None
+    )
+    parser.add_argument("--records", type=int, default=DEFAULT_RECORDS)
+    parser.add_argument("--value-size", type=int, default=DEFAULT_VALUE_SIZE)
+    parser.add_argument("--queues", type=int, default=DEFAULT_QUEUES)
+    parser.add_argument("--parquet-files", type=int, default=DEFAULT_QUEUES)
+    parser.add_argument("--runs", type=int, default=DEFAULT_RUNS)
+    parser.add_argument("--master", default=DEFAULT_MASTER)
+    parser.add_argument("--driver-memory", default="2g")
+    parser.add_argument(
+        "--max-records-per-partition",
+        type=int,
+        help="braid partition size (default: the source's default)",
+    )
+    parser.add_argument("--dir", help="parent of the temporary directory (default: $TMPDIR)")
+    parser.add_argument("--keep", action="store_true", help="keep the data directory")
+    return parser.parse_args(argv)
+
+
+def write_log(data_dir: Path, records: int, value_size: int, queues: int) -> float:
+    from core.log import DURABILITY_ASYNC, LogConfig, LogStore
+
+    store = LogStore(LogConfig(data_dir, durability=DURABILITY_ASYNC, retention_ms=None))
+    started = time.perf_counter()
+    noise = os.urandom(value_size + APPEND_BATCH)
+    try:
+        for first in range(0, records, APPEND_BATCH):
+            count = min(APPEND_BATCH, records - first)
+            # Distinct values: a sliding window over random bytes, the record number at the end.
+            bodies = [
+                noise[i : i + value_size - 8] + (first + i).to_bytes(8, "big") for i in range(count)
+            ]
+            store.append_many(TOPIC, (first // APPEND_BATCH) % queues, bodies, key=None)
+    finally:
+        store.close()
+    return time.perf_counter() - started
+
+
+def write_parquet(data_dir: Path, parquet_dir: Path, files: int) -> float:
+    """The log's rows, every column, as Parquet (what an export job would have written)."""
+    import pyarrow.parquet as pq
+
+    from core.log import LogReader
+    from spark import decode
+    from spark.schema import arrow_schema
+
+    started = time.perf_counter()
+    parquet_dir.mkdir(parents=True)
+    reader = LogReader(data_dir)
+    schema = arrow_schema()
+    writers = [
+        pq.ParquetWriter(parquet_dir / f"part-{n:05d}.parquet", schema, compression="snappy")
+        for n in range(files)
+    ]
+    try:
+        batches = (
+            batch
+            for topic, queue in reader.queues()
+            for batch in decode.read_range(reader, topic, queue, 0, 1 << 62)
+        )
+        for number, batch in enumerate(batches):
+            writers[number % files].write_batch(batch)
+    finally:
+        for writer in writers:
+            writer.close()
+        reader.close()
+    return time.perf_counter() - started
+
+
+def start_session(master: str, driver_memory: str) -> SparkSession:
+    from pyspark.sql import SparkSession
+
+    from spark import register
+
+    repo = str(Path(__file__).resolve().parents[1])
+    paths = [repo, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))  # for Python workers
+    spark = (
+        SparkSession.builder.master(master)
+        .appName("bench-spark")
+        .config("spark.driver.memory", driver_memory)
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.sql.shuffle.partitions", "2")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    register(spark)
+    spark.dataSource.register(FloorSource)
+    return spark
+
+
+def measure(
+    queries: dict[str, Callable[[], DataFrame]], runs: int, expected_rows: int
+) -> dict[str, Timing]:
+    from pyspark.sql import functions as F
+
+    timings = {name: Timing(name, [], 0, 0) for name in queries}
+    for round_number in range(runs + 1):  # round 0 warms up
+        for name, query in queries.items():
+            frame = query().agg(F.count(F.lit(1)), F.sum(F.length("value")))
+            started = time.perf_counter()
+            ((rows, value_bytes),) = frame.collect()
+            elapsed = time.perf_counter() - started
+            if rows != expected_rows:
+                raise AssertionError(f"{name}: {rows} rows, expected {expected_rows}")
+            timing = timings[name]
+            timing.rows, timing.value_bytes = rows, value_bytes
+            if round_number:
+                timing.seconds.append(elapsed)
+            print(
+                f"  {'warm-up' if not round_number else f'run {round_number}'} {name}: "
+                f"{elapsed:.2f} s",
+                flush=True,
+            )
+    return timings
+
+
+def main(argv: list[str]) -> int:
+    args = parse_args(argv)
+    parent = Path(args.dir) if args.dir else None
+    work = Path(tempfile.mkdtemp(prefix="bench-spark-", dir=parent))
+    try:
+        return _run(args, work)
+    finally:
+        if args.keep:
+            print(f"kept {work}")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def _run(args: argparse.Namespace, work: Path) -> int:
+    data_dir, parquet_dir = work / "log", work / "parquet"
+    print(
+        f"bench spark: {args.records:,} records of {args.value_size} bytes in {args.queues} "
+        f"queues; {os.cpu_count()} CPUs; Python {platform.python_version()}; {args.master}"
+    )
+    seconds = write_log(data_dir, args.records, args.value_size, args.queues)
+    print(f"wrote the log in {seconds:.1f} s ({args.records / seconds:,.0f} records/s)")
+    seconds = write_parquet(data_dir, parquet_dir, args.parquet_files)
+    size = sum(path.stat().st_size for path in parquet_dir.iterdir())
+    print(f"wrote the same rows as Parquet in {seconds:.1f} s ({size / MB:,.0f} MB)")
+
+    spark = start_session(args.master, args.driver_memory)
+    try:
+        import pyspark
+
+        print(f"PySpark {pyspark.__version__}")
+
+        def braid(schema: str | None = None, **options: str) -> Callable[[], DataFrame]:
+            def query() -> DataFrame:
+                reader = spark.read.format("braid").option("path", str(data_dir))
+                if args.max_records_per_partition:
+                    reader = reader.option(
+                        "maxRecordsPerPartition", str(args.max_records_per_partition)
+                    )
+                if schema is not None:
+                    reader = reader.schema(schema)
+                for name, value in options.items():
+                    reader = reader.option(name, value)
+                return reader.load()
+
+            return query
+
+        braid_partitions = braid()().rdd.getNumPartitions()
+        print(f"braid plans {braid_partitions} partitions")
+        queries: dict[str, Callable[[], DataFrame]] = {
+            "braid": braid(),
+            "braid value": braid("value binary"),
+            "braid value, no CRC": braid("value binary", verifyChecksums="false"),
+            "parquet": lambda: spark.read.parquet(str(parquet_dir)),
+            "arrow floor": lambda: (
+                spark.read.format(FLOOR_FORMAT)
+                .option("records", str(args.records))
+                .option("value_size", str(args.value_size))
+                .option("partitions", str(braid_partitions))
+                .load()
+            ),
+        }
+        timings = measure(queries, args.runs, args.records)
+    finally:
+        spark.stop()
+    return report(timings)
+
+
+def report(timings: dict[str, Timing]) -> int:
+    parquet = timings["parquet"]
+    print()
+    print(
+        f"{'query':24} {'best s':>8} {'median s':>9} {'rows/s':>12} {'value MB/s':>11} "
+        f"{'vs parquet':>11}"
+    )
+    results: dict[str, Any] = {}
+    for name, timing in timings.items():
+        ratio = timing.rows_per_s / parquet.rows_per_s
+        results[name] = ratio
+        print(
+            f"{name:24} {timing.best:8.2f} {statistics.median(timing.seconds):9.2f} "
+            f"{timing.rows_per_s:12,.0f} {timing.mb_per_s:11.1f} {ratio:11.2f}"
+        )
+    like_for_like = results["braid value"]
+    verdict = "PASS" if like_for_like >= TARGET_RATIO else "FAIL"
+    print(
+        f"\n{verdict}: braid (columns the query needs) reads at {like_for_like:.2f} x Parquet "
+        f"(target >= {TARGET_RATIO}); full schema: {results['braid']:.2f} x"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
