@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime
 import decimal
+import time
 
 import pika
 import pytest
@@ -79,6 +80,15 @@ def test_properties_and_headers_round_trip(braid: BraidProcess) -> None:
         assert got.headers == properties.headers
 
 
+def process_until(connection, seen: list, count: int, timeout: float = 10.0) -> None:  # type: ignore[no-untyped-def]
+    """Pump pika's I/O until ``count`` deliveries arrived (a loaded machine may need more than
+    one short pass), then a little longer so extra deliveries would show up too."""
+    deadline = time.monotonic() + timeout
+    while len(seen) < count and time.monotonic() < deadline:
+        connection.process_data_events(time_limit=0.1)
+    connection.process_data_events(time_limit=0.1)
+
+
 def test_consume_ack_nack_recover(braid: BraidProcess) -> None:
     with connect(braid) as connection:
         channel = connection.channel()
@@ -92,12 +102,12 @@ def test_consume_ack_nack_recover(braid: BraidProcess) -> None:
             seen.append((method.delivery_tag, body, method.redelivered))
 
         tag = channel.basic_consume(queue, on_message)
-        connection.process_data_events(time_limit=0.3)
+        process_until(connection, seen, 3)
         assert [body for _, body, _ in seen] == [b"0", b"1", b"2"]  # prefetch 3
         channel.basic_ack(seen[1][0], multiple=True)  # acks 0 and 1
         channel.basic_nack(seen[2][0], requeue=True)
         seen.clear()
-        connection.process_data_events(time_limit=0.3)
+        process_until(connection, seen, 3)
         assert sorted((body, redelivered) for _, body, redelivered in seen) == [
             (b"2", True),
             (b"3", False),
@@ -105,7 +115,7 @@ def test_consume_ack_nack_recover(braid: BraidProcess) -> None:
         ]
         seen.clear()
         channel.basic_recover(requeue=True)
-        connection.process_data_events(time_limit=0.3)
+        process_until(connection, seen, 3)
         assert sorted(body for _, body, _ in seen) == [b"2", b"3", b"4"]
         assert all(redelivered for _, _, redelivered in seen)
         channel.basic_cancel(tag)
@@ -195,7 +205,7 @@ def test_queue_delete_cancels_consumers(braid: BraidProcess) -> None:
         channel.add_on_cancel_callback(cancelled.append)
         channel.basic_consume(name, lambda *args: None)
         admin.channel().queue_delete(name)
-        consumer_conn.process_data_events(time_limit=0.5)
+        process_until(consumer_conn, cancelled, 1)
         assert len(cancelled) == 1
 
 
