@@ -48,6 +48,7 @@ from core.log.store import Appended, now_ms
 from core.offsets import OffsetStore
 from core.routing.table import BindingTable, MatchKind
 from core.state import DurableTable
+from core.timers import TimerService
 from core.transactions import TransactionService
 
 log = logging.getLogger(__name__)
@@ -122,6 +123,8 @@ class Broker:
         # Half messages and their commit/rollback (RocketMQ semantics): the base of Kafka
         # transactions and AMQP tx. Front ends register their check-back per producer group.
         self.transactions = TransactionService(store)
+        # Delayed records (and retries with back-off) become visible at their time.
+        self.timers = TimerService(store)
         for group in self.offsets.groups():
             self.groups.ensure_group(group)
         self.flow = FlowControl(self.config.memory_high_watermark_bytes)
@@ -158,6 +161,7 @@ class Broker:
                 self._open_ack_queue(destination, _ack_queue_config_from_json(raw["config"]))
 
     async def start(self) -> None:
+        await self.timers.start()
         await self.transactions.start()
         self._tasks = [
             asyncio.create_task(self._periodic(ACK_STATE_FLUSH_INTERVAL_S, self.flush_ack_states)),
@@ -178,6 +182,7 @@ class Broker:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks = []
         await self.transactions.aclose()
+        await self.timers.stop()
         self.flush_ack_states()
         self.groups.close()
         for waiters in self._watchers.values():

@@ -308,7 +308,13 @@ class LogStore(LogReader):
         offsets: list[tuple[str, int, int]] = []
         for target_position, target_size in rec.decode_link_body(rec.body_slice(frame, 0)):
             tbuf, tstart = self.commitlog.frame_unchecked(target_position)
-            _, record_count, tags, own_targets = rec.index_fields(tbuf, tstart)
+            frame_size, record_count, tags, own_targets = rec.index_fields(tbuf, tstart)
+            if rec.FLAGS.unpack_from(tbuf, tstart + rec.FLAGS_OFFSET)[0] & rec.FLAG_LINK:
+                # Linking a LINK (a delayed retry firing): tags and count are its target's.
+                body = rec.body_slice(tbuf[tstart : tstart + frame_size], 0)
+                inner_position = rec.decode_link_body(body)[0][0]
+                ibuf, istart = self.commitlog.frame_unchecked(inner_position)
+                _, record_count, tags, _ = rec.index_fields(ibuf, istart)
             mask = tags_mask(tags) if tags else 0
             where = destinations or own_targets
             if has_headers:

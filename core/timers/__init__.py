@@ -17,6 +17,13 @@ How a timer travels:
    far both queues were read. Restart = load the checkpoint, insert the ``__timers/0`` entries after
    it, filter out whatever ``__timers/1`` says fired since. No checkpoint: rebuild from the queues.
 
+Using it (the Broker)::
+
+    timers = TimerService(store)     # recovers (reads the checkpoint and the log's tail)
+    await timers.start()             # fires; registers its index listener and retention guard
+    timers.pending_count(), timers.owes_segment(start, end), timers.stats()
+    await timers.stop()              # final checkpoint; before store.aclose()
+
 Files::
 
     DATA_DIR/timers/checkpoint                         wheel image + progress (checkpoint.py)

@@ -42,7 +42,7 @@ from core.log.config import write_atomically
 
 CHECKPOINT_MAGIC = 0xB4A1D7C1
 FORMAT_VERSION = 1
-HEADER = struct.Struct("<IIHxxIIIQQQQQqqQII")
+HEADER = struct.Struct("<IIHxxIIIQQQQQqqqII")
 HEADER_SIZE = HEADER.size  # 96
 _PREFIX = struct.Struct("<II")
 _SEGMENT = struct.Struct("<qq")

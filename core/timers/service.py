@@ -1,22 +1,32 @@
 """TimerService: makes delayed records visible at their time, exactly once, across restarts.
 
-The log is the source of truth (``docs``: core/timers/__init__.py has the overview):
+The log is the source of truth (core/timers/__init__.py has the overview):
 
 - ``__timers/0`` indexes every delayed record, in append order (the log's dispatcher puts a
-  record with ``deliver_at_ms`` in the future there and nowhere else).
+  record with ``deliver_at_ms`` in the future there and nowhere else). A delayed LINK (a retry
+  with back-off: ``store.link(..., deliver_at_ms=...)``) is a delayed record too.
 - ``__timers/1`` (the *fired queue*) indexes every delayed record that has fired. A timer fires
   by one LINK record whose destinations are the record's own destinations **plus** ``__timers/1``,
   so becoming visible and being marked fired are one frame: after any crash the log holds both
-  or neither. Nothing can be visible twice, and what is not marked fires again.
+  or neither. A delayed LINK fires the same way, the LINK itself being indexed (readers follow it
+  to its target and add its headers).
 - ``DATA_DIR/timers/`` holds derived data: the timer log and a checkpoint of the wheel
   (``timerlog.py``, ``wheel.py``, ``checkpoint.py``). On start the checkpoint is loaded, the
   ``__timers/0`` entries after it are inserted, and the fired-queue entries since its
   ``fired_floor`` are read into a set that filters what the wheel hands back. Without a usable
   checkpoint everything is rebuilt from the two queues.
 
+Guarantees. A process crash (kill -9 at any instruction) loses no timer and makes none visible
+twice. After an OS crash or power loss, a LINK the log had not yet fsync'ed is lost with the
+rest of the log's unsynced tail, so its timers fire again: a reader that saw them before the
+crash sees them once more (as with any record read before it was durable). Two rare shapes fire
+in two LINK frames, visible first and marked second, so a crash between the two fires them again
+once: a delayed LINK with several targets, and a record whose destination list leaves no room
+in the frame for ``__timers/1``.
+
 Firing is at ms precision from an in-memory window of the next few seconds (``lookahead_ms``),
-filled a slot at a time from the wheel; a record-count and CPU-bounded loop wakes at the earliest
-due time, on a new ``__timers/0`` entry (index listener), or every ``tick_ms``.
+filled a slot at a time from the wheel. The loop does bounded work per iteration and sleeps
+until the earliest due time, a new ``__timers/0`` entry (index listener) or ``tick_ms``.
 
 Thread-safety: event-loop thread only; fsyncs and the checkpoint write run in worker threads.
 """
@@ -38,7 +48,7 @@ from pathlib import Path
 
 from core.log import LogStore
 from core.log import record as rec
-from core.log.consumequeue import ConsumeQueue, IndexEntry
+from core.log.consumequeue import ConsumeQueue
 from core.log.names import TIMERS_TOPIC
 from core.log.store import now_ms
 from core.timers.checkpoint import (
@@ -84,7 +94,6 @@ _READ_BATCH = 1 << 14
 # flags, protocol, reserved, store_ms, born_ms come first.
 DELIVER_AT_OFFSET = struct.calcsize("<IIIHBxqq")  # 32
 _DELIVER_AT = struct.Struct("<q")
-_NULL_LENGTH = 0xFFFFFFFF
 # Encoded size of one destination besides its name: u16 name length, u32 queue.
 _DEST_OVERHEAD = struct.calcsize("<HI")
 _MAX_DESTS_BYTES = 0xFFFF  # the frame's u16 dests_len
@@ -159,6 +168,7 @@ class TimerService:
         self._dest_fits: dict[tuple[Destination, ...], bool] = {}
         self._topic_names: dict[bytes, str] = {}
         self._task: asyncio.Task[None] | None = None
+        self._stopped = False
         self._checkpoint_task: asyncio.Task[None] | None = None
         self._checkpoint_lock = asyncio.Lock()
         self._wake: asyncio.Future[None] | None = None
@@ -202,6 +212,7 @@ class TimerService:
             self.store.index_listeners.remove(self._on_index)
         if not self.store.closed:
             await self.checkpoint()
+        self._stopped = True
         self._schedule.close()
 
     def pending_count(self) -> int:
@@ -213,11 +224,14 @@ class TimerService:
         record a pending delayed LINK points at)."""
         if end <= start:
             return False
+        if not self._stopped:
+            self._ingest(None)  # count what was scheduled since the loop last looked
         first = start // self._segment_size
         last = (end - 1) // self._segment_size
         counts = self._owed_by_segment
         if any(counts.get(number) for number in range(first, last + 1)):
             return True
+        # Stopped: records scheduled since are not counted; everything from the first is owed.
         unread_from = self._first_unread_position()
         return unread_from is not None and unread_from < end
 
@@ -294,13 +308,15 @@ class TimerService:
         return index.entry(first).position if first < index.next_entry else None
 
     @staticmethod
-    def _entries(index: ConsumeQueue, first: int, end: int) -> Iterator[IndexEntry]:
+    def _entries(index: ConsumeQueue, first: int, end: int) -> Iterator[tuple[int, int]]:
+        """``(commit-log position, frame size)`` of index entries ``[first, end)`` still there."""
         number = max(first, index.start_entry)
         while number < end:
-            batch = index.entries(number, min(_READ_BATCH, end - number))
+            batch = index.raw_entries(number, min(_READ_BATCH, end - number))
             if not batch:
                 return
-            yield from batch
+            for entry in batch:
+                yield entry[0], entry[1]
             number += len(batch)
 
     def _frame(self, position: int) -> tuple[memoryview, int] | None:
@@ -421,15 +437,17 @@ class TimerService:
         fired: set[int] = set()
         fired_index = self._queue(FIRED_QUEUE)
         if fired_index is not None:
-            for entry in self._entries(fired_index, checkpoint.fired_floor, fired_index.next_entry):
-                fired.add(entry.position)
-            for entry in self._entries(
+            for position, _ in self._entries(
+                fired_index, checkpoint.fired_floor, fired_index.next_entry
+            ):
+                fired.add(position)
+            for position, _ in self._entries(
                 fired_index, checkpoint.fired_entries, fired_index.next_entry
             ):
                 # A record gone meanwhile: so are the older segments its LINK held (retention
                 # deletes oldest first); the counts left for them are pruned.
-                scanned = self._scan(entry.position)
-                self._count(entry.position, () if scanned is None else scanned[1], -1)
+                scanned = self._scan(position)
+                self._count(position, () if scanned is None else scanned[1], -1)
         if fired:
             self._recovered_fired = fired
             self._recovered_floor = checkpoint.fired_floor
@@ -452,13 +470,13 @@ class TimerService:
         next_fired = next(fired, None)
         fired_mark = self._fired_entries()
         inserted = 0
-        for entry in self._entries(scheduled, scheduled.start_entry, scheduled.next_entry):
+        for position, size in self._entries(scheduled, scheduled.start_entry, scheduled.next_entry):
             # Both are commit-log positions; __timers/0 is in log order: a merge join.
-            while next_fired is not None and next_fired < entry.position:
+            while next_fired is not None and next_fired < position:
                 next_fired = next(fired, None)
-            if next_fired == entry.position:
+            if next_fired == position:
                 continue
-            if self._insert(entry, fired_mark):
+            if self._insert(position, size, fired_mark):
                 inserted += 1
         self._queue_entries = scheduled.next_entry
         return inserted
@@ -469,8 +487,8 @@ class TimerService:
             return iter(())
         chunks: list[array[int]] = []
         chunk: list[int] = []
-        for entry in self._entries(index, index.start_entry, index.next_entry):
-            chunk.append(entry.position)
+        for position, _ in self._entries(index, index.start_entry, index.next_entry):
+            chunk.append(position)
             if len(chunk) >= REBUILD_SORT_CHUNK:
                 chunk.sort()
                 chunks.append(array("Q", chunk))
@@ -481,17 +499,17 @@ class TimerService:
 
     # -- ingesting -------------------------------------------------------------------------
 
-    def _insert(self, entry: IndexEntry, fired_mark: int, *, fired: bool = False) -> bool:
+    def _insert(self, position: int, size: int, fired_mark: int, *, fired: bool = False) -> bool:
         """Count a ``__timers/0`` entry in and put it on the wheel (``fired``: it fired before a
         restart, so it is only counted; recovery counts its firing out)."""
-        scanned = self._scan(entry.position)
+        scanned = self._scan(position)
         if scanned is None:
             self.metrics["unfireable"] += 1
             return False
         deliver_at, links = scanned
-        self._count(entry.position, links, 1)
+        self._count(position, links, 1)
         if not fired:
-            self._schedule.insert(deliver_at, entry.position, entry.size, fired_mark)
+            self._schedule.insert(deliver_at, position, size, fired_mark)
             self.metrics["scheduled"] += 1
         return True
 
@@ -513,10 +531,10 @@ class TimerService:
         fired_mark = self._fired_mark()
         recovered = self._recovered_fired
         read = 0
-        for entry in self._entries(index, first, end):
+        for position, size in self._entries(index, first, end):
             read += 1
-            fired = recovered is not None and entry.position in recovered
-            self._insert(entry, fired_mark, fired=fired)
+            fired = recovered is not None and position in recovered
+            self._insert(position, size, fired_mark, fired=fired)
         self._queue_entries = first + read
         return read
 

@@ -188,10 +188,6 @@ async def test_per_message_expiration(braid: BraidProcess) -> None:
         assert got.body == b"long"
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="needs the core timer service wired into braid serve (delayed records fire there)",
-)
 async def test_delayed_message_exchange(braid: BraidProcess) -> None:
     async with await aio_pika.connect(braid.amqp_url) as connection:
         channel = await connection.channel()
