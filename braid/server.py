@@ -106,6 +106,24 @@ async def _start_amqp(context: ServerContext, host: str, port: int) -> Listener:
     return server
 
 
+async def _start_kafka(context: ServerContext, host: str, port: int) -> Listener:
+    from gateway.kafka.server import KafkaServer
+
+    broker = context.broker
+    listeners = context.settings.listeners
+    server = KafkaServer(
+        broker,
+        # Not in ListenerSettings yet: None advertises the address each client connected to.
+        advertised_host=getattr(listeners, "kafka_advertised_host", None),
+        advertised_port=getattr(listeners, "kafka_advertised_port", None),
+        auto_create_topics=broker.config.auto_create_topics,
+        default_partitions=broker.config.default_queues,
+    )
+    context.metrics.register_counters("braid_kafka_", lambda: server.metrics)
+    await server.start(host, port)
+    return server
+
+
 # =================================================================================================
 # LISTENERS: every front end of the broker, in start order (closed in reverse order).
 #
@@ -126,7 +144,7 @@ LISTENERS: tuple[ListenerSlot, ...] = (
     ListenerSlot("amqp", "amqp_port", _start_amqp),  # gateway/amqp: AMQP 0-9-1
     ListenerSlot("mqtt", "mqtt_port", None),  # gateway/mqtt: MQTT 3.1.1 / 5.0 over TCP
     ListenerSlot("mqtt-ws", "mqtt_ws_port", None),  # gateway/mqtt: MQTT over WebSocket
-    ListenerSlot("kafka", "kafka_port", None),  # gateway/kafka
+    ListenerSlot("kafka", "kafka_port", _start_kafka),  # gateway/kafka
     ListenerSlot("http", "http_port", _start_http),  # braid/http.py: /health, /metrics
 )
 

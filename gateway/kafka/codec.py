@@ -60,6 +60,7 @@ from gateway.kafka.apis import (
     api_versions_response,
 )
 from gateway.kafka.errors import KafkaFrameError, LocalProtocolError, MalformedRequestError
+from gateway.kafka.lenient import read_entity
 
 # Kafka's ``socket.request.max.bytes`` default (104857600 = 100 MiB): the largest request frame
 # the broker reads; a bigger size prefix closes the connection (``InvalidReceiveException``).
@@ -150,6 +151,7 @@ class RequestInfo(Protocol):
 class _Schema:
     read_body: _BodyReader
     flexible_header: bool
+    payload: type[RequestPayload]
 
 
 # (api_key, api_version) -> body reader and header flexibility, filled on first use: resolving
@@ -164,6 +166,7 @@ def _schema(api_key: int, api_version: int) -> _Schema:
         schema = _SCHEMAS[(api_key, api_version)] = _Schema(
             read_body=entity_reader(payload),
             flexible_header=payload.__header_schema__.__flexible__,
+            payload=payload,
         )
     return schema
 
@@ -178,10 +181,16 @@ def _check_supported(supported: Mapping[int, tuple[int, int]]) -> None:
             raise ValueError(f"no kio request schema for api {api_key} versions {low}..{high}")
 
 
-def preload_schemas(supported: Mapping[int, tuple[int, int]] = SUPPORTED_APIS) -> None:
-    """Resolve every request schema of ``supported`` now (at server start, off the hot path)."""
+def preload_schemas(
+    supported: Mapping[int, tuple[int, int]] = SUPPORTED_APIS,
+    stop: Callable[[], bool] | None = None,
+) -> None:
+    """Resolve every request schema of ``supported`` now (at server start, off the hot path).
+    ``stop`` is asked between schemas: True ends the preload early (the server is closing)."""
     for api_key, (low, high) in supported.items():
         for version in range(low, high + 1):
+            if stop is not None and stop():
+                return
             _schema(api_key, version)
 
 
@@ -335,11 +344,16 @@ class KafkaDecoder:
             client_id, offset = _read_header_rest(
                 buffer, start, end, id_length, schema.flexible_header
             )
-            body, consumed = schema.read_body(buffer, offset)
+            try:
+                body, consumed = schema.read_body(buffer, offset)
+            except KeyError:
+                # kio refuses tags its schema does not declare; Kafka skips them (KIP-482).
+                body, next_offset = read_entity(schema.payload, buffer[:end], offset)
+                consumed = next_offset - offset
             if offset + consumed > end:
                 # kio saw the whole read, which may hold the next frame: bound it here.
                 raise ValueError("request body runs past the end of its frame")
-        except (DecodeError, IndexError, ValueError, TypeError, struct.error) as exc:
+        except (DecodeError, IndexError, KeyError, ValueError, TypeError, struct.error) as exc:
             raise MalformedRequestError(
                 f"cannot parse {_api_name(api_key)} v{api_version} request: {exc!r}",
                 api_key=api_key,

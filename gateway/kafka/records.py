@@ -65,6 +65,8 @@ ATTRIBUTES_OFFSET: Final = struct.calcsize(">qiibI")  # 21: the CRC covers from 
 _INT64 = struct.Struct(">q")
 _INT32 = struct.Struct(">i")
 _INT8 = struct.Struct(">b")
+_INT16 = struct.Struct(">h")
+_UINT32 = struct.Struct(">I")
 
 CURRENT_MAGIC: Final = 2
 NO_PRODUCER_ID: Final = -1
@@ -406,3 +408,61 @@ def build_batch(
     if base_offset:
         patch_base_offset_into(built, base_offset)
     return bytes(built)
+
+
+# Control records (``ControlRecordType.java``, ``EndTransactionMarker.java``): the key is
+# version int16 (0) + type int16; the value of a transaction marker is version int16 (0) +
+# coordinator_epoch int32.
+_CONTROL_KEY = struct.Struct(">hh")
+_END_TXN_MARKER_VALUE = struct.Struct(">hi")
+CONTROL_RECORD_VERSION: Final = 0
+
+
+class ControlType(enum.IntEnum):
+    """Control record types (``ControlRecordType.java``)."""
+
+    ABORT = 0
+    COMMIT = 1
+
+
+def build_control_batch(
+    control_type: ControlType,
+    *,
+    producer_id: int,
+    producer_epoch: int,
+    coordinator_epoch: int = 0,
+    timestamp_ms: int | None = None,
+    base_offset: int = 0,
+) -> bytes:
+    """A transaction marker as the Kafka broker writes it: a transactional control batch of one
+    control record, base sequence -1 (``MemoryRecords.withEndTransactionMarker``)."""
+    built = bytearray(
+        build_batch(
+            [
+                (
+                    timestamp_ms,
+                    _CONTROL_KEY.pack(CONTROL_RECORD_VERSION, control_type),
+                    _END_TXN_MARKER_VALUE.pack(CONTROL_RECORD_VERSION, coordinator_epoch),
+                    [],
+                )
+            ],
+            base_offset=base_offset,
+            producer_id=producer_id,
+            producer_epoch=producer_epoch,
+            transactional=True,
+        )
+    )
+    (attributes,) = _INT16.unpack_from(built, ATTRIBUTES_OFFSET)
+    _INT16.pack_into(built, ATTRIBUTES_OFFSET, attributes | ATTR_CONTROL)
+    _UINT32.pack_into(built, CRC_OFFSET, compute_crc(built))
+    return bytes(built)
+
+
+def control_type_of(batch: Buffer) -> ControlType | None:
+    """The marker type of a control batch (its first record's key), ``None`` otherwise."""
+    if not read_batch_header(batch).is_control:
+        return None
+    for record in iter_records(batch):
+        if record.key is not None and len(record.key) >= _CONTROL_KEY.size:
+            return ControlType(_CONTROL_KEY.unpack_from(record.key)[1])
+    return None

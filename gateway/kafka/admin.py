@@ -1,0 +1,424 @@
+"""Cluster and topic APIs: ApiVersions, Metadata, FindCoordinator, DescribeCluster,
+CreateTopics, DeleteTopics, CreatePartitions, DescribeConfigs, and the SASL refusal.
+
+The cluster is this broker alone: node ``NODE_ID`` at the advertised address, controller, and
+leader (epoch ``LEADER_EPOCH``) of every partition, with itself as the only replica and ISR. A
+Kafka topic is a core topic; its partitions are the topic's queues. Topics whose names Kafka
+would refuse (AMQP exchange names with ``/`` or ``:``, say) and the broker's ``__`` system
+topics are not shown to Kafka clients.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+from kio.schema.errors import ErrorCode
+
+from core.broker.topics import TopicError, TopicInfo
+from core.log.names import is_system_topic
+from gateway.kafka.apis import ApiKey, api_versions_response
+from gateway.kafka.codec import Request
+from gateway.kafka.context import (
+    LEADER_EPOCH,
+    NODE_ID,
+    Connection,
+    Handler,
+    KafkaContext,
+    ResponseBody,
+    is_legal_topic_name,
+)
+from gateway.kafka.entities import build_response
+
+# The topic config key a Kafka client's CreateTopics configs are kept under (TopicInfo.config).
+KAFKA_CONFIGS_KEY: Final = "kafka.configs"
+# Kafka's message.max.bytes default (1 MiB + record batch overhead).
+MAX_MESSAGE_BYTES: Final = 1_048_588
+# DescribeConfigs resource types (ConfigResource.Type) and config sources (ConfigSource).
+RESOURCE_TOPIC: Final = 2
+RESOURCE_BROKER: Final = 4
+SOURCE_DYNAMIC_TOPIC: Final = 1
+SOURCE_STATIC_BROKER: Final = 4
+SOURCE_DEFAULT: Final = 5
+# DescribeConfigs config types (ConfigEntry.ConfigType): what kafka-configs and UIs display.
+TYPE_BOOLEAN: Final = 1
+TYPE_STRING: Final = 2
+TYPE_INT: Final = 3
+TYPE_LONG: Final = 5
+TYPE_LIST: Final = 7
+# FindCoordinator key types.
+COORDINATOR_GROUP: Final = 0
+COORDINATOR_TRANSACTION: Final = 1
+# Kafka's "authorized operations not requested" marker (Integer.MIN_VALUE).
+AUTHORIZED_OPERATIONS_OMITTED: Final = -(2**31)
+
+
+def broker_list(context: KafkaContext, connection: Connection) -> list[dict[str, Any]]:
+    host, port = connection.advertised(context.settings)
+    return [{"node_id": NODE_ID, "broker_id": NODE_ID, "host": host, "port": port, "rack": None}]
+
+
+def kafka_topics(context: KafkaContext) -> list[TopicInfo]:
+    """The topics Kafka clients see (legal names, no system topics)."""
+    return [info for info in context.broker.topics.all() if is_legal_topic_name(info.name)]
+
+
+def partition_metadata(count: int) -> list[dict[str, Any]]:
+    return [
+        {
+            "error_code": ErrorCode.none,
+            "partition_index": index,
+            "leader_id": NODE_ID,
+            "leader_epoch": LEADER_EPOCH,
+            "replica_nodes": (NODE_ID,),
+            "isr_nodes": (NODE_ID,),
+            "offline_replicas": (),
+        }
+        for index in range(count)
+    ]
+
+
+def declare_kafka_topic(
+    context: KafkaContext, name: str, partitions: int, configs: dict[str, str] | None = None
+) -> TopicInfo:
+    config: dict[str, Any] = {KAFKA_CONFIGS_KEY: configs} if configs else {}
+    info, _ = context.broker.declare_topic(name, partitions, config)
+    context.metrics["topics_created"] = context.metrics.get("topics_created", 0) + 1
+    return info
+
+
+async def handle_api_versions(
+    context: KafkaContext, connection: Connection, request: Request
+) -> ResponseBody:
+    return api_versions_response(request.api_version, throttle_time_ms=context.throttle_ms())
+
+
+async def handle_metadata(
+    context: KafkaContext, connection: Connection, request: Request
+) -> ResponseBody:
+    body: Any = request.body
+    version = request.api_version
+    requested = body.topics
+    topics: list[dict[str, Any]] = []
+    if requested is None or (version == 0 and not requested):
+        # null (v1+) or empty (v0): every topic
+        for listed in kafka_topics(context):
+            topics.append(
+                {
+                    "error_code": ErrorCode.none,
+                    "name": listed.name,
+                    "partitions": partition_metadata(listed.queues),
+                }
+            )
+    else:
+        allow_create = context.settings.auto_create_topics and getattr(
+            body, "allow_auto_topic_creation", True
+        )
+        seen: set[str] = set()
+        for item in requested:
+            name = item.name
+            if name in seen:
+                continue
+            seen.add(name)
+            info: TopicInfo | None = context.broker.topics.get(name)
+            error = ErrorCode.none
+            if info is None or is_system_topic(name):
+                info = None
+                if not is_legal_topic_name(name) or is_system_topic(name):
+                    error = ErrorCode.invalid_topic_exception
+                elif allow_create:
+                    try:
+                        info = declare_kafka_topic(
+                            context, name, context.settings.default_partitions
+                        )
+                    except TopicError:
+                        error = ErrorCode.invalid_topic_exception
+                else:
+                    error = ErrorCode.unknown_topic_or_partition
+            topics.append(
+                {
+                    "error_code": error,
+                    "name": name,
+                    "partitions": partition_metadata(info.queues) if info is not None else [],
+                }
+            )
+    return build_response(
+        ApiKey.METADATA,
+        version,
+        {
+            "throttle_time": context.throttle_ms(),
+            "brokers": broker_list(context, connection),
+            "cluster_id": context.settings.cluster_id,
+            "controller_id": NODE_ID,
+            "topics": topics,
+            "cluster_authorized_operations": AUTHORIZED_OPERATIONS_OMITTED,
+        },
+    )
+
+
+async def handle_find_coordinator(
+    context: KafkaContext, connection: Connection, request: Request
+) -> ResponseBody:
+    host, port = connection.advertised(context.settings)
+    key_type = getattr(request.body, "key_type", COORDINATOR_GROUP)
+    error = ErrorCode.none
+    if key_type not in (COORDINATOR_GROUP, COORDINATOR_TRANSACTION):
+        error = ErrorCode.invalid_request
+    return build_response(
+        ApiKey.FIND_COORDINATOR,
+        request.api_version,
+        {
+            "throttle_time": context.throttle_ms(),
+            "error_code": error,
+            "error_message": None,
+            "node_id": NODE_ID if error == ErrorCode.none else -1,
+            "host": host if error == ErrorCode.none else "",
+            "port": port if error == ErrorCode.none else -1,
+        },
+    )
+
+
+async def handle_describe_cluster(
+    context: KafkaContext, connection: Connection, request: Request
+) -> ResponseBody:
+    return build_response(
+        ApiKey.DESCRIBE_CLUSTER,
+        request.api_version,
+        {
+            "throttle_time": 0,
+            "error_code": ErrorCode.none,
+            "endpoint_type": getattr(request.body, "endpoint_type", 1),
+            "cluster_id": context.settings.cluster_id,
+            "controller_id": NODE_ID,
+            "brokers": broker_list(context, connection),
+            "cluster_authorized_operations": AUTHORIZED_OPERATIONS_OMITTED,
+        },
+    )
+
+
+async def handle_create_topics(
+    context: KafkaContext, connection: Connection, request: Request
+) -> ResponseBody:
+    body: Any = request.body
+    results = []
+    names = [topic.name for topic in body.topics]
+    for topic in body.topics:
+        name = topic.name
+        error = ErrorCode.none
+        message: str | None = None
+        partitions = topic.num_partitions
+        if topic.assignments:
+            partitions = len(topic.assignments)
+        if partitions == -1:
+            partitions = context.settings.default_partitions
+        configs = {config.name: config.value for config in topic.configs}
+        if names.count(name) > 1:
+            error, message = ErrorCode.invalid_request, "topic named more than once"
+        elif not is_legal_topic_name(name) or is_system_topic(name):
+            error, message = ErrorCode.invalid_topic_exception, f"illegal topic name {name!r}"
+        elif context.broker.topics.get(name) is not None:
+            error, message = ErrorCode.topic_already_exists, f"topic {name!r} already exists"
+        elif topic.replication_factor not in (-1, 1):
+            error = ErrorCode.invalid_replication_factor
+            message = "this cluster has one broker: replication factor 1"
+        elif any(tuple(a.broker_ids) != (NODE_ID,) for a in topic.assignments):
+            error, message = ErrorCode.invalid_replica_assignment, "the only broker is node 0"
+        elif partitions < 1:
+            error, message = ErrorCode.invalid_partitions, "at least one partition"
+        elif not body.validate_only:
+            declare_kafka_topic(context, name, partitions, configs)
+        ok = error == ErrorCode.none
+        results.append(
+            {
+                "name": name,
+                "error_code": error,
+                "error_message": message,
+                "num_partitions": partitions if ok else -1,
+                "replication_factor": 1 if ok else -1,
+                "configs": [] if ok else None,
+            }
+        )
+    return build_response(
+        ApiKey.CREATE_TOPICS, request.api_version, {"throttle_time": 0, "topics": results}
+    )
+
+
+async def handle_delete_topics(
+    context: KafkaContext, connection: Connection, request: Request
+) -> ResponseBody:
+    responses = []
+    body: Any = request.body
+    for name in body.topic_names:
+        error = ErrorCode.none
+        if is_system_topic(name) or context.broker.topics.get(name) is None:
+            error = ErrorCode.unknown_topic_or_partition
+        else:
+            context.broker.delete_topic(name)
+            context.producer_states.forget_topic(name)
+        responses.append({"name": name, "error_code": error, "error_message": None})
+    return build_response(
+        ApiKey.DELETE_TOPICS, request.api_version, {"throttle_time": 0, "responses": responses}
+    )
+
+
+async def handle_create_partitions(
+    context: KafkaContext, connection: Connection, request: Request
+) -> ResponseBody:
+    body: Any = request.body
+    results = []
+    for topic in body.topics:
+        info = context.broker.topics.get(topic.name)
+        error = ErrorCode.none
+        message: str | None = None
+        if info is None or is_system_topic(topic.name):
+            error = ErrorCode.unknown_topic_or_partition
+        elif topic.count <= info.queues:
+            error = ErrorCode.invalid_partitions
+            message = f"topic {topic.name!r} has {info.queues} partitions already"
+        elif topic.assignments and any(
+            tuple(a.broker_ids) != (NODE_ID,) for a in topic.assignments
+        ):
+            error, message = ErrorCode.invalid_replica_assignment, "the only broker is node 0"
+        elif not body.validate_only:
+            context.broker.topics.add_queues(topic.name, topic.count)
+        results.append({"name": topic.name, "error_code": error, "error_message": message})
+    return build_response(
+        ApiKey.CREATE_PARTITIONS, request.api_version, {"throttle_time": 0, "results": results}
+    )
+
+
+def _topic_configs(context: KafkaContext, info: TopicInfo) -> list[tuple[str, str, int, int]]:
+    """(name, value, source, type) of a topic's configs, the ones Kafka tools ask for."""
+    log_config = context.broker.store.config
+    retention_ms = log_config.retention_ms if log_config.retention_ms is not None else -1
+    retention_bytes = log_config.retention_bytes if log_config.retention_bytes is not None else -1
+    durability = log_config.durability_for(info.name)
+    configs = [
+        ("cleanup.policy", "delete", SOURCE_DEFAULT, TYPE_LIST),
+        ("compression.type", "producer", SOURCE_DEFAULT, TYPE_STRING),
+        ("retention.ms", str(retention_ms), SOURCE_STATIC_BROKER, TYPE_LONG),
+        ("retention.bytes", str(retention_bytes), SOURCE_STATIC_BROKER, TYPE_LONG),
+        ("segment.bytes", str(log_config.segment_size), SOURCE_STATIC_BROKER, TYPE_INT),
+        ("max.message.bytes", str(MAX_MESSAGE_BYTES), SOURCE_DEFAULT, TYPE_INT),
+        ("message.timestamp.type", "CreateTime", SOURCE_DEFAULT, TYPE_STRING),
+        ("min.insync.replicas", "1", SOURCE_DEFAULT, TYPE_INT),
+        # What acks=all waits for here: the fsync (sync) or nothing more (async).
+        ("flush.messages", "1" if durability == "sync" else "9223372036854775807", 4, TYPE_LONG),
+    ]
+    given = info.config.get(KAFKA_CONFIGS_KEY) or {}
+    out = [c for c in configs if c[0] not in given]
+    out += [(name, str(value), SOURCE_DYNAMIC_TOPIC, TYPE_STRING) for name, value in given.items()]
+    return out
+
+
+def _broker_configs(context: KafkaContext) -> list[tuple[str, str, int, int]]:
+    log_config = context.broker.store.config
+    settings = context.settings
+    retention_ms = log_config.retention_ms if log_config.retention_ms is not None else -1
+    return [
+        ("broker.id", str(NODE_ID), SOURCE_STATIC_BROKER, TYPE_INT),
+        ("num.partitions", str(settings.default_partitions), SOURCE_STATIC_BROKER, TYPE_INT),
+        (
+            "auto.create.topics.enable",
+            "true" if settings.auto_create_topics else "false",
+            SOURCE_STATIC_BROKER,
+            TYPE_BOOLEAN,
+        ),
+        ("log.retention.ms", str(retention_ms), SOURCE_STATIC_BROKER, TYPE_LONG),
+        ("log.segment.bytes", str(log_config.segment_size), SOURCE_STATIC_BROKER, TYPE_INT),
+        ("message.max.bytes", str(MAX_MESSAGE_BYTES), SOURCE_DEFAULT, TYPE_INT),
+        ("default.replication.factor", "1", SOURCE_DEFAULT, TYPE_INT),
+        ("offsets.topic.replication.factor", "1", SOURCE_DEFAULT, TYPE_INT),
+        ("transaction.state.log.replication.factor", "1", SOURCE_DEFAULT, TYPE_INT),
+        ("min.insync.replicas", "1", SOURCE_DEFAULT, TYPE_INT),
+    ]
+
+
+async def handle_describe_configs(
+    context: KafkaContext, connection: Connection, request: Request
+) -> ResponseBody:
+    results = []
+    body: Any = request.body
+    for resource in body.resources:
+        error = ErrorCode.none
+        message: str | None = None
+        entries: list[tuple[str, str, int, int]] = []
+        if resource.resource_type == RESOURCE_TOPIC:
+            info = context.broker.topics.get(resource.resource_name)
+            if info is None or is_system_topic(resource.resource_name):
+                error = ErrorCode.unknown_topic_or_partition
+            else:
+                entries = _topic_configs(context, info)
+        elif resource.resource_type == RESOURCE_BROKER:
+            if resource.resource_name not in ("", str(NODE_ID)):
+                error, message = ErrorCode.invalid_request, "the only broker is node 0"
+            else:
+                entries = _broker_configs(context)
+        else:
+            error = ErrorCode.invalid_request
+            message = f"resource type {resource.resource_type} is not supported"
+        wanted = resource.configuration_keys
+        if wanted is not None:
+            entries = [entry for entry in entries if entry[0] in wanted]
+        results.append(
+            {
+                "error_code": error,
+                "error_message": message,
+                "resource_type": resource.resource_type,
+                "resource_name": resource.resource_name,
+                "configs": [
+                    {
+                        "name": name,
+                        "value": value,
+                        "read_only": source != SOURCE_DYNAMIC_TOPIC,
+                        "config_source": source,
+                        "is_sensitive": False,
+                        "synonyms": [],
+                        "config_type": config_type,
+                        "documentation": None,
+                    }
+                    for name, value, source, config_type in entries
+                ],
+            }
+        )
+    return build_response(
+        ApiKey.DESCRIBE_CONFIGS, request.api_version, {"throttle_time": 0, "results": results}
+    )
+
+
+async def handle_sasl_handshake(
+    context: KafkaContext, connection: Connection, request: Request
+) -> ResponseBody:
+    # No SASL on this listener: refuse every mechanism (an empty list of enabled ones).
+    return build_response(
+        ApiKey.SASL_HANDSHAKE,
+        request.api_version,
+        {"error_code": ErrorCode.unsupported_sasl_mechanism, "mechanisms": []},
+    )
+
+
+async def handle_sasl_authenticate(
+    context: KafkaContext, connection: Connection, request: Request
+) -> ResponseBody:
+    return build_response(
+        ApiKey.SASL_AUTHENTICATE,
+        request.api_version,
+        {
+            "error_code": ErrorCode.illegal_sasl_state,
+            "error_message": "SASL is not enabled on this listener",
+            "auth_bytes": b"",
+        },
+    )
+
+
+HANDLERS: dict[int, Handler] = {
+    ApiKey.API_VERSIONS: handle_api_versions,
+    ApiKey.METADATA: handle_metadata,
+    ApiKey.FIND_COORDINATOR: handle_find_coordinator,
+    ApiKey.DESCRIBE_CLUSTER: handle_describe_cluster,
+    ApiKey.CREATE_TOPICS: handle_create_topics,
+    ApiKey.DELETE_TOPICS: handle_delete_topics,
+    ApiKey.CREATE_PARTITIONS: handle_create_partitions,
+    ApiKey.DESCRIBE_CONFIGS: handle_describe_configs,
+    ApiKey.SASL_HANDSHAKE: handle_sasl_handshake,
+    ApiKey.SASL_AUTHENTICATE: handle_sasl_authenticate,
+}

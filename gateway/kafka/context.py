@@ -1,0 +1,109 @@
+"""What every request handler works with: the broker-wide Kafka state and the connection.
+
+``KafkaContext`` is built once per ``KafkaServer``: the core ``Broker`` facade, the listener's
+settings (advertised address, topic auto-creation), the idempotent-producer state, the
+transaction coordinator and the counters exported as metrics. ``Connection`` is what a handler
+may know about the connection a request came on.
+
+A handler is ``async def handler(context, connection, request) -> response body | None``; the
+transport runs it eagerly (see ``server``), so work done before its first ``await`` happens in
+request order.
+"""
+
+from __future__ import annotations
+
+import datetime
+import re
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Final, TypeAlias
+
+from kio.schema.errors import ErrorCode
+
+from gateway.kafka.codec import Request
+
+if TYPE_CHECKING:
+    from core.broker import Broker
+    from gateway.kafka.producers import ProducerIdAllocator, ProducerStates
+    from gateway.kafka.transactions import TransactionCoordinator
+
+# This broker's node id: a cluster of one, leader of every partition and controller.
+NODE_ID: Final = 0
+# Every partition has one leader epoch, forever: there is never another leader.
+LEADER_EPOCH: Final = 0
+# Kafka's Topic.LEGAL_CHARS and Topic.MAX_NAME_LENGTH.
+_LEGAL_TOPIC = re.compile(r"[a-zA-Z0-9._-]+")
+MAX_TOPIC_NAME_LENGTH: Final = 249
+# throttle_time_ms sent while the broker's flow control blocks publishers: clients wait this
+# long before sending again (KIP-219), which is how Kafka tells producers to slow down.
+FLOW_THROTTLE_MS: Final = 100
+
+
+@dataclass(frozen=True, slots=True)
+class KafkaSettings:
+    advertised_host: str | None = None  # None: the address the client connected to
+    advertised_port: int | None = None
+    auto_create_topics: bool = True
+    default_partitions: int = 1
+    cluster_id: str = "braidmq"
+
+
+@dataclass(eq=False)
+class KafkaContext:
+    broker: Broker
+    settings: KafkaSettings
+    producer_states: ProducerStates
+    producer_ids: ProducerIdAllocator
+    transactions: TransactionCoordinator
+    metrics: dict[str, int] = field(default_factory=dict)
+
+    def throttle_ms(self) -> int:
+        return FLOW_THROTTLE_MS if self.broker.flow.blocked else 0
+
+
+@dataclass(eq=False, slots=True)
+class Connection:
+    """One client connection as handlers see it."""
+
+    peer: str  # "host:port" of the client, for logs and DescribeGroups
+    local_host: str  # the address the client connected to (advertised when not configured)
+    local_port: int
+    client_id: str | None = None
+
+    def advertised(self, settings: KafkaSettings) -> tuple[str, int]:
+        return (
+            settings.advertised_host or self.local_host,
+            settings.advertised_port or self.local_port,
+        )
+
+
+ResponseBody: TypeAlias = Any  # a kio response entity
+Handler: TypeAlias = Callable[
+    [KafkaContext, Connection, Request], Coroutine[Any, Any, ResponseBody | None]
+]
+
+
+def is_legal_topic_name(name: str) -> bool:
+    """Kafka's Topic.validate: 1..249 legal characters, not "." or ".."."""
+    return (
+        0 < len(name) <= MAX_TOPIC_NAME_LENGTH
+        and name not in (".", "..")
+        and _LEGAL_TOPIC.fullmatch(name) is not None
+    )
+
+
+def ms(value: datetime.timedelta | int | None) -> int:
+    """A kio ``timedelta_i32`` field as milliseconds."""
+    if value is None:
+        return 0
+    if isinstance(value, int):
+        return value
+    return round(value.total_seconds() * 1000)
+
+
+def fenced_error(api_version: int, first_version_with_fenced: int = 2) -> ErrorCode:
+    """PRODUCER_FENCED (90) for request versions that know it, INVALID_PRODUCER_EPOCH (47)
+    before (KafkaApis converts it the same way for old clients)."""
+    if api_version >= first_version_with_fenced:
+        return ErrorCode.producer_fenced
+    return ErrorCode.invalid_producer_epoch

@@ -1,0 +1,327 @@
+"""Fetch (with long polling), ListOffsets and OffsetForLeaderEpoch.
+
+Fetch serves a partition's index entries from the fetch offset on:
+
+- a batch record (a Kafka producer's RecordBatch) is served as stored, with two 4/8-byte
+  fields outside the batch CRC set: the base offset (the entry's queue offset) and the
+  partition leader epoch (``LEADER_EPOCH``, as a Kafka leader stamps it on append). No record
+  is decoded; compression stays as the producer chose;
+- consecutive plain records (published through AMQP or MQTT) are served as one uncompressed
+  RecordBatch built with ``records.build_batch`` (timestamp: the publisher's, else the store
+  time), base offset the first one's offset.
+
+Limits (KIP-74): the response holds at most ``max_bytes`` and each partition at most its
+``partition_max_bytes``, except that the first entry of the first partition with data is always
+served whole, so a consumer can never be stuck behind a batch larger than its limits.
+
+Long polling: when less than ``min_bytes`` is available the response waits, up to ``max_wait``,
+for any of the fetched partitions to get a new entry (``Broker.wait_for_records``), then reads
+again. Isolation: transactional data becomes visible only when committed (see
+``transactions``), so the last stable offset is the high watermark and there are never aborted
+transactions to list; read_committed and read_uncommitted read the same entries.
+
+Fetch sessions (KIP-227) are not kept: every response has session id 0, which tells clients to
+send full fetch requests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+from typing import Any, Final
+
+from kio.schema.errors import ErrorCode
+
+from core.log import QueueRecord
+from core.log import record as rec
+from core.log.names import is_system_topic
+from gateway.kafka.apis import ApiKey
+from gateway.kafka.codec import Request
+from gateway.kafka.context import (
+    LEADER_EPOCH,
+    Connection,
+    Handler,
+    KafkaContext,
+    ResponseBody,
+    ms,
+)
+from gateway.kafka.entities import build_response
+from gateway.kafka.records import RecordInput, build_batch
+from gateway.kafka.wire import FetchPartition, encode_fetch_response
+
+# Request isolation levels (IsolationLevel.java).
+READ_UNCOMMITTED: Final = 0
+READ_COMMITTED: Final = 1
+# ListOffsets special timestamps (ListOffsetsRequest.java).
+LATEST_TIMESTAMP: Final = -1
+EARLIEST_TIMESTAMP: Final = -2
+MAX_TIMESTAMP: Final = -3
+# store.read counts records, a batch as all of its records: bytes are the real limit here.
+_NO_RECORD_LIMIT: Final = 2**62
+# base_offset int64 + batch_length int32 + partition_leader_epoch int32 (records.py layout)
+_OFFSET_LENGTH_EPOCH = struct.Struct(">qii")
+_LENGTH_OFFSET: Final = 8
+_AFTER_EPOCH: Final = 16
+
+
+def _batch_bytes(entry: QueueRecord, parts: list[Any]) -> int:
+    """Append a stored batch's parts with its base offset and leader epoch set; its size."""
+    body = rec.body_slice(entry.frame, 0)
+    (length,) = struct.unpack_from(">i", body, _LENGTH_OFFSET)
+    parts.append(_OFFSET_LENGTH_EPOCH.pack(entry.offset, length, LEADER_EPOCH))
+    parts.append(body[_AFTER_EPOCH:])
+    return len(body)
+
+
+def _plain_batch(entries: list[QueueRecord]) -> bytes:
+    """Records published by another protocol, as one RecordBatch at their offsets."""
+    records: list[RecordInput] = []
+    for entry in entries:
+        record = entry.record()
+        records.append(
+            (
+                record.born_ms or record.store_ms,
+                record.key,
+                record.body,
+                [(name, value) for name, value in record.headers],
+            )
+        )
+    batch = bytearray(build_batch(records, base_offset=entries[0].offset))
+    struct.pack_into(">i", batch, 12, LEADER_EPOCH)
+    return bytes(batch)
+
+
+def read_records(entries: list[QueueRecord]) -> tuple[list[Any], int]:
+    """The record set of a partition's entries (see the module docstring), as parts to join
+    (views of the log's memory map among them: join before the next ``await``), and its size."""
+    parts: list[Any] = []
+    plain: list[QueueRecord] = []
+    size = 0
+    for entry in entries:
+        flags = rec.FLAGS.unpack_from(entry.frame, rec.FLAGS_OFFSET)[0]
+        if flags & rec.FLAG_BATCH:
+            if plain:
+                built = _plain_batch(plain)
+                parts.append(built)
+                size += len(built)
+                plain = []
+            size += _batch_bytes(entry, parts)
+        else:
+            if plain and plain[-1].next_offset != entry.offset:
+                built = _plain_batch(plain)
+                parts.append(built)
+                size += len(built)
+                plain = []
+            plain.append(entry)
+    if plain:
+        built = _plain_batch(plain)
+        parts.append(built)
+        size += len(built)
+    return parts, size
+
+
+class _Partition:
+    __slots__ = ("fetch_offset", "max_bytes", "partition", "topic")
+
+    def __init__(self, topic: str, partition: int, fetch_offset: int, max_bytes: int) -> None:
+        self.topic = topic
+        self.partition = partition
+        self.fetch_offset = fetch_offset
+        self.max_bytes = max_bytes
+
+
+def _read(
+    context: KafkaContext,
+    plan: list[tuple[str, list[_Partition]]],
+    max_bytes: int,
+    isolation: int,
+) -> tuple[list[tuple[str, list[FetchPartition]]], int, bool]:
+    """One pass over the fetched partitions: (topic responses, bytes, any partition error)."""
+    broker = context.broker
+    store = broker.store
+    aborted = () if isolation == READ_COMMITTED else None
+    topics = []
+    total = 0
+    errors = False
+    for topic, partitions in plan:
+        info = None if is_system_topic(topic) else broker.topics.get(topic)
+        results = []
+        for wanted in partitions:
+            partition = wanted.partition
+            error = ErrorCode.none
+            records: list[Any] = []
+            size = 0
+            start = end = -1
+            if info is None or not 0 <= partition < info.queues:
+                error = ErrorCode.unknown_topic_or_partition
+            else:
+                start, end = store.queue_bounds(topic, partition)
+                offset = wanted.fetch_offset
+                if offset < start or offset > end:
+                    error = ErrorCode.offset_out_of_range
+                elif offset < end and (total == 0 or total < max_bytes):
+                    limit = min(wanted.max_bytes, max_bytes - total) if total else wanted.max_bytes
+                    entries = store.read(
+                        topic, partition, offset, max_records=_NO_RECORD_LIMIT, max_bytes=limit
+                    )
+                    if entries:
+                        records, size = read_records(entries)
+                        total += size
+            if error != ErrorCode.none:
+                errors = True
+            # The last stable offset is the high watermark: open transactions are invisible.
+            results.append(
+                FetchPartition(partition, error, end, end, start, aborted, records, size)
+            )
+        topics.append((topic, results))
+    return topics, total, errors
+
+
+async def handle_fetch(
+    context: KafkaContext, connection: Connection, request: Request
+) -> ResponseBody:
+    body: Any = request.body
+    version = request.api_version
+    max_wait_ms = ms(body.max_wait)
+    min_bytes = body.min_bytes
+    max_bytes = body.max_bytes
+    isolation = getattr(body, "isolation_level", READ_UNCOMMITTED)
+    session_id = getattr(body, "session_id", 0)
+    if session_id != 0:
+        # We never hand out a fetch session, so a client cannot have one (KIP-227).
+        return encode_fetch_response(
+            version, request.correlation_id, [], error_code=ErrorCode.fetch_session_id_not_found
+        )
+    plan = [
+        (
+            topic.topic,
+            [
+                _Partition(topic.topic, p.partition, p.fetch_offset, p.partition_max_bytes)
+                for p in topic.partitions
+            ],
+        )
+        for topic in body.topics
+    ]
+    topics, total, errors = _read(context, plan, max_bytes, isolation)
+    if total < min_bytes and not errors and max_wait_ms > 0:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + max_wait_ms / 1000
+        keys = [(p.topic, p.partition) for _, partitions in plan for p in partitions]
+        # The rest runs in a task of its own (the transport starts handlers eagerly).
+        await asyncio.sleep(0)
+        while True:
+            remaining = deadline - loop.time()
+            if remaining <= 0 or not await context.broker.wait_for_records(keys, remaining):
+                break
+            topics, total, errors = _read(context, plan, max_bytes, isolation)
+            if total >= min_bytes or errors:
+                break
+    context.metrics["fetched_bytes"] += total
+    return encode_fetch_response(
+        version, request.correlation_id, topics, throttle_time_ms=context.throttle_ms()
+    )
+
+
+def _entry_at(context: KafkaContext, topic: str, partition: int, offset: int) -> QueueRecord | None:
+    entries = context.broker.store.read(topic, partition, offset, max_records=1)
+    return entries[0] if entries else None
+
+
+async def handle_list_offsets(
+    context: KafkaContext, connection: Connection, request: Request
+) -> ResponseBody:
+    broker = context.broker
+    store = broker.store
+    topics = []
+    body: Any = request.body
+    for topic in body.topics:
+        name = topic.name
+        info = None if is_system_topic(name) else broker.topics.get(name)
+        results = []
+        for wanted in topic.partitions:
+            partition = wanted.partition_index
+            result: dict[str, Any] = {
+                "partition_index": partition,
+                "error_code": ErrorCode.none,
+                "timestamp": -1,
+                "offset": -1,
+                "leader_epoch": LEADER_EPOCH,
+            }
+            if info is None or not 0 <= partition < info.queues:
+                result["error_code"] = ErrorCode.unknown_topic_or_partition
+                result["leader_epoch"] = -1
+                results.append(result)
+                continue
+            start, end = store.queue_bounds(name, partition)
+            timestamp = wanted.timestamp
+            if timestamp == LATEST_TIMESTAMP:
+                result["offset"] = end  # the last stable offset is the high watermark
+            elif timestamp == EARLIEST_TIMESTAMP:
+                result["offset"] = start
+            elif timestamp == MAX_TIMESTAMP:
+                entry = _entry_at(context, name, partition, end - 1) if end > start else None
+                if entry is not None:
+                    result["offset"] = entry.offset
+                    result["timestamp"] = entry.store_ms
+            elif timestamp >= 0:
+                # By the time the broker stored the records (index store_ms), which is what
+                # the per-queue index can search; Kafka searches the records' max timestamps.
+                offset = store.offset_for_time(name, partition, timestamp)
+                if offset < end:
+                    entry = _entry_at(context, name, partition, offset)
+                    result["offset"] = max(offset, start)
+                    result["timestamp"] = entry.store_ms if entry is not None else timestamp
+            else:
+                result["error_code"] = ErrorCode.invalid_request
+            results.append(result)
+        topics.append({"name": name, "partitions": results})
+    return build_response(
+        ApiKey.LIST_OFFSETS, request.api_version, {"throttle_time": 0, "topics": topics}
+    )
+
+
+async def handle_offset_for_leader_epoch(
+    context: KafkaContext, connection: Connection, request: Request
+) -> ResponseBody:
+    """One leader epoch ever (``LEADER_EPOCH``): it ends at the log end offset (KIP-101)."""
+    broker = context.broker
+    topics = []
+    body: Any = request.body
+    for topic in body.topics:
+        name = topic.topic
+        info = None if is_system_topic(name) else broker.topics.get(name)
+        results = []
+        for wanted in topic.partitions:
+            partition = wanted.partition
+            if info is None or not 0 <= partition < info.queues:
+                results.append(
+                    {
+                        "error_code": ErrorCode.unknown_topic_or_partition,
+                        "partition": partition,
+                        "leader_epoch": -1,
+                        "end_offset": -1,
+                    }
+                )
+                continue
+            _, end = broker.store.queue_bounds(name, partition)
+            results.append(
+                {
+                    "error_code": ErrorCode.none,
+                    "partition": partition,
+                    "leader_epoch": LEADER_EPOCH,
+                    "end_offset": end,
+                }
+            )
+        topics.append({"topic": name, "partitions": results})
+    return build_response(
+        ApiKey.OFFSET_FOR_LEADER_EPOCH,
+        request.api_version,
+        {"throttle_time": 0, "topics": topics},
+    )
+
+
+HANDLERS: dict[int, Handler] = {
+    ApiKey.FETCH: handle_fetch,
+    ApiKey.LIST_OFFSETS: handle_list_offsets,
+    ApiKey.OFFSET_FOR_LEADER_EPOCH: handle_offset_for_leader_epoch,
+}

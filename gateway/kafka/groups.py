@@ -1,0 +1,324 @@
+"""Consumer groups: JoinGroup, SyncGroup, Heartbeat, LeaveGroup, DescribeGroups, ListGroups,
+DeleteGroups, OffsetCommit and OffsetFetch, translated onto the core's group coordinator
+(``Broker.groups``, Kafka's classic protocol) and offset store (``Broker.offsets``).
+
+The coordinator answers with Kafka's own error codes, so they go on the wire unchanged; this
+module only maps fields between versions. Assignors run in the clients (the leader's
+SyncGroup carries every assignment), so every client's assignors work unchanged.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+from kio.schema.errors import ErrorCode
+
+from core.log.names import is_system_topic
+from gateway.kafka.apis import ApiKey
+from gateway.kafka.codec import Request
+from gateway.kafka.context import Connection, Handler, KafkaContext, ResponseBody, ms
+from gateway.kafka.entities import build_response
+
+# Kafka's offset.metadata.max.bytes default: longer commit metadata is refused.
+MAX_METADATA_BYTES: Final = 4096
+# ListGroups v5+ group type of classic groups (KIP-848).
+CLASSIC_GROUP_TYPE: Final = "classic"
+NO_OFFSET: Final = -1
+
+
+def _client_host(connection: Connection) -> str:
+    # Kafka reports the client's InetAddress.toString(): "/127.0.0.1".
+    return "/" + connection.peer.rpartition(":")[0]
+
+
+def _build(api_key: int, request: Request, values: dict[str, Any]) -> ResponseBody:
+    return build_response(api_key, request.api_version, values)
+
+
+async def handle_join_group(
+    context: KafkaContext, connection: Connection, request: Request
+) -> ResponseBody:
+    body: Any = request.body
+    version = request.api_version
+    result = await context.broker.groups.join(
+        body.group_id,
+        body.member_id,
+        getattr(body, "group_instance_id", None),
+        body.protocol_type,
+        [(protocol.name, protocol.metadata) for protocol in body.protocols],
+        ms(body.session_timeout),
+        ms(body.rebalance_timeout) if version >= 1 else -1,
+        client_id=connection.client_id or "",
+        client_host=_client_host(connection),
+        require_known_member_id=version >= 4,
+    )
+    return _build(
+        ApiKey.JOIN_GROUP,
+        request,
+        {
+            "throttle_time": 0,
+            "error_code": int(result.error_code),
+            "generation_id": result.generation_id,
+            "protocol_type": result.protocol_type,
+            "protocol_name": result.protocol_name,
+            "leader": result.leader_id,
+            "member_id": result.member_id,
+            "members": [
+                {
+                    "member_id": member.member_id,
+                    "group_instance_id": member.group_instance_id,
+                    "metadata": member.metadata,
+                }
+                for member in result.members
+            ],
+        },
+    )
+
+
+async def handle_sync_group(
+    context: KafkaContext, connection: Connection, request: Request
+) -> ResponseBody:
+    body: Any = request.body
+    result = await context.broker.groups.sync(
+        body.group_id,
+        body.generation_id,
+        body.member_id,
+        getattr(body, "group_instance_id", None),
+        {item.member_id: item.assignment for item in body.assignments},
+        getattr(body, "protocol_type", None),
+        getattr(body, "protocol_name", None),
+    )
+    return _build(
+        ApiKey.SYNC_GROUP,
+        request,
+        {
+            "throttle_time": 0,
+            "error_code": int(result.error_code),
+            "protocol_type": result.protocol_type,
+            "protocol_name": result.protocol_name,
+            "assignment": result.assignment,
+        },
+    )
+
+
+async def handle_heartbeat(
+    context: KafkaContext, connection: Connection, request: Request
+) -> ResponseBody:
+    body: Any = request.body
+    error = context.broker.groups.heartbeat(
+        body.group_id, body.generation_id, body.member_id, getattr(body, "group_instance_id", None)
+    )
+    return _build(ApiKey.HEARTBEAT, request, {"throttle_time": 0, "error_code": int(error)})
+
+
+async def handle_leave_group(
+    context: KafkaContext, connection: Connection, request: Request
+) -> ResponseBody:
+    body: Any = request.body
+    if request.api_version >= 3:
+        members = [(member.member_id, member.group_instance_id) for member in body.members]
+    else:
+        members = [(body.member_id, None)]
+    result = context.broker.groups.leave(body.group_id, members)
+    error = int(result.error_code)
+    if request.api_version < 3 and error == ErrorCode.none and result.members:
+        error = int(result.members[0].error_code)  # v0-2: the one member's error at the top
+    return _build(
+        ApiKey.LEAVE_GROUP,
+        request,
+        {
+            "throttle_time": 0,
+            "error_code": error,
+            "members": [
+                {
+                    "member_id": member.member_id,
+                    "group_instance_id": member.group_instance_id,
+                    "error_code": int(member.error_code),
+                }
+                for member in result.members
+            ],
+        },
+    )
+
+
+async def handle_describe_groups(
+    context: KafkaContext, connection: Connection, request: Request
+) -> ResponseBody:
+    groups = []
+    body: Any = request.body
+    for group_id in body.groups:
+        described = context.broker.groups.describe(group_id)
+        groups.append(
+            {
+                "error_code": int(described.error_code),
+                "group_id": described.group_id,
+                "group_state": described.state,
+                "protocol_type": described.protocol_type,
+                "protocol_data": described.protocol_name,
+                "members": [
+                    {
+                        "member_id": member.member_id,
+                        "group_instance_id": member.group_instance_id,
+                        "client_id": member.client_id,
+                        "client_host": member.client_host,
+                        "member_metadata": member.metadata,
+                        "member_assignment": member.assignment,
+                    }
+                    for member in described.members
+                ],
+                "authorized_operations": -(2**31),
+            }
+        )
+    return _build(ApiKey.DESCRIBE_GROUPS, request, {"throttle_time": 0, "groups": groups})
+
+
+async def handle_list_groups(
+    context: KafkaContext, connection: Connection, request: Request
+) -> ResponseBody:
+    body: Any = request.body
+    states = getattr(body, "states_filter", None) or None
+    types = getattr(body, "types_filter", None) or None
+    listings = context.broker.groups.list_groups(states)
+    if types is not None and CLASSIC_GROUP_TYPE not in {t.lower() for t in types}:
+        listings = []
+    return _build(
+        ApiKey.LIST_GROUPS,
+        request,
+        {
+            "throttle_time": 0,
+            "error_code": ErrorCode.none,
+            "groups": [
+                {
+                    "group_id": listing.group_id,
+                    "protocol_type": listing.protocol_type,
+                    "group_state": listing.state,
+                    "group_type": CLASSIC_GROUP_TYPE,
+                }
+                for listing in listings
+            ],
+        },
+    )
+
+
+async def handle_delete_groups(
+    context: KafkaContext, connection: Connection, request: Request
+) -> ResponseBody:
+    broker = context.broker
+    body: Any = request.body
+    errors = broker.groups.delete_groups(body.groups_names)
+    for group_id, error in errors.items():
+        if error == 0:
+            broker.offsets.delete_group(group_id)
+    return _build(
+        ApiKey.DELETE_GROUPS,
+        request,
+        {
+            "throttle_time": 0,
+            "results": [
+                {"group_id": group_id, "error_code": int(error)}
+                for group_id, error in errors.items()
+            ],
+        },
+    )
+
+
+def partition_exists(context: KafkaContext, topic: str, partition: int) -> bool:
+    info = None if is_system_topic(topic) else context.broker.topics.get(topic)
+    return info is not None and 0 <= partition < info.queues
+
+
+async def handle_offset_commit(
+    context: KafkaContext, connection: Connection, request: Request
+) -> ResponseBody:
+    body: Any = request.body
+    broker = context.broker
+    error: int = broker.groups.validate_member(
+        body.group_id,
+        body.member_id,
+        body.generation_id_or_member_epoch,
+        getattr(body, "group_instance_id", None),
+    )
+    commits: list[tuple[str, int, int, int, str]] = []
+    topics = []
+    for topic in body.topics:
+        results = []
+        for partition in topic.partitions:
+            partition_error: int = error
+            metadata = partition.committed_metadata or ""
+            if partition_error == ErrorCode.none:
+                if not partition_exists(context, topic.name, partition.partition_index):
+                    partition_error = ErrorCode.unknown_topic_or_partition
+                elif len(metadata.encode()) > MAX_METADATA_BYTES:
+                    partition_error = ErrorCode.offset_metadata_too_large
+                else:
+                    commits.append(
+                        (
+                            topic.name,
+                            partition.partition_index,
+                            partition.committed_offset,
+                            getattr(partition, "committed_leader_epoch", -1),
+                            metadata,
+                        )
+                    )
+            results.append(
+                {"partition_index": partition.partition_index, "error_code": int(partition_error)}
+            )
+        topics.append({"name": topic.name, "partitions": results})
+    if commits:
+        await broker.offsets.commit(body.group_id, commits)
+    return _build(ApiKey.OFFSET_COMMIT, request, {"throttle_time": 0, "topics": topics})
+
+
+async def handle_offset_fetch(
+    context: KafkaContext, connection: Connection, request: Request
+) -> ResponseBody:
+    body: Any = request.body
+    offsets = context.broker.offsets
+    group_id = body.group_id
+    require_stable = getattr(body, "require_stable", False)
+    wanted: list[tuple[str, list[int]]]
+    if body.topics is None:  # v2+: every partition the group has offsets for
+        by_topic: dict[str, list[int]] = {}
+        for topic, partition in sorted(offsets.fetch_group(group_id)):
+            by_topic.setdefault(topic, []).append(partition)
+        wanted = list(by_topic.items())
+    else:
+        wanted = [(topic.name, list(topic.partition_indexes)) for topic in body.topics]
+    topics = []
+    for topic, partitions in wanted:
+        results = []
+        for partition in partitions:
+            committed = offsets.fetch(group_id, topic, partition)
+            error = ErrorCode.none
+            if require_stable and context.transactions.has_pending_offsets(
+                group_id, topic, partition
+            ):
+                error = ErrorCode.unstable_offset_commit
+            results.append(
+                {
+                    "partition_index": partition,
+                    "committed_offset": committed.offset if committed else NO_OFFSET,
+                    "committed_leader_epoch": committed.leader_epoch if committed else -1,
+                    "metadata": committed.metadata if committed else "",
+                    "error_code": error,
+                }
+            )
+        topics.append({"name": topic, "partitions": results})
+    return _build(
+        ApiKey.OFFSET_FETCH,
+        request,
+        {"throttle_time": 0, "topics": topics, "error_code": ErrorCode.none},
+    )
+
+
+HANDLERS: dict[int, Handler] = {
+    ApiKey.JOIN_GROUP: handle_join_group,
+    ApiKey.SYNC_GROUP: handle_sync_group,
+    ApiKey.HEARTBEAT: handle_heartbeat,
+    ApiKey.LEAVE_GROUP: handle_leave_group,
+    ApiKey.DESCRIBE_GROUPS: handle_describe_groups,
+    ApiKey.LIST_GROUPS: handle_list_groups,
+    ApiKey.DELETE_GROUPS: handle_delete_groups,
+    ApiKey.OFFSET_COMMIT: handle_offset_commit,
+    ApiKey.OFFSET_FETCH: handle_offset_fetch,
+}

@@ -1,0 +1,181 @@
+"""Produce: each partition's RecordBatch stored as ONE batch record, never re-encoded.
+
+Per partition (``ProduceRequest.validateRecords`` and ``LogValidator`` order): the topic and
+partition must exist (UNKNOWN_TOPIC_OR_PARTITION; topics are created by Metadata, not here),
+the batch must be one valid magic-2 batch (its CRC-32C is checked; compression is kept as
+sent), an idempotent batch must be in sequence or a duplicate (``producers``), and a
+transactional one must belong to its producer's open transaction (``transactions``). The batch
+is then appended with ``Broker.publish_batch``; a transactional batch as a half message.
+
+acks (``ProduceRequest.acks``):
+
+- ``0``: stored, no response at all;
+- ``1``: answered once appended (in the page cache: a process crash does not lose it, the log
+  is memory-mapped; a power loss before the next flush can);
+- ``-1`` (all): answered once durable at the topic's durability (``sync``: after the group
+  commit fsync that covers it).
+
+All partitions of a request are appended before any waiting, in request order, so a request's
+fsync is shared by every batch in it and by every other request appended meanwhile.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Final
+
+from kio.schema.errors import ErrorCode
+
+from core.broker.topics import TopicError
+from core.log.names import is_system_topic
+from gateway.kafka.apis import ApiKey
+from gateway.kafka.codec import Request
+from gateway.kafka.context import Connection, Handler, KafkaContext, ResponseBody
+from gateway.kafka.errors import RecordBatchError
+from gateway.kafka.producers import StoredBatch, last_sequence
+from gateway.kafka.records import validate_produce_records
+from gateway.kafka.wire import ProducePartition, encode_produce_response
+
+log = logging.getLogger(__name__)
+
+ACKS_NONE: Final = 0
+ACKS_LEADER: Final = 1
+ACKS_ALL: Final = -1
+NO_OFFSET: Final = -1
+
+
+async def handle_produce(
+    context: KafkaContext, connection: Connection, request: Request
+) -> ResponseBody | None:
+    broker = context.broker
+    if broker.flow.blocked:
+        await broker.flow.wait_unblocked()
+    body: Any = request.body
+    acks = body.acks
+    version = request.api_version
+    metrics = context.metrics
+    client = connection.client_id or ""
+    # commit-log end to await: acks=all answers once everything before it is durable
+    durable_end = 0
+    responses: list[tuple[str, list[ProducePartition]]] = []
+    for topic_data in body.topic_data:
+        name = topic_data.name
+        info = None if is_system_topic(name) else broker.topics.get(name)
+        sync = broker.store.is_sync(name)
+        partitions: list[ProducePartition] = []
+        for partition_data in topic_data.partition_data:
+            index = partition_data.index
+            error = ErrorCode.none
+            message: str | None = None
+            base_offset = NO_OFFSET
+            end = 0
+            if acks not in (ACKS_NONE, ACKS_LEADER, ACKS_ALL):
+                error = ErrorCode.invalid_required_acks
+            elif info is None or not 0 <= index < info.queues:
+                error = ErrorCode.unknown_topic_or_partition
+            else:
+                try:
+                    error, base_offset, end = await _store_batch(
+                        context, name, index, partition_data.records, version, client
+                    )
+                except RecordBatchError as exc:
+                    error, message = exc.error_code, str(exc)
+                    log.info("kafka: produce to %s/%d refused: %s", name, index, exc)
+                except TopicError:
+                    error = ErrorCode.unknown_topic_or_partition
+                except OSError:
+                    log.exception("kafka: cannot append to %s/%d", name, index)
+                    error = ErrorCode.kafka_storage_error
+            if error != ErrorCode.none:
+                metrics["produce_errors"] += 1
+            elif sync and end > durable_end:
+                durable_end = end
+            partitions.append(
+                ProducePartition(
+                    index,
+                    error,
+                    base_offset,
+                    broker.store.queue_bounds(name, index)[0] if info is not None else -1,
+                    message,
+                )
+            )
+        responses.append((name, partitions))
+    if acks == ACKS_NONE:
+        return None
+    if acks == ACKS_ALL and durable_end:
+        await broker.store.wait_durable(durable_end)
+    return encode_produce_response(
+        version, request.correlation_id, responses, context.throttle_ms()
+    )
+
+
+async def _store_batch(
+    context: KafkaContext,
+    topic: str,
+    partition: int,
+    records: bytes | None,
+    version: int,
+    client: str,
+) -> tuple[ErrorCode, int, int]:
+    """Validate, deduplicate and append one partition's batch: (error, base offset, end)."""
+    batch, header = validate_produce_records(records, version)
+    metrics = context.metrics
+    producer_id = header.producer_id
+    last = -1
+    txn = None
+    if header.is_transactional:
+        error, txn = context.transactions.check_produce(
+            producer_id, header.producer_epoch, topic, partition
+        )
+        if txn is None:
+            return error, NO_OFFSET, 0
+    if producer_id >= 0:
+        last = last_sequence(header.base_sequence, header.last_offset_delta)
+        check = context.producer_states.check(
+            topic, partition, producer_id, header.producer_epoch, header.base_sequence, last
+        )
+        if check.duplicate is not None:
+            # A retry of a batch already stored: acknowledged, not stored again (KIP-98).
+            metrics["duplicate_batches"] += 1
+            return ErrorCode.none, check.duplicate.base_offset, check.duplicate.end_position
+        if check.error != ErrorCode.none:
+            return check.error, NO_OFFSET, 0
+    if txn is not None:
+        # A half message: visible (and given its offset) when the transaction commits.
+        appended = context.transactions.store_half(
+            txn,
+            topic,
+            partition,
+            batch,
+            header.record_count,
+            born_ms=header.base_timestamp,
+            client=client,
+        )
+        base_offset = NO_OFFSET
+    else:
+        result = await context.broker.publish_batch(
+            topic,
+            partition,
+            batch,
+            header.record_count,
+            born_ms=header.base_timestamp,
+            client=client,
+            wait_durable=False,
+        )
+        appended = result.appended
+        base_offset = result.offset
+    if producer_id >= 0:
+        context.producer_states.record(
+            topic,
+            partition,
+            producer_id,
+            header.producer_epoch,
+            StoredBatch(header.base_sequence, last, base_offset, appended.end),
+        )
+    metrics["produced_batches"] += 1
+    metrics["produced_records"] += header.record_count
+    metrics["produced_bytes"] += header.size
+    return ErrorCode.none, base_offset, appended.end
+
+
+HANDLERS: dict[int, Handler] = {ApiKey.PRODUCE: handle_produce}

@@ -1,0 +1,474 @@
+"""Kafka transactions (KIP-98) on the core's transactional half messages.
+
+How a transaction is stored (``core.transactions.TransactionService``, ``Broker.transactions``):
+
+- A transaction's first batch opens a service transaction (producer group
+  ``kafka:<transactional.id>``, no check-back); each transactional batch is appended as a
+  **half message** (``add_nowait``, ``FLAG_BATCH``): in the commit log, indexed only in
+  ``__half``, invisible in its partition.
+- EndTxn(commit): ``service.commit`` appends one LINK naming every half, so all of them become
+  visible in their partitions at once (a crash leaves all or none); then a COMMIT control batch
+  goes to every partition of the transaction, and the offsets staged by TxnOffsetCommit are
+  committed.
+- EndTxn(abort), a transaction timeout: ``service.rollback`` (the halves are never indexed where
+  consumers read) and an ABORT control batch to every partition. Aborted data is never visible,
+  to read_committed and read_uncommitted consumers alike, and the last stable offset is always
+  the high watermark.
+
+Differences from Kafka, by design of the half messages: a read_uncommitted consumer does not
+see open or aborted transactions either; the Produce response of a transactional batch carries
+base offset -1 (the offset is assigned when the batch is linked, at commit); the consumer offsets
+of a transaction are committed right after its LINK, not in the same record (a crash in
+between leaves the data committed and the offsets not: the input is consumed again).
+
+State per transactional id (Kafka's ``TransactionMetadata``): producer id and epoch, durable in
+the broker's metadata table (``kafka:txn:<id>``). Transactions still open in the service when
+the broker starts were cut by a restart: they are rolled back and their producers fenced (epoch
++ 1), so that none can commit half a transaction. A transaction older than its
+``transaction.timeout.ms`` is aborted and its producer fenced, as Kafka does.
+
+Transitions (``TxnState``; anything else is INVALID_TXN_STATE, as TransactionCoordinator):
+EMPTY/COMPLETE_* --AddPartitions/AddOffsets/Produce--> ONGOING --EndTxn--> PREPARE_* --(durable)-->
+COMPLETE_*. A request during PREPARE_* gets CONCURRENT_TRANSACTIONS (the client retries).
+
+Not thread-safe: event-loop thread only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import json
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Final
+
+from kio.schema.errors import ErrorCode
+
+from core.broker.topics import TopicError
+from core.log import Appended
+from core.log import record as rec
+from core.log.store import now_ms
+from core.transactions import TransactionError
+from gateway.kafka.producers import KeyValueTable, ProducerIdAllocator
+from gateway.kafka.records import ControlType, build_control_batch
+
+if TYPE_CHECKING:
+    from core.broker import Broker
+
+log = logging.getLogger(__name__)
+
+_TXN_KEY: Final = "kafka:txn:"
+# Producer group of a Kafka transactional id in the TransactionService.
+GROUP_PREFIX: Final = "kafka:"
+# Kafka's transaction.max.timeout.ms default (15 minutes): longer timeouts are refused.
+MAX_TRANSACTION_TIMEOUT_MS: Final = 15 * 60 * 1000
+# This coordinator aborts a transaction at its timeout; the service's own timeout is a safety
+# net behind it (were this coordinator's timer ever lost, the halves would still be decided).
+SERVICE_TIMEOUT_GRACE_MS: Final = 60_000
+# Epochs are int16; Kafka moves to a new producer id before the epoch overflows.
+MAX_EPOCH: Final = 2**15 - 2
+
+
+class TxnState(enum.Enum):
+    EMPTY = "Empty"
+    ONGOING = "Ongoing"
+    PREPARE_COMMIT = "PrepareCommit"
+    PREPARE_ABORT = "PrepareAbort"
+    COMPLETE_COMMIT = "CompleteCommit"
+    COMPLETE_ABORT = "CompleteAbort"
+
+
+# (topic, partition, offset, leader_epoch, metadata), as OffsetStore.commit takes them
+StagedOffset = tuple[str, int, int, int, str]
+
+
+@dataclass(eq=False)
+class Transaction:
+    transactional_id: str
+    producer_id: int
+    producer_epoch: int
+    timeout_ms: int
+    state: TxnState = TxnState.EMPTY
+    partitions: set[tuple[str, int]] = field(default_factory=set)
+    offsets: dict[str, dict[tuple[str, int], StagedOffset]] = field(default_factory=dict)
+    service_id: str | None = None  # the open service transaction holding the halves
+    timer: asyncio.TimerHandle | None = None
+
+    def to_json(self) -> bytes:
+        return json.dumps(
+            {
+                "producer_id": self.producer_id,
+                "producer_epoch": self.producer_epoch,
+                "timeout_ms": self.timeout_ms,
+            }
+        ).encode()
+
+
+class TransactionCoordinator:
+    """Every transactional id of the broker (see the module docstring)."""
+
+    def __init__(
+        self,
+        broker: Broker,
+        table: KeyValueTable,
+        producer_ids: ProducerIdAllocator,
+        *,
+        metrics: dict[str, int] | None = None,
+    ) -> None:
+        self.broker = broker
+        self.service = broker.transactions
+        self.table = table
+        self.producer_ids = producer_ids
+        self._by_id: dict[str, Transaction] = {}
+        self._by_producer: dict[int, Transaction] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._service_ids = (f"kafka-{os.urandom(6).hex()}-{n}" for n in range(2**62))
+        self.metrics = metrics if metrics is not None else {}
+        for key in ("committed", "aborted", "expired"):
+            self.metrics.setdefault(key, 0)
+        for key, value in table.items():
+            if key.startswith(_TXN_KEY):
+                raw = json.loads(value)
+                txn = Transaction(
+                    key[len(_TXN_KEY) :],
+                    int(raw["producer_id"]),
+                    int(raw["producer_epoch"]),
+                    int(raw["timeout_ms"]),
+                )
+                self._by_id[txn.transactional_id] = txn
+                self._by_producer[txn.producer_id] = txn
+
+    async def recover(self) -> None:
+        """Roll back the Kafka transactions a restart cut (still open in the service) and fence
+        their producers: the part of such a transaction sent before the restart cannot be
+        committed together with the part sent after it."""
+        end = 0
+        for pending in self.service.pending():
+            if not pending.producer_group.startswith(GROUP_PREFIX):
+                continue
+            transactional_id = pending.producer_group[len(GROUP_PREFIX) :]
+            await self.service.rollback(pending.txn_id)
+            txn = self._by_id.get(transactional_id)
+            if txn is not None:
+                self._bump_epoch(txn)
+                end = max(end, self.table.put(_TXN_KEY + transactional_id, txn.to_json()).end)
+            log.warning(
+                "kafka: transaction of %r was open at shutdown (%d batches): aborted, "
+                "producer fenced",
+                transactional_id,
+                pending.halves,
+            )
+        if end:
+            await self.broker.store.wait_durable(end)
+
+    def close(self) -> None:
+        for txn in self._by_id.values():
+            if txn.timer is not None:
+                txn.timer.cancel()
+                txn.timer = None
+        for task in self._tasks:
+            task.cancel()
+
+    def _bump_epoch(self, txn: Transaction) -> None:
+        self._by_producer.pop(txn.producer_id, None)
+        if txn.producer_epoch >= MAX_EPOCH:
+            txn.producer_id, _ = self.producer_ids.next_id()
+            txn.producer_epoch = 0
+        else:
+            txn.producer_epoch += 1
+        self._by_producer[txn.producer_id] = txn
+
+    def _reset(self, txn: Transaction, state: TxnState) -> None:
+        if txn.timer is not None:
+            txn.timer.cancel()
+            txn.timer = None
+        txn.state = state
+        txn.partitions = set()
+        txn.offsets = {}
+        txn.service_id = None
+
+    # -- InitProducerId --------------------------------------------------------------------
+
+    async def init_producer_id(
+        self, transactional_id: str, timeout_ms: int
+    ) -> tuple[ErrorCode, int, int]:
+        """``(error, producer_id, epoch)`` for a transactional producer (a new one, or the
+        next epoch of a known id, after aborting its open transaction: Kafka's fencing)."""
+        if not 0 < timeout_ms <= MAX_TRANSACTION_TIMEOUT_MS:
+            return ErrorCode.invalid_transaction_timeout, -1, -1
+        txn = self._by_id.get(transactional_id)
+        if txn is None:
+            producer_id, _ = self.producer_ids.next_id()
+            txn = Transaction(transactional_id, producer_id, 0, timeout_ms)
+            self._by_id[transactional_id] = txn
+            self._by_producer[producer_id] = txn
+        else:
+            if txn.state in (TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT):
+                return ErrorCode.concurrent_transactions, -1, -1
+            if txn.state is TxnState.ONGOING:
+                await self._abort(txn, "a new producer instance initialised its id")
+            self._bump_epoch(txn)
+            txn.timeout_ms = timeout_ms
+            self._reset(txn, TxnState.EMPTY)
+        await self.broker.store.wait_durable(
+            self.table.put(_TXN_KEY + transactional_id, txn.to_json()).end
+        )
+        return ErrorCode.none, txn.producer_id, txn.producer_epoch
+
+    # -- checks ----------------------------------------------------------------------------
+
+    def _current(
+        self, transactional_id: str, producer_id: int, epoch: int, fenced: ErrorCode
+    ) -> tuple[ErrorCode, Transaction | None]:
+        txn = self._by_id.get(transactional_id)
+        if txn is None or txn.producer_id != producer_id:
+            return ErrorCode.invalid_producer_id_mapping, None
+        if epoch != txn.producer_epoch:
+            return fenced, None
+        if txn.state in (TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT):
+            return ErrorCode.concurrent_transactions, None
+        return ErrorCode.none, txn
+
+    def _begin(self, txn: Transaction) -> None:
+        if txn.state is TxnState.ONGOING:
+            return
+        txn.state = TxnState.ONGOING
+        group = GROUP_PREFIX + txn.transactional_id
+        self.service.set_check_back(group, None)  # Kafka never asks back: a timeout aborts
+        txn.service_id = self.service.begin(
+            group,
+            next(self._service_ids),
+            timeout_ms=txn.timeout_ms + SERVICE_TIMEOUT_GRACE_MS,
+        )
+        txn.timer = asyncio.get_running_loop().call_later(
+            txn.timeout_ms / 1000, self._expire, txn, txn.producer_epoch
+        )
+
+    # -- AddPartitionsToTxn / AddOffsetsToTxn / TxnOffsetCommit ------------------------------
+
+    def add_partitions(
+        self,
+        transactional_id: str,
+        producer_id: int,
+        epoch: int,
+        partitions: list[tuple[str, int]],
+        fenced: ErrorCode,
+    ) -> dict[tuple[str, int], ErrorCode]:
+        error, txn = self._current(transactional_id, producer_id, epoch, fenced)
+        if txn is None:
+            return dict.fromkeys(partitions, error)
+        unknown = {
+            (topic, partition)
+            for topic, partition in partitions
+            if (info := self.broker.topics.get(topic)) is None or not 0 <= partition < info.queues
+        }
+        if unknown:
+            return {
+                key: (
+                    ErrorCode.unknown_topic_or_partition
+                    if key in unknown
+                    else ErrorCode.operation_not_attempted
+                )
+                for key in partitions
+            }
+        self._begin(txn)
+        txn.partitions.update(partitions)
+        return dict.fromkeys(partitions, ErrorCode.none)
+
+    def add_offsets(
+        self, transactional_id: str, producer_id: int, epoch: int, group_id: str, fenced: ErrorCode
+    ) -> ErrorCode:
+        error, txn = self._current(transactional_id, producer_id, epoch, fenced)
+        if txn is None:
+            return error
+        self._begin(txn)
+        txn.offsets.setdefault(group_id, {})
+        return ErrorCode.none
+
+    def stage_offsets(
+        self,
+        transactional_id: str,
+        producer_id: int,
+        epoch: int,
+        group_id: str,
+        offsets: list[StagedOffset],
+        fenced: ErrorCode,
+    ) -> ErrorCode:
+        error, txn = self._current(transactional_id, producer_id, epoch, fenced)
+        if txn is None:
+            return error
+        if txn.state is not TxnState.ONGOING:
+            return ErrorCode.invalid_txn_state
+        staged = txn.offsets.setdefault(group_id, {})
+        for offset in offsets:
+            staged[(offset[0], offset[1])] = offset
+        return ErrorCode.none
+
+    def has_pending_offsets(self, group_id: str, topic: str, partition: int) -> bool:
+        """An open transaction will commit an offset here (OffsetFetch require_stable)."""
+        return any(
+            (topic, partition) in txn.offsets.get(group_id, {})
+            for txn in self._by_id.values()
+            if txn.state is not TxnState.EMPTY
+        )
+
+    # -- Produce ---------------------------------------------------------------------------
+
+    def check_produce(
+        self, producer_id: int, epoch: int, topic: str, partition: int
+    ) -> tuple[ErrorCode, Transaction | None]:
+        """May this transactional batch be stored now? The partition joins the transaction
+        if the producer did not add it (Kafka before KIP-890 did not check either)."""
+        txn = self._by_producer.get(producer_id)
+        if txn is None:
+            return ErrorCode.invalid_producer_id_mapping, None
+        if epoch < txn.producer_epoch:
+            return ErrorCode.invalid_producer_epoch, None
+        if epoch > txn.producer_epoch or txn.state in (
+            TxnState.PREPARE_COMMIT,
+            TxnState.PREPARE_ABORT,
+        ):
+            return ErrorCode.invalid_txn_state, None
+        self._begin(txn)
+        txn.partitions.add((topic, partition))
+        return ErrorCode.none, txn
+
+    def store_half(
+        self,
+        txn: Transaction,
+        topic: str,
+        partition: int,
+        batch: bytes | memoryview,
+        record_count: int,
+        *,
+        born_ms: int,
+        client: str,
+    ) -> Appended:
+        """Append a transactional batch as a half message of ``txn`` (not yet durable)."""
+        assert txn.service_id is not None  # check_produce began it
+        return self.service.add_nowait(
+            txn.service_id,
+            topic,
+            partition,
+            batch,
+            protocol=rec.PROTOCOL_KAFKA,
+            flags=rec.FLAG_BATCH,
+            record_count=record_count,
+            born_ms=born_ms,
+            client=client,
+        )
+
+    # -- EndTxn ----------------------------------------------------------------------------
+
+    async def end_transaction(
+        self,
+        transactional_id: str,
+        producer_id: int,
+        epoch: int,
+        commit: bool,
+        fenced: ErrorCode,
+    ) -> ErrorCode:
+        error, txn = self._current(transactional_id, producer_id, epoch, fenced)
+        if txn is None:
+            return error
+        state = txn.state
+        if state is TxnState.COMPLETE_COMMIT:
+            return ErrorCode.none if commit else ErrorCode.invalid_txn_state
+        if state is TxnState.COMPLETE_ABORT:
+            return ErrorCode.invalid_txn_state if commit else ErrorCode.none
+        if state is not TxnState.ONGOING:
+            return ErrorCode.invalid_txn_state
+        if commit:
+            return await self._commit(txn)
+        await self._abort(txn, "the producer aborted it")
+        return ErrorCode.none
+
+    async def _commit(self, txn: Transaction) -> ErrorCode:
+        txn.state = TxnState.PREPARE_COMMIT
+        if txn.timer is not None:
+            txn.timer.cancel()
+            txn.timer = None
+        if txn.service_id is not None:
+            try:
+                # One LINK: every half becomes visible in its partition at once; durable.
+                await self.service.commit(txn.service_id)
+            except TransactionError as error:  # decided behind our back (its safety net)
+                log.warning("kafka: transaction %r: %s", txn.transactional_id, error)
+                await self._abort(txn, str(error))
+                return ErrorCode.invalid_txn_state
+        end = await self._write_markers(txn, ControlType.COMMIT)
+        for group_id, staged in txn.offsets.items():
+            if staged:
+                end = max(end, self.broker.offsets.commit_nowait(group_id, staged.values()))
+        if end:
+            await self.broker.store.wait_durable(end)
+        self._reset(txn, TxnState.COMPLETE_COMMIT)
+        self.metrics["committed"] += 1
+        return ErrorCode.none
+
+    async def _abort(self, txn: Transaction, reason: str) -> None:
+        txn.state = TxnState.PREPARE_ABORT
+        if txn.timer is not None:
+            txn.timer.cancel()
+            txn.timer = None
+        log.debug("kafka: transaction %r aborted: %s", txn.transactional_id, reason)
+        if txn.service_id is not None:
+            try:
+                await self.service.rollback(txn.service_id)
+            except TransactionError as error:
+                log.warning("kafka: transaction %r: %s", txn.transactional_id, error)
+        end = await self._write_markers(txn, ControlType.ABORT)
+        if end:
+            await self.broker.store.wait_durable(end)
+        self._reset(txn, TxnState.COMPLETE_ABORT)
+        self.metrics["aborted"] += 1
+
+    async def _write_markers(self, txn: Transaction, control_type: ControlType) -> int:
+        end = 0
+        stamp = now_ms()
+        for topic, partition in sorted(txn.partitions):
+            marker = build_control_batch(
+                control_type,
+                producer_id=txn.producer_id,
+                producer_epoch=txn.producer_epoch,
+                timestamp_ms=stamp,
+            )
+            try:
+                result = await self.broker.publish_batch(
+                    topic,
+                    partition,
+                    marker,
+                    1,
+                    born_ms=stamp,
+                    flags=rec.FLAG_TXN_CONTROL,
+                    wait_durable=False,
+                )
+            except TopicError:
+                continue  # deleted meanwhile
+            end = max(end, result.appended.end)
+        return end
+
+    def _expire(self, txn: Transaction, epoch: int) -> None:
+        """The transaction timed out: abort it and fence its producer (Kafka bumps the epoch
+        so that the producer learns of the abort on its next request)."""
+        txn.timer = None
+        if txn.state is not TxnState.ONGOING or txn.producer_epoch != epoch:
+            return
+        log.info(
+            "kafka: transaction %r timed out after %d ms: aborted",
+            txn.transactional_id,
+            txn.timeout_ms,
+        )
+        self.metrics["expired"] += 1
+
+        async def expire() -> None:
+            await self._abort(txn, "timed out")
+            self._bump_epoch(txn)
+            appended = self.table.put(_TXN_KEY + txn.transactional_id, txn.to_json())
+            await self.broker.store.wait_durable(appended.end)
+
+        task = asyncio.get_running_loop().create_task(expire())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)

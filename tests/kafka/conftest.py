@@ -1,0 +1,68 @@
+"""Fixtures of the Kafka front-end tests.
+
+End-to-end tests run the real clients against a real ``braid serve`` subprocess with only the
+Kafka listener on (``braid``: one per test module, so its tests use their own topic names);
+the in-process tests run ``KafkaServer`` over a ``Broker`` on a temporary directory in the
+test's own event loop (``kafka_server``).
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+from core.broker import Broker, BrokerConfig
+from core.log import LogConfig, LogStore
+from gateway.kafka.server import KafkaServer
+from tests.braid_process import BraidProcess
+
+_names = itertools.count()
+
+
+async def create_topic(bootstrap: str, name: str, partitions: int) -> None:
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(name, partitions, 1)])
+    finally:
+        await admin.close()
+
+
+def unique(prefix: str) -> str:
+    """A topic or group name no other test of the session uses."""
+    return f"{prefix}-{os.getpid()}-{next(_names)}"
+
+
+@pytest.fixture(scope="module")
+def braid(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BraidProcess]:
+    with BraidProcess(tmp_path_factory.mktemp("braid"), listeners=("kafka",)) as process:
+        yield process
+
+
+def open_broker(data_dir: Path) -> Broker:
+    store = LogStore(LogConfig(data_dir, segment_size=4 * 1024 * 1024, index_entries_per_file=4096))
+    return Broker(store, BrokerConfig())
+
+
+@pytest.fixture
+async def kafka_server(tmp_path: Path) -> AsyncIterator[KafkaServer]:
+    broker = open_broker(tmp_path / "data")
+    await broker.store.start()
+    await broker.start()
+    server = KafkaServer(broker)
+    await server.start("127.0.0.1", 0)
+    yield server
+    await server.close()
+    await broker.close()
+    await broker.store.aclose()
+
+
+def bootstrap(server: KafkaServer) -> str:
+    address = server.address
+    assert address is not None
+    return f"{address[0]}:{address[1]}"
