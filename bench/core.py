@@ -5,6 +5,11 @@
 2. Ack-queue deliver+ack throughput: a consumer acking every delivery as it arrives.
 3. Offset-group commit throughput: commits appended back to back, one durable wait at the end,
    and commits each awaited (sync durability: group commit shares the fsyncs).
+4. Delay: 1,000,000 scheduled timers (memory held, scheduling rate) and firing lateness of a
+   burst (core.timers.benchmark).
+5. Transactional half messages: half + commit throughput against plain durable publishes in the
+   same run (core.transactions.benchmark).
+6. Tag-filtered reads against unfiltered reads of the same queue.
 
 Every figure is printed beside the process CPU time it cost. The log runs in ``async``
 durability for 1 and 2, so routing and delivery, not the disk, are measured.
@@ -25,7 +30,10 @@ from pathlib import Path
 
 from core.broker import Broker, BrokerConfig
 from core.delivery import Delivery
-from core.log import DURABILITY_ASYNC, DURABILITY_SYNC, LogConfig, LogStore
+from core.log import DURABILITY_ASYNC, DURABILITY_SYNC, LogConfig, LogStore, TagFilter
+from core.timers.benchmark import TARGET_LATENESS_P99_MS, bench_timers
+from core.timers.benchmark import format_results as format_timers
+from core.transactions.benchmark import bench_half_commit_async
 
 BINDING_COUNTS = (1, 100, 100_000)
 PUBLISHES = 20_000
@@ -33,6 +41,11 @@ DELIVER_RECORDS = 200_000
 COMMITS = 20_000
 TARGET_PUBLISH_RATIO = 1.5
 TARGET_DELIVER_ACK = 100_000
+TARGET_HALF_COMMIT_RATIO = 0.5
+TIMERS = 1_000_000
+HALF_COMMIT_RECORDS = 20_000
+TAGGED_RECORDS = 200_000
+TAGS = ("TagA", "TagB", "TagC", "TagD", "TagE", "TagF", "TagG", "TagH", "TagI", "TagJ")
 
 
 def open_broker(data_dir: Path, durability: str) -> Broker:
@@ -128,6 +141,30 @@ async def bench_commits(root: Path, commits: int, awaited: bool) -> tuple[float,
     return elapsed, used
 
 
+def bench_tag_filter(root: Path, records: int) -> tuple[float, float, int]:
+    """Seconds to read a queue unfiltered, and with a one-tag filter (1 in 10 match)."""
+    store = LogStore(LogConfig(root / "tags", segment_size=256 << 20, durability=DURABILITY_ASYNC))
+    for i in range(records):
+        store.append("tagged", 0, b"z" * 100, tags=[TAGS[i % len(TAGS)]])
+
+    def read_all(tag_filter: TagFilter | None) -> tuple[float, int]:
+        started = time.perf_counter()
+        offset = 0
+        got = 0
+        while True:
+            batch = store.read("tagged", 0, offset, max_records=1000, tag_filter=tag_filter)
+            if not batch:
+                break
+            got += len(batch)
+            offset = batch[-1].next_offset
+        return time.perf_counter() - started, got
+
+    plain, _ = read_all(None)
+    filtered, matched = read_all(TagFilter(["TagC"]))
+    store.close()
+    return plain, filtered, matched
+
+
 def machine() -> str:
     model = "unknown cpu"
     try:
@@ -186,6 +223,41 @@ async def run(args: argparse.Namespace) -> int:
             elapsed, cpu = await bench_commits(root, args.commits, awaited)
             mode = "64 committers, each commit awaited" if awaited else "back to back, one wait"
             print(f"| {mode} | {args.commits:,} | {args.commits / elapsed:,.0f} | {cpu:.2f} |")
+        print()
+        print("## Tag-filtered reads (one tag in ten matches)")
+        plain, filtered, matched = bench_tag_filter(root, args.tagged)
+        print("| read | records scanned | records returned | records/s scanned | seconds |")
+        print("|---|---|---|---|---|")
+        print(
+            f"| unfiltered | {args.tagged:,} | {args.tagged:,} | {args.tagged / plain:,.0f} |"
+            f" {plain:.2f} |"
+        )
+        print(
+            f"| TagC | {args.tagged:,} | {matched:,} | {args.tagged / filtered:,.0f} |"
+            f" {filtered:.2f} |"
+        )
+        print()
+        print("## Transactional half messages (sync durability, 100-byte bodies)")
+        half = await bench_half_commit_async(root / "half", args.half_records)
+        print("| mode | records/s | ratio to plain |")
+        print("|---|---|---|")
+        for phase, rate in half.per_s.items():
+            print(f"| {phase} | {rate:,.0f} | {half.per_s[phase] / half.per_s['plain']:.2f} |")
+        ok = half.ratio("txn1") >= TARGET_HALF_COMMIT_RATIO
+        failures += not ok
+        print(
+            f"\nhalf + commit (1 record per transaction) >= {TARGET_HALF_COMMIT_RATIO:.0%} of "
+            f"plain: {'PASS' if ok else 'FAIL'}"
+        )
+        print()
+        print("## Delay: pending timers and firing lateness")
+        timers = await bench_timers(root, args.timers, burst=min(50_000, args.timers))
+        print("```")
+        print(format_timers(timers))
+        print("```")
+        ok = timers["lateness_p99_ms"] <= TARGET_LATENESS_P99_MS
+        failures += not ok
+        print(f"firing lateness p99 <= {TARGET_LATENESS_P99_MS} ms: {'PASS' if ok else 'FAIL'}")
     finally:
         shutil.rmtree(root, ignore_errors=True)
     return 1 if failures else 0
@@ -197,8 +269,12 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--publishes", type=int, default=PUBLISHES)
     parser.add_argument("--records", type=int, default=DELIVER_RECORDS)
     parser.add_argument("--commits", type=int, default=COMMITS)
+    parser.add_argument("--timers", type=int, default=TIMERS)
+    parser.add_argument("--half-records", type=int, default=HALF_COMMIT_RECORDS)
+    parser.add_argument("--tagged", type=int, default=TAGGED_RECORDS)
     parser.add_argument("--quick", action="store_true", help="a small run")
     args = parser.parse_args(argv)
     if args.quick:
         args.publishes, args.records, args.commits = 2000, 20_000, 2000
+        args.timers, args.half_records, args.tagged = 20_000, 2000, 20_000
     return asyncio.run(run(args))

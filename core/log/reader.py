@@ -209,14 +209,21 @@ class LogReader:
         commitlog = self.commitlog
         # System queues (``__timers`` holds delayed LINKs) are read as stored.
         follow_links = not names.is_system_topic(topic)
+        masks = tag_filter.masks if tag_filter is not None else None
         while entry_number < index.next_entry and scanned < MAX_ENTRIES_SCANNED_PER_READ:
             batch = index.raw_entries(entry_number, min(1024, max_records - records + 1))
             for entry in batch:
                 entry_number += 1
                 scanned += 1
                 # entry: (position, size, record_count, tag_mask, store_ms, first_offset)
-                if tag_filter is not None and not tag_filter.may_match(entry[3]):
-                    continue
+                if masks is not None:
+                    # TagFilter.may_match, inlined: this loop runs once per index entry.
+                    entry_mask = entry[3]
+                    for mask in masks:
+                        if entry_mask & mask == mask:
+                            break
+                    else:
+                        continue
                 try:
                     buf, start, size = commitlog.read_frame(entry[0])
                 except KeyError:
