@@ -90,6 +90,17 @@ def build_parser() -> argparse.ArgumentParser:
             flag, dest=dest, type=_port, metavar="PORT", help=f"{what} (default: {default}; 0: off)"
         )
     serve.add_argument(
+        "--kafka-advertised-host",
+        metavar="HOST",
+        help="host Kafka clients are told to connect to (default: the address they used)",
+    )
+    serve.add_argument(
+        "--kafka-advertised-port",
+        type=_port,
+        metavar="PORT",
+        help="port Kafka clients are told to connect to (default: the Kafka port)",
+    )
+    serve.add_argument(
         "--log-level",
         type=str.lower,
         choices=config.LOG_LEVELS,
@@ -161,6 +172,8 @@ def _serve(args: argparse.Namespace) -> int:
             listeners={
                 "host": args.host,
                 **{dest: getattr(args, dest) for _, dest, _, _ in PORT_FLAGS},
+                "kafka_advertised_host": args.kafka_advertised_host,
+                "kafka_advertised_port": args.kafka_advertised_port,
             },
         )
         config.validate(settings, "settings")

@@ -5,7 +5,8 @@ Config file layout (every key optional; docs/configuration.md lists them all)::
     [log]          data_dir, and any field of core.log.LogConfig (segment_size, durability,
                    topic_durability, retention_ms, retention_bytes, ...)
     [broker]       any field of core.broker.BrokerConfig (auto_create_topics, default_queues, ...)
-    [listeners]    host, amqp_port, mqtt_port, mqtt_ws_port, kafka_port, http_port (0: off)
+    [listeners]    host, amqp_port, mqtt_port, mqtt_ws_port, kafka_port, http_port (0: off),
+                   kafka_advertised_host, kafka_advertised_port
     [logging]      level
 
 Unknown sections and keys are errors, so a typo is reported instead of silently ignored. The
@@ -66,6 +67,10 @@ class ListenerSettings:
     mqtt_ws_port: int = DEFAULT_MQTT_WS_PORT
     kafka_port: int = DEFAULT_KAFKA_PORT
     http_port: int = DEFAULT_HTTP_PORT
+    # What Kafka clients are told to connect to (Kafka's advertised.listeners); None: the
+    # address each client connected to.
+    kafka_advertised_host: str | None = None
+    kafka_advertised_port: int | None = None
 
 
 @dataclass(frozen=True)
@@ -257,7 +262,13 @@ def settings_from_mapping(raw: Mapping[str, object], source: str) -> ServerSetti
         where = f"{source}: [listeners] {key}"
         if key not in listener_fields:
             raise ConfigError(f"{where}: unknown key (known: {', '.join(sorted(listener_fields))})")
-        if key == "host":
+        if key == "kafka_advertised_host":
+            if not isinstance(value, str):
+                raise ConfigError(f"{where}: expected a host name or address, not {value!r}")
+            listener_values[key] = value or None  # "": the address each client used
+        elif key == "kafka_advertised_port":
+            listener_values[key] = check_port(value, where) or None  # 0: the Kafka port
+        elif key == "host":
             if not isinstance(value, str) or not value:
                 raise ConfigError(f"{where}: expected a host name or address, not {value!r}")
             listener_values[key] = value

@@ -97,6 +97,24 @@ async def _start_http(context: ServerContext, host: str, port: int) -> Listener:
     return server
 
 
+async def _start_mqtt(context: ServerContext, host: str, port: int) -> Listener:
+    from gateway.mqtt.server import MQTTServer
+
+    server = MQTTServer(context.broker)
+    context.metrics.register_counters("braid_mqtt_", lambda: server.metrics)
+    await server.start(host, port)
+    return server
+
+
+async def _start_mqtt_ws(context: ServerContext, host: str, port: int) -> Listener:
+    from gateway.mqtt.server import MQTTServer
+
+    server = MQTTServer(context.broker, websocket=True)
+    context.metrics.register_counters("braid_mqtt_ws_", lambda: server.metrics)
+    await server.start(host, port)
+    return server
+
+
 async def _start_amqp(context: ServerContext, host: str, port: int) -> Listener:
     from gateway.amqp.server import AMQPServer
 
@@ -113,9 +131,9 @@ async def _start_kafka(context: ServerContext, host: str, port: int) -> Listener
     listeners = context.settings.listeners
     server = KafkaServer(
         broker,
-        # Not in ListenerSettings yet: None advertises the address each client connected to.
-        advertised_host=getattr(listeners, "kafka_advertised_host", None),
-        advertised_port=getattr(listeners, "kafka_advertised_port", None),
+        # None advertises the address each client connected to.
+        advertised_host=listeners.kafka_advertised_host,
+        advertised_port=listeners.kafka_advertised_port,
         auto_create_topics=broker.config.auto_create_topics,
         default_partitions=broker.config.default_queues,
     )
@@ -142,8 +160,8 @@ async def _start_kafka(context: ServerContext, host: str, port: int) -> Listener
 # =================================================================================================
 LISTENERS: tuple[ListenerSlot, ...] = (
     ListenerSlot("amqp", "amqp_port", _start_amqp),  # gateway/amqp: AMQP 0-9-1
-    ListenerSlot("mqtt", "mqtt_port", None),  # gateway/mqtt: MQTT 3.1.1 / 5.0 over TCP
-    ListenerSlot("mqtt-ws", "mqtt_ws_port", None),  # gateway/mqtt: MQTT over WebSocket
+    ListenerSlot("mqtt", "mqtt_port", _start_mqtt),  # gateway/mqtt: MQTT 3.1.1 / 5.0 over TCP
+    ListenerSlot("mqtt-ws", "mqtt_ws_port", _start_mqtt_ws),  # gateway/mqtt: MQTT over WebSocket
     ListenerSlot("kafka", "kafka_port", _start_kafka),  # gateway/kafka
     ListenerSlot("http", "http_port", _start_http),  # braid/http.py: /health, /metrics
 )

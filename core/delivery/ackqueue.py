@@ -209,7 +209,7 @@ class AckQueue:
         """Detach a consumer; its in-flight records are requeued. Returns how many."""
         if consumer in self.consumers:
             self.consumers.remove(consumer)
-            returned = [d for d in self.inflight.values() if d.consumer is consumer]
+        returned = [d for d in self.inflight.values() if d.consumer is consumer]
         for delivery in returned:
             del self.inflight[delivery.offset]
             self._delivery_counts[delivery.offset] = delivery.delivery_count

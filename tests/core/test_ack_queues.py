@@ -288,3 +288,11 @@ async def test_retention_keeps_segments_owed_to_an_ack_queue(broker_factory):
     assert deleted
     owed = queue.owed_from_position()
     assert all(start + broker.store.commitlog.segment_size <= owed for start in deleted)
+
+
+async def test_removing_a_consumer_twice_is_harmless(broker_factory):
+    broker = broker_factory()
+    queue, _ = broker.declare_ack_queue("twice")
+    consumer = queue.add_consumer("c", 0, Collector())
+    assert queue.remove_consumer(consumer) == 0
+    assert queue.remove_consumer(consumer) == 0

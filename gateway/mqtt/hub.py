@@ -1,0 +1,871 @@
+"""``MqttHub``: the MQTT side of the broker, shared by the TCP and WebSocket listeners of one
+``Broker``: the sessions by client id, the live router of clean sessions, shared-subscription
+groups, retained messages, durable session state, and the publish path.
+
+Durable state (everything is in the log, ARCHITECTURE.md):
+
+- a persistent session's ack queue ``__mqtt.session.<client id>`` and its subscriptions as core
+  bindings to it (durable in ``__meta`` through ``Broker.bind``);
+- shared groups' ack queues ``__mqtt.share.<group>/<filter>`` and their bindings;
+- ``__sessions``: per persistent session a JSON record (session expiry, subscriptions with their
+  options, QoS 2 identifiers in flight, the time it went offline), so a restart rebuilds the
+  sessions and reconciles the bindings with them;
+- ``__retained``: retained messages (``retained.py``).
+
+Publishing (``publish``): topic name -> (log topic, subject) (``addresses.py``), headers from the
+properties (``messages.py``), ``Broker.publish`` run eagerly (appends now, in packet order; the
+PUBACK waits for durability in the connection), then the retained table and the live router.
+The filters with a wildcard first level are bindings on ``GLOBAL_SOURCE``, routed here by the
+full topic name and passed as ``extra_destinations``.
+
+Clean sessions see records of other protocols (and delayed records when their time comes)
+through the log's index notifications (``_on_index``): an entry of a topic the live router has
+subscriptions for is read back once and handed to the live subscribers.
+
+Not thread-safe: the event loop's thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import uuid
+import weakref
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from typing import Any, Final
+
+from core.broker import Broker
+from core.broker.topics import TopicError
+from core.delivery import AckQueue, messages_of
+from core.log import record as rec
+from core.log.names import SESSIONS_TOPIC
+from core.log.store import now_ms
+from core.routing.errors import RoutingError
+from core.routing.mqtt_topic import parse_shared_subscription, validate_topic_filter
+from core.routing.trie import WildcardTrie
+from core.state import DurableTable
+from gateway.mqtt.addresses import (
+    DELAYED_PREFIX,
+    GLOBAL_SOURCE,
+    GROUP_QUEUE_PREFIX,
+    SESSION_QUEUE_PREFIX,
+    SHARE_PREFIX,
+    BindingSpec,
+    binding_plan,
+    group_queue_name,
+    parse_delayed,
+    session_queue_name,
+    to_log_address,
+)
+from gateway.mqtt.decoder import DEFAULT_MAX_PACKET_SIZE
+from gateway.mqtt.eager import Pending, run_eagerly
+from gateway.mqtt.messages import (
+    OutMessage,
+    forwarded_properties,
+    out_message_of,
+    publish_headers,
+)
+from gateway.mqtt.packets import Publish, Subscription, Will
+from gateway.mqtt.properties import NO_PROPERTIES
+from gateway.mqtt.reason_codes import ReasonCode
+from gateway.mqtt.retained import RetainedStore
+from gateway.mqtt.session import (
+    NEVER_EXPIRES,
+    Connection,
+    Inflight,
+    Session,
+    Sub,
+    combine,
+)
+
+log = logging.getLogger(__name__)
+
+# Mosquitto's max_queued_messages is 1000 and EMQX's max_mqueue_len 1000; a broker in front of a
+# log can afford more in memory per clean session before it drops.
+DEFAULT_MAX_QUEUED_MESSAGES: Final = 10_000
+# Topic aliases a client may use towards us (CONNACK Topic Alias Maximum); Mosquitto's default
+# max_topic_alias is 10, EMQX's 65535.
+DEFAULT_TOPIC_ALIAS_MAXIMUM: Final = 1024
+# QoS 1/2 publishes a client may have unacknowledged (CONNACK Receive Maximum; the spec's
+# default, not sent).
+DEFAULT_RECEIVE_MAXIMUM: Final = 65_535
+# A connection that sends no CONNECT within this many seconds is closed (EMQX idle_timeout 15s).
+DEFAULT_CONNECT_TIMEOUT_S: Final = 10.0
+# Topics whose live-router matches are kept (bounded: topics come from clients).
+LIVE_MATCH_CACHE_SIZE: Final = 8192
+ASSIGNED_CLIENT_ID_PREFIX: Final = "braid-"
+SESSION_RECORD_VERSION: Final = 1
+
+Outcome = tuple[int, int, str]  # (reason code, end position to wait durable for, log topic)
+_NO_HEADERS: Final[list[tuple[str, bytes]]] = []  # never mutated
+_REFUSED_TOPIC: Final[Outcome] = (ReasonCode.TOPIC_NAME_INVALID, 0, "")
+
+
+@dataclass
+class MqttOptions:
+    """Settings of the MQTT gateway (the defaults behave as Mosquitto's and EMQX's)."""
+
+    allow_anonymous: bool = True
+    # username -> password; or a callable (username, password, client id) -> accepted.
+    users: dict[str, str] | None = None
+    authenticate: Callable[[str, bytes | None, str], bool] | None = None
+    max_packet_size: int = DEFAULT_MAX_PACKET_SIZE
+    receive_maximum: int = DEFAULT_RECEIVE_MAXIMUM
+    topic_alias_maximum: int = DEFAULT_TOPIC_ALIAS_MAXIMUM
+    # Keep Alive granted at most (5.0 Server Keep Alive); 0: whatever the client asks.
+    max_keep_alive: int = 0
+    # Session Expiry Interval granted at most (seconds); None: as asked (3.1.1: never).
+    max_session_expiry: int | None = None
+    max_queued_messages: int = DEFAULT_MAX_QUEUED_MESSAGES
+    connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S
+
+
+class SharedGroup:
+    """``$share/<share>/<filter>``: one ack queue the members consume, round robin."""
+
+    __slots__ = ("filter", "members", "name", "plan", "queue", "share")
+
+    def __init__(
+        self, name: str, share: str, topic_filter: str, plan: list[BindingSpec], queue: AckQueue
+    ) -> None:
+        self.name = name
+        self.share = share
+        self.filter = topic_filter
+        self.plan = plan
+        self.queue = queue
+        self.members: dict[Session, Sub] = {}
+
+
+class LiveRouter:
+    """The plain subscriptions of clean sessions: an MQTT trie over full topic names, with the
+    matches of recent topics cached (devices publish to the same topics over and over;
+    subscriptions change far less often than messages arrive, and any change clears it)."""
+
+    __slots__ = ("cache", "count", "first_levels", "trie", "wildcards")
+
+    def __init__(self) -> None:
+        self.trie: WildcardTrie[Sub, str] = WildcardTrie("+", "#", dollar_rule=True)
+        self.count = 0
+        self.first_levels: dict[str, int] = {}  # log topic -> subscriptions bound to it
+        self.wildcards = 0  # subscriptions whose first level is a wildcard
+        self.cache: dict[str, tuple[Sub, ...]] = {}
+
+    def add(self, sub: Sub) -> None:
+        self.cache.clear()
+        self.trie.add(sub.levels, sub)
+        self.count += 1
+        first = sub.levels[0]
+        if first in ("+", "#"):
+            self.wildcards += 1
+        else:
+            topic = first or "/"
+            self.first_levels[topic] = self.first_levels.get(topic, 0) + 1
+
+    def remove(self, sub: Sub) -> None:
+        self.cache.clear()
+        if not self.trie.remove(sub.levels, sub):
+            return
+        self.count -= 1
+        first = sub.levels[0]
+        if first in ("+", "#"):
+            self.wildcards -= 1
+        else:
+            topic = first or "/"
+            left = self.first_levels[topic] - 1
+            if left:
+                self.first_levels[topic] = left
+            else:
+                del self.first_levels[topic]
+
+    def wants(self, log_topic: str) -> bool:
+        return bool(self.wildcards) or log_topic in self.first_levels
+
+    def match(self, topic: str) -> tuple[Sub, ...]:
+        cached = self.cache.get(topic)
+        if cached is not None:
+            return cached
+        found: set[Sub] = set()
+        self.trie.collect(topic.split("/"), found)
+        if len(self.cache) >= LIVE_MATCH_CACHE_SIZE:
+            self.cache.clear()
+        matched = self.cache[topic] = tuple(found)
+        return matched
+
+
+_hubs: weakref.WeakKeyDictionary[Broker, MqttHub] = weakref.WeakKeyDictionary()
+
+
+class MqttHub:
+    @classmethod
+    def acquire(cls, broker: Broker, options: MqttOptions | None = None) -> MqttHub:
+        """The hub of ``broker``, made on first use; every listener of the broker shares it
+        (sessions are per client id, whichever transport it comes over). Pair with release."""
+        hub = _hubs.get(broker)
+        if hub is None or hub.closed:
+            hub = _hubs[broker] = cls(broker, options or MqttOptions())
+        hub.users += 1
+        return hub
+
+    def release(self) -> None:
+        self.users -= 1
+        if self.users <= 0:
+            self.close()
+
+    def __init__(self, broker: Broker, options: MqttOptions) -> None:
+        self.broker = broker
+        self.options = options
+        self.users = 0
+        self.closed = False
+        self.sessions: dict[str, Session] = {}
+        self.live = LiveRouter()
+        self.groups: dict[str, SharedGroup] = {}
+        self.retained = RetainedStore(broker.store)
+        self.session_table = DurableTable(broker.store, SESSIONS_TOPIC)
+        self.global_bindings = 0
+        self.metrics: dict[str, int] = {
+            "sessions_expired": 0,
+            "wills_published": 0,
+            "retained_stored": 0,
+            "delayed_published": 0,
+            "tapped_records": 0,
+        }
+        self._tasks: set[asyncio.Task[Any]] = set()
+        # Inside our own Broker.publish, the index notifications of the record's own topic are
+        # ours (the live router gets the message straight from the publish path); others are
+        # kept for the tap (records that publish moved elsewhere).
+        self._own_topic: str | None = None
+        self._own_entries: list[tuple[str, int, int]] = []
+        self._tapped: list[tuple[str, int, int]] = []
+        self._tap_scheduled = False
+        self._loop = asyncio.get_running_loop()
+        broker.store.index_listeners.append(self._on_index)
+        broker.store.retention_guards.append(self._segment_is_owed)
+        self._load()
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        store = self.broker.store
+        if self._on_index in store.index_listeners:
+            store.index_listeners.remove(self._on_index)
+        if self._segment_is_owed in store.retention_guards:
+            store.retention_guards.remove(self._segment_is_owed)
+        for session in self.sessions.values():
+            for timer in (session.expiry_timer, session.will_timer):
+                if timer is not None:
+                    timer.cancel()
+        for task in list(self._tasks):
+            task.cancel()
+
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
+        task = self._loop.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+        return task
+
+    def _task_done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("mqtt task failed", exc_info=task.exception())
+
+    # -- authentication and client ids -----------------------------------------------------
+
+    def authenticate(self, username: str | None, password: bytes | None, client_id: str) -> int:
+        """0 if the client may connect, else the CONNACK reason code."""
+        options = self.options
+        if username is None:
+            return 0 if options.allow_anonymous else ReasonCode.NOT_AUTHORIZED
+        if options.authenticate is not None:
+            accepted = options.authenticate(username, password, client_id)
+            return 0 if accepted else ReasonCode.BAD_USER_NAME_OR_PASSWORD
+        if options.users is not None:
+            expected = options.users.get(username)
+            if expected is None or password != expected.encode():
+                return ReasonCode.BAD_USER_NAME_OR_PASSWORD
+        return 0
+
+    @staticmethod
+    def new_client_id() -> str:
+        return ASSIGNED_CLIENT_ID_PREFIX + uuid.uuid4().hex[:20]
+
+    # -- sessions --------------------------------------------------------------------------
+
+    def open_session(
+        self, connection: Connection, client_id: str, clean_start: bool, expiry: int
+    ) -> tuple[Session, bool]:
+        """The session a CONNECT gets, and whether it existed ("session present")."""
+        existing = self.sessions.get(client_id)
+        if existing is not None and existing.connection is not None:
+            existing.connection.take_over()
+            existing = self.sessions.get(client_id)
+        if existing is not None and clean_start:
+            self.end_session(existing)  # [MQTT-3.1.2-4]
+            existing = None
+        if existing is not None:
+            self._cancel_timers(existing)
+            existing.pending_will = None  # back before the Will Delay [MQTT-3.1.3-9]
+            existing.expiry_interval = expiry
+            existing.disconnected_ms = None  # online: a crash now restarts its expiry clock
+            self.persist(existing)
+            return existing, True
+        session = Session(self, client_id, expiry)
+        if session.persistent:
+            name = session.queue_name = session_queue_name(client_id)
+            queue, _ = self.broker.declare_ack_queue(name, 0)
+            queue.purge()  # a new session starts empty, whatever an old queue held
+        self.sessions[client_id] = session
+        self.persist(session)
+        return session, False
+
+    def detach(self, session: Session, connection: Connection, will: Will | None) -> None:
+        """``connection`` is gone from ``session``: keep it (persistent) or end it."""
+        if session.connection is not connection:
+            return
+        session.detach()
+        if will is not None:
+            self._schedule_will(session, will, connection.client_id)
+        if session.expiry_interval == 0 or session.ended:
+            self.end_session(session)
+            return
+        self.persist(session)
+        self._schedule_expiry(session, session.expiry_interval)
+
+    def end_session(self, session: Session) -> None:
+        if session.ended:
+            return
+        session.ended = True
+        self._cancel_timers(session)
+        if session.connection is not None:
+            session.detach()
+        for topic_filter in list(session.subscriptions):
+            self.unsubscribe(session, topic_filter, persist=False)
+        if session.queue_name is not None:
+            self.broker.delete_ack_queue(session.queue_name)
+        if session.persistent:
+            self.session_table.delete(session.client_id)
+        if self.sessions.get(session.client_id) is session:
+            del self.sessions[session.client_id]
+        will = session.pending_will
+        if will is not None:
+            session.pending_will = None
+            self._publish_will(session.client_id, will)
+
+    def set_expiry(self, session: Session, expiry: int) -> None:
+        cap = self.options.max_session_expiry
+        session.expiry_interval = min(expiry, cap) if cap is not None else expiry
+        self.persist(session)
+
+    def persist(self, session: Session) -> None:
+        if session.persistent and not session.ended:
+            record = session.to_json()
+            record["v"] = SESSION_RECORD_VERSION
+            self.session_table.put(session.client_id, json.dumps(record).encode())
+
+    def _cancel_timers(self, session: Session) -> None:
+        for timer in (session.expiry_timer, session.will_timer):
+            if timer is not None:
+                timer.cancel()
+        session.expiry_timer = session.will_timer = None
+
+    def _schedule_expiry(self, session: Session, seconds: float) -> None:
+        if session.expiry_interval == NEVER_EXPIRES:
+            return
+        if session.expiry_timer is not None:
+            session.expiry_timer.cancel()
+        session.expiry_timer = self._loop.call_later(max(0.0, seconds), self._expire, session)
+
+    def _expire(self, session: Session) -> None:
+        session.expiry_timer = None
+        if session.connection is None and not session.ended:
+            self.metrics["sessions_expired"] += 1
+            self.end_session(session)
+
+    # -- wills -----------------------------------------------------------------------------
+
+    def _schedule_will(self, session: Session, will: Will, client_id: str) -> None:
+        delay = will.properties.will_delay_interval or 0
+        if delay == 0 or session.expiry_interval == 0:
+            self._publish_will(client_id, will)
+            return
+        session.pending_will = will
+        wait = min(delay, session.expiry_interval)
+        session.will_timer = self._loop.call_later(wait, self._will_due, session)
+
+    def _will_due(self, session: Session) -> None:
+        session.will_timer = None
+        will, session.pending_will = session.pending_will, None
+        if will is not None:
+            self._publish_will(session.client_id, will)
+
+    def _publish_will(self, client_id: str, will: Will) -> None:
+        packet = Publish(
+            will.topic,
+            will.payload,
+            will.qos,
+            will.retain,
+            False,
+            1 if will.qos else None,
+            will.properties,
+        )
+        self.metrics["wills_published"] += 1
+        if self.broker.flow.reasons:
+            self.spawn(self._publish_will_later(client_id, packet))
+            return
+        outcome = self.publish_packet(client_id, None, packet.topic, packet)
+        if isinstance(outcome, Pending):
+            self.spawn(_await(outcome))
+
+    async def _publish_will_later(self, client_id: str, packet: Publish) -> None:
+        await self.broker.flow.wait_unblocked()
+        outcome = self.publish_packet(client_id, None, packet.topic, packet)
+        if isinstance(outcome, Pending):
+            await outcome
+
+    # -- publishing ------------------------------------------------------------------------
+
+    def publish_packet(
+        self, client_id: str, publisher: Connection | None, topic: str, packet: Publish
+    ) -> Outcome | Pending[Outcome]:
+        """Store one PUBLISH in the log and hand it to live subscribers; returns the reason
+        code of the acknowledgement and what to wait durable for. Call with flow control not
+        blocked: then it never suspends (else a Pending finishes it)."""
+        deliver_at = 0
+        target = topic
+        if topic[:1] == "$":
+            if topic.startswith(DELAYED_PREFIX):
+                delayed = parse_delayed(topic)
+                if delayed is None:
+                    return _REFUSED_TOPIC
+                target = delayed.topic
+                if delayed.delay_s:
+                    deliver_at = now_ms() + delayed.delay_s * 1000
+            elif topic.startswith(SHARE_PREFIX):
+                return _REFUSED_TOPIC
+        address = to_log_address(target)
+        if address is None:
+            return _REFUSED_TOPIC
+        props = packet.properties
+        expires_at = 0
+        if props is not NO_PROPERTIES:
+            if props.payload_format_indicator == 1 and not _is_utf8(packet.payload):
+                return (ReasonCode.PAYLOAD_FORMAT_INVALID, 0, "")
+            if props.message_expiry_interval is not None:
+                expires_at = now_ms() + props.message_expiry_interval * 1000
+        qos = packet.qos
+        retain = packet.retain
+        headers = (
+            publish_headers(props, qos, retain, expires_at)
+            if qos or retain or (props is not NO_PROPERTIES)
+            else _NO_HEADERS
+        )
+        extra: list[tuple[str, int]] | tuple[()] = ()
+        if self.global_bindings:
+            extra = list(self.broker.bindings.route(GLOBAL_SOURCE, target))
+        log_topic = address.topic
+        self._own_topic = log_topic
+        try:
+            started = run_eagerly(
+                self.broker.publish(
+                    log_topic,
+                    packet.payload,
+                    subject=address.subject,
+                    headers=headers,
+                    protocol=rec.PROTOCOL_MQTT,
+                    client=client_id,
+                    address=target,
+                    deliver_at_ms=deliver_at,
+                    extra_destinations=extra,
+                    create_topic=True,
+                    wait_durable=False,
+                )
+            )
+        except TopicError as error:
+            log.info("mqtt %s: publish to %r refused: %s", client_id, target, error)
+            return _REFUSED_TOPIC
+        finally:
+            self._own_topic = None
+        if isinstance(started, Pending):  # flow control blocked after all: finish later
+            return run_eagerly(self._publish_finish(started, client_id, target, packet))
+        if deliver_at:
+            self.metrics["delayed_published"] += 1
+        elif retain or self.live.count:
+            message = OutMessage(
+                target,
+                packet.payload,
+                qos,
+                retain,
+                client_id,
+                expires_at,
+                forwarded_properties(props),
+            )
+            if retain:
+                self._retain(message)
+            self.deliver_live(message, publisher)
+        if self._own_entries:
+            self._tap_foreign()
+        return (0, started.appended.end, log_topic)
+
+    async def _publish_finish(
+        self, started: Pending[Any], client_id: str, target: str, packet: Publish
+    ) -> Outcome:
+        result = await started  # the live router gets it through the index notification
+        if packet.retain:
+            self._retain(
+                OutMessage(
+                    target,
+                    packet.payload,
+                    packet.qos,
+                    True,
+                    client_id,
+                    0,
+                    forwarded_properties(packet.properties),
+                )
+            )
+        return (0, result.appended.end, result.destinations[0][0])
+
+    def _retain(self, message: OutMessage) -> None:
+        self.retained.put(message)
+        self.metrics["retained_stored"] += 1
+
+    def deliver_live(self, message: OutMessage, publisher: Connection | None) -> None:
+        """Hand a message to the clean sessions subscribed to its topic."""
+        live = self.live
+        if not live.count:
+            return
+        subs = live.match(message.topic)
+        if not subs:
+            return
+        origin = message.origin
+        if len(subs) == 1:
+            for sub in subs:
+                session = sub.session
+                if sub.no_local and origin == session.client_id:
+                    return
+                qos = sub.qos if sub.qos < message.qos else message.qos
+                ids: tuple[int, ...] = (sub.identifier,) if sub.identifier else ()
+                session.offer(message, qos, message.retain and sub.retain_as_published, ids, None)
+                if (
+                    publisher is not None
+                    and session.congested
+                    and session.connection is not publisher
+                ):
+                    publisher.block_on(session)
+            return
+        by_session: dict[Session, list[Sub]] = {}
+        for sub in subs:
+            if sub.no_local and origin == sub.session.client_id:
+                continue
+            by_session.setdefault(sub.session, []).append(sub)
+        for session, matched in by_session.items():
+            qos, retain, all_ids = combine(message, matched)
+            session.offer(message, qos, retain, all_ids, None)
+            if publisher is not None and session.congested and session.connection is not publisher:
+                publisher.block_on(session)
+
+    def send_retained(self, session: Session, sub: Sub) -> None:
+        for message in self.retained.matching(sub.levels, now_ms()):
+            if sub.no_local and message.origin == session.client_id:
+                continue
+            qos = sub.qos if sub.qos < message.qos else message.qos
+            ids = (sub.identifier,) if sub.identifier else ()
+            session.offer(message, qos, True, ids, None)  # RETAIN 1 [MQTT-3.3.1-9]
+
+    # -- records of other protocols for clean sessions -------------------------------------
+
+    def _on_index(self, topic: str, queue: int, offset: int) -> None:
+        """The log indexed a record (store index listener, inside the append)."""
+        live = self.live
+        if not live.count or topic[:2] == "__" or not live.wants(topic):
+            return
+        own = self._own_topic
+        if own is not None:
+            if topic != own:
+                self._own_entries.append((topic, queue, offset))
+            return
+        self._tapped.append((topic, queue, offset))
+        if not self._tap_scheduled:
+            self._tap_scheduled = True
+            self._loop.call_soon(self._drain_tap)
+
+    def _tap_foreign(self) -> None:
+        """Entries made during our own publish in other topics (records that the publish moved
+        elsewhere, e.g. dead-lettered by a queue's max-length, or routed copies, which the tap
+        recognises and skips)."""
+        self._tapped += self._own_entries
+        self._own_entries = []
+        if self._tapped and not self._tap_scheduled:
+            self._tap_scheduled = True
+            self._loop.call_soon(self._drain_tap)
+
+    def _drain_tap(self) -> None:
+        self._tap_scheduled = False
+        entries, self._tapped = self._tapped, []
+        store = self.broker.store
+        for topic, queue, offset in entries:
+            try:
+                found = store.read(topic, queue, offset, max_records=1)
+            except Exception:
+                log.exception(
+                    "mqtt: cannot read %s/%d@%d for live subscribers", topic, queue, offset
+                )
+                continue
+            for queued in found:
+                if queued.offset > offset:
+                    continue
+                for message in messages_of(queued):
+                    # Only the record's own topic entry: copies routed into queues are not
+                    # publishes to those queues.
+                    if message.topic != topic or message.offset < offset:
+                        continue
+                    self.metrics["tapped_records"] += 1
+                    self.deliver_live(out_message_of(message), None)
+
+    # -- subscriptions ---------------------------------------------------------------------
+
+    def subscribe(
+        self, session: Session, request: Subscription, identifier: int
+    ) -> tuple[int, Sub | None, bool]:
+        """(reason code, subscription, whether it is new) for one SUBSCRIBE entry."""
+        topic_filter = request.topic_filter
+        try:
+            shared = parse_shared_subscription(topic_filter)
+            if shared is None:
+                validate_topic_filter(topic_filter)
+        except RoutingError:
+            return ReasonCode.TOPIC_FILTER_INVALID, None, False
+        inner = shared.filter if shared is not None else topic_filter
+        plan = binding_plan(inner)
+        if plan is None:
+            return ReasonCode.NOT_AUTHORIZED, None, False
+        existing = session.subscriptions.get(topic_filter)
+        if existing is not None:  # replaced: new options, same subscription [MQTT-3.8.4-3]
+            existing.qos = request.qos
+            existing.no_local = request.no_local
+            existing.retain_as_published = request.retain_as_published
+            existing.retain_handling = request.retain_handling
+            existing.identifier = identifier
+            self.persist(session)
+            return request.qos, existing, False
+        sub = self._add_sub(
+            session,
+            topic_filter,
+            inner,
+            plan,
+            shared.group if shared is not None else None,
+            request.qos,
+            request.no_local,
+            request.retain_as_published,
+            request.retain_handling,
+            identifier,
+        )
+        self.persist(session)
+        if sub.group is not None and session.connection is not None:
+            session.start_consumers()
+        return request.qos, sub, True
+
+    def _add_sub(
+        self,
+        session: Session,
+        topic_filter: str,
+        inner: str,
+        plan: list[BindingSpec],
+        share: str | None,
+        qos: int,
+        no_local: bool,
+        retain_as_published: bool,
+        retain_handling: int,
+        identifier: int,
+    ) -> Sub:
+        group = self._group(share, inner, plan) if share is not None else None
+        sub = Sub(
+            session,
+            topic_filter,
+            inner.split("/"),
+            qos,
+            no_local,
+            retain_as_published,
+            retain_handling,
+            identifier,
+            group,
+        )
+        if group is not None:
+            group.members[session] = sub
+        elif session.queue_name is not None:
+            self._bind(plan, session.queue_name)
+            session.plain.append(sub)
+        else:
+            self.live.add(sub)
+            session.plain.append(sub)
+        session.subscriptions[topic_filter] = sub
+        return sub
+
+    def unsubscribe(self, session: Session, topic_filter: str, *, persist: bool = True) -> bool:
+        sub = session.subscriptions.pop(topic_filter, None)
+        if sub is None:
+            return False
+        group = sub.group
+        if group is not None:
+            group.members.pop(session, None)
+            session.stop_consumer(group.name)
+            if not group.members:
+                self._drop_group(group)
+        else:
+            session.plain.remove(sub)
+            if session.queue_name is not None:
+                inner = sub.filter
+                still = {
+                    spec for other in session.plain for spec in binding_plan(other.filter) or ()
+                }
+                for spec in binding_plan(inner) or ():
+                    if spec not in still:
+                        self._unbind(spec, session.queue_name)
+            else:
+                self.live.remove(sub)
+        if persist:
+            self.persist(session)
+        return True
+
+    def _bind(self, plan: list[BindingSpec], queue_name: str) -> None:
+        for spec in plan:
+            if self.broker.bind(spec.source, spec.kind, spec.pattern, (queue_name, 0)) and (
+                spec.source == GLOBAL_SOURCE
+            ):
+                self.global_bindings += 1
+
+    def _unbind(self, spec: BindingSpec, queue_name: str) -> None:
+        if self.broker.unbind(spec.source, spec.kind, spec.pattern, (queue_name, 0)) and (
+            spec.source == GLOBAL_SOURCE
+        ):
+            self.global_bindings -= 1
+
+    def _group(self, share: str, inner: str, plan: list[BindingSpec]) -> SharedGroup:
+        name = group_queue_name(share, inner)
+        group = self.groups.get(name)
+        if group is not None:
+            return group
+        queue = self.broker.ack_queue(name)
+        if queue is None:
+            queue, _ = self.broker.declare_ack_queue(name, 0)
+            queue.purge()
+        self._bind(plan, name)
+        group = self.groups[name] = SharedGroup(name, share, inner, plan, queue)
+        return group
+
+    def _drop_group(self, group: SharedGroup) -> None:
+        self.groups.pop(group.name, None)
+        global_specs = sum(1 for spec in group.plan if spec.source == GLOBAL_SOURCE)
+        if self.broker.delete_ack_queue(group.name) is not None:
+            self.global_bindings -= global_specs
+
+    # -- restart ---------------------------------------------------------------------------
+
+    def _load(self) -> None:
+        """Rebuild persistent sessions from ``__sessions`` and reconcile queues and bindings."""
+        now = now_ms()
+        for client_id, raw in self.session_table.items():
+            try:
+                self._restore(client_id, json.loads(raw), now)
+            except (ValueError, KeyError, TypeError):
+                log.exception("mqtt: session %r cannot be restored; dropped", client_id)
+                self.session_table.delete(client_id)
+        expected_queues = {s.queue_name for s in self.sessions.values()} | set(self.groups)
+        for topic, _queue in list(self.broker.ack_queues):
+            if topic.startswith((SESSION_QUEUE_PREFIX, GROUP_QUEUE_PREFIX)) and (
+                topic not in expected_queues
+            ):
+                self.broker.delete_ack_queue(topic)
+        expected: set[tuple[str, str, str, str]] = set()
+        for session in self.sessions.values():
+            if session.queue_name is not None:
+                for sub in session.plain:
+                    for spec in binding_plan(sub.filter) or ():
+                        expected.add((*spec, session.queue_name))
+        for group in self.groups.values():
+            for spec in group.plan:
+                expected.add((*spec, group.name))
+        self.global_bindings = 0
+        for binding in self.broker.bindings.bindings():
+            destination = binding.destination
+            name = destination[0]
+            if not name.startswith((SESSION_QUEUE_PREFIX, GROUP_QUEUE_PREFIX)):
+                continue
+            key = (binding.source, binding.kind.value, binding.pattern, name)
+            if key not in expected:
+                self.broker.unbind(binding.source, binding.kind, binding.pattern, destination)
+            elif binding.source == GLOBAL_SOURCE:
+                self.global_bindings += 1
+        if self.sessions:
+            log.info("mqtt: %d persistent sessions restored", len(self.sessions))
+
+    def _restore(self, client_id: str, data: dict[str, Any], now: int) -> None:
+        expiry = int(data["expiry"])
+        session = Session(self, client_id, expiry)
+        session.queue_name = name = session_queue_name(client_id)
+        if self.broker.ack_queue(name) is None:
+            queue, _ = self.broker.declare_ack_queue(name, 0)
+            queue.purge()
+        self.sessions[client_id] = session
+        for topic_filter, qos, no_local, rap, handling, identifier in data["subs"]:
+            shared = parse_shared_subscription(topic_filter)
+            inner = shared.filter if shared is not None else topic_filter
+            plan = binding_plan(inner)
+            if plan is None:
+                continue
+            self._add_sub(
+                session,
+                topic_filter,
+                inner,
+                plan,
+                shared.group if shared is not None else None,
+                int(qos),
+                bool(no_local),
+                bool(rap),
+                int(handling),
+                int(identifier),
+            )
+        session.inbound_qos2 = {int(pid) for pid in data.get("qos2", ())}
+        for pid in data.get("released", ()):
+            entry = Inflight(_PLACEHOLDER, 2, False, (), None)
+            entry.released = True
+            session.inflight[int(pid)] = entry
+        gone = data.get("disconnected_ms") or now
+        session.disconnected_ms = gone
+        if expiry != NEVER_EXPIRES:
+            left = expiry - (now - gone) / 1000
+            if left <= 0:
+                self.metrics["sessions_expired"] += 1
+                self.end_session(session)
+                return
+            self._schedule_expiry(session, left)
+        if not data.get("disconnected_ms"):
+            self.persist(session)  # it was connected when the broker stopped: offline since now
+
+    def _segment_is_owed(self, start: int, end: int) -> bool:
+        """Retention guard: the records our durable tables replay from stay (the tables compact
+        themselves to free old segments)."""
+        for table in (self.retained.table, self.session_table):
+            needed = table.oldest_needed_position()
+            if needed is not None and needed < end:
+                table.compact()
+                needed = table.oldest_needed_position()
+                if needed is not None and needed < end:
+                    return True
+        return False
+
+
+_PLACEHOLDER: Final = OutMessage("", b"", 2, False, "", 0, NO_PROPERTIES)
+
+
+async def _await(pending: Pending[Any]) -> None:
+    await pending
+
+
+def _is_utf8(payload: bytes | memoryview) -> bool:
+    try:
+        bytes(payload).decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True

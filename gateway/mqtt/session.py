@@ -1,0 +1,1023 @@
+"""The MQTT state machines: ``Connection`` (one network connection: packets in, bytes out) and
+``Session`` (one client's session: subscriptions, the outbound QoS 1/2 window, queued messages),
+for MQTT 3.1.1 and 5.0.
+
+A ``Connection`` is sans-IO: the transport (``server.py``, ``websocket.py``) hands it decoded
+packets (``handle``) and gives it a :class:`Link` to write bytes to, pause reading and close.
+What a packet may do in each state is the table :data:`TRANSITIONS`; a packet type missing from
+it is a Protocol Error (0x82) [MQTT-3.1.0-1, 3.1.0-2, 4.8.0-1].
+
+Delivery to a session (docs/mqtt.md, "Sessions"):
+
+- a *clean* session (3.1.1 Clean Session 1; 5.0 Session Expiry 0) lives as long as its network
+  connection: its plain subscriptions are in the gateway's live router and messages are handed
+  to it straight from the publish path (and, for records of other protocols, from the log's
+  index notifications), so it costs the log nothing beyond the record itself;
+- a *persistent* session (Clean Session 0; Session Expiry > 0) has a durable ack queue in the log
+  (``core.delivery.AckQueue``): its subscriptions are core bindings, every matching record is
+  indexed into its queue (never copied), read back when it is connected, acked on PUBACK/PUBREC,
+  and redelivered (DUP, same Packet Identifier) after a reconnect or a broker restart;
+- a shared subscription ``$share/<group>/<filter>`` is one ack queue per group and filter that
+  the members consume, round robin, each within its Receive Maximum.
+
+The outbound window: QoS 1/2 messages in flight are capped by the client's Receive Maximum
+[MQTT-3.3.4-9]; more wait in ``pending`` in arrival order. A clean session queues at most
+``max_queued_messages`` there (then drops, as Mosquitto's ``max_queued_messages`` does); a
+persistent session's backlog stays in its ack queue (``CONSUMER_PREFETCH`` in memory at most).
+
+Not thread-safe: the event loop's thread.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Final, Protocol
+
+from core.delivery import Consumer, Delivery
+from core.log.store import now_ms
+from gateway.mqtt.addresses import filter_matches
+from gateway.mqtt.eager import Pending, run_eagerly
+from gateway.mqtt.encoder import encode, encode_ack, encode_publish
+from gateway.mqtt.errors import MqttProtocolError, protocol_error
+from gateway.mqtt.messages import OutMessage, out_message_of
+from gateway.mqtt.packet_types import MQTT_5, PacketType
+from gateway.mqtt.packets import (
+    Auth,
+    Connack,
+    Connect,
+    Disconnect,
+    Packet,
+    Pingreq,
+    Pingresp,
+    Puback,
+    Pubcomp,
+    Publish,
+    Pubrec,
+    Pubrel,
+    Suback,
+    Subscribe,
+    Unsuback,
+    Unsubscribe,
+    Will,
+)
+from gateway.mqtt.properties import NO_PROPERTIES, Properties
+from gateway.mqtt.reason_codes import ReasonCode
+
+if TYPE_CHECKING:
+    from gateway.mqtt.hub import MqttHub, SharedGroup
+
+log = logging.getLogger(__name__)
+
+# Session Expiry Interval meaning "never" (5.0 §3.1.2.11.2); 3.1.1's Clean Session 0.
+NEVER_EXPIRES: Final = 0xFFFF_FFFF
+MAX_PACKET_ID: Final = 0xFFFF
+# Receive Maximum when the client sends none (5.0 §3.1.2.11.3).
+DEFAULT_RECEIVE_MAXIMUM: Final = 65_535
+# Records an ack-queue consumer holds in memory at most (its prefetch): the client's Receive
+# Maximum caps QoS 1/2 in flight, this caps what is read ahead of a slow or paused socket.
+CONSUMER_PREFETCH: Final = 1000
+# Topic aliases we assign towards a client at most, whatever larger maximum it allows.
+OUTBOUND_TOPIC_ALIASES: Final = 1024
+_NO_IDS: tuple[int, ...] = ()
+
+
+class Link(Protocol):
+    """What a connection's transport offers its state machine."""
+
+    def write(self, data: bytes) -> None: ...  # buffered, one transport write per iteration
+
+    def close(self) -> None: ...  # flush what was written, then close
+
+    def pause_reading(self, reason: str) -> None: ...
+
+    def resume_reading(self, reason: str) -> None: ...
+
+    def start_keep_alive(self, seconds: int) -> None: ...
+
+
+class State(enum.Enum):
+    AWAIT_CONNECT = "await-connect"
+    CONNECTED = "connected"
+    CLOSED = "closed"  # DISCONNECT received or sent, taken over, or the socket is gone
+
+
+# ---------------------------------------------------------------------------------------------
+# Session
+# ---------------------------------------------------------------------------------------------
+
+
+class Sub:
+    """One subscription of a session (identity-hashed: the live router's and groups' key)."""
+
+    __slots__ = (
+        "filter",
+        "group",
+        "identifier",
+        "levels",
+        "no_local",
+        "qos",
+        "retain_as_published",
+        "retain_handling",
+        "session",
+    )
+
+    def __init__(
+        self,
+        session: Session,
+        topic_filter: str,
+        levels: list[str],
+        qos: int,
+        no_local: bool,
+        retain_as_published: bool,
+        retain_handling: int,
+        identifier: int,
+        group: SharedGroup | None,
+    ) -> None:
+        self.session = session
+        self.filter = topic_filter  # as subscribed, "$share/g/..." included
+        self.levels = levels  # the (inner) filter's levels, for matching
+        self.qos = qos
+        self.no_local = no_local
+        self.retain_as_published = retain_as_published
+        self.retain_handling = retain_handling
+        self.identifier = identifier  # 0: none
+        self.group = group
+
+    def to_json(self) -> list[Any]:
+        return [
+            self.filter,
+            self.qos,
+            self.no_local,
+            self.retain_as_published,
+            self.retain_handling,
+            self.identifier,
+        ]
+
+    def __repr__(self) -> str:
+        return f"Sub({self.session.client_id!r}, {self.filter!r}, qos={self.qos})"
+
+
+class Inflight:
+    """An outbound QoS 1/2 PUBLISH not yet fully acknowledged."""
+
+    __slots__ = ("delivery", "message", "qos", "released", "retain", "subscription_ids")
+
+    def __init__(
+        self,
+        message: OutMessage,
+        qos: int,
+        retain: bool,
+        subscription_ids: tuple[int, ...],
+        delivery: Delivery | None,
+    ) -> None:
+        self.message = message
+        self.qos = qos
+        self.retain = retain
+        self.subscription_ids = subscription_ids
+        self.delivery = delivery  # the ack-queue record to ack (None: live or retained)
+        self.released = False  # QoS 2: PUBREC came, PUBREL sent, waiting for PUBCOMP
+
+
+# A message waiting for room in the window: (message, qos, retain, subscription ids, delivery).
+Queued = tuple[OutMessage, int, bool, tuple[int, ...], Delivery | None]
+
+
+class Session:
+    def __init__(self, hub: MqttHub, client_id: str, expiry_interval: int) -> None:
+        self.hub = hub
+        self.client_id = client_id
+        self.expiry_interval = expiry_interval  # seconds; NEVER_EXPIRES
+        self.persistent = expiry_interval > 0  # has an ack queue (fixed at creation)
+        self.queue_name: str | None = None
+        self.subscriptions: dict[str, Sub] = {}
+        self.plain: list[Sub] = []  # non-shared subscriptions, for matching queue deliveries
+        self.consumers: dict[str, Consumer] = {}  # ack-queue topic -> our consumer
+        self.connection: Connection | None = None
+        self.inflight: dict[int, Inflight] = {}
+        self.pending: deque[Queued] = deque()
+        self._next_id = 0
+        # Packet identifiers of ack-queue records in flight, kept across a reconnect so a
+        # redelivery uses its original identifier [MQTT-4.4.0-1].
+        self.redelivery_ids: dict[tuple[str, int], int] = {}
+        self.inbound_qos2: set[int] = set()  # PUBLISH QoS 2 received, PUBREL not yet
+        self.held_acks: list[Delivery] = []  # QoS 0 records written while the socket is full
+        self.blocked_publishers: set[Connection] = set()
+        self.expiry_timer: Any = None
+        self.will_timer: Any = None
+        self.pending_will: Will | None = None
+        self.disconnected_ms: int | None = None
+        self.ended = False
+
+    def __repr__(self) -> str:
+        state = "connected" if self.connection is not None else "offline"
+        return f"Session({self.client_id!r}, {state}, persistent={self.persistent})"
+
+    # -- connection ------------------------------------------------------------------------
+
+    def attach(self, connection: Connection, present: bool) -> None:
+        """A connection took this session (after its CONNACK was written)."""
+        self.connection = connection
+        self.disconnected_ms = None
+        if present:
+            # [MQTT-4.4.0-1]: unacknowledged PUBLISH (DUP) and PUBREL again, same identifiers.
+            for packet_id, entry in self.inflight.items():
+                if entry.released:
+                    connection.write(
+                        encode_ack(PacketType.PUBREL, packet_id, 0, connection.version)
+                    )
+                else:
+                    connection.send_publish(
+                        entry.message,
+                        entry.qos,
+                        packet_id,
+                        entry.retain,
+                        entry.subscription_ids,
+                        True,
+                    )
+        self.start_consumers()
+        self.drain()
+
+    def start_consumers(self) -> None:
+        connection = self.connection
+        if connection is None:
+            return
+        prefetch = min(connection.send_quota, CONSUMER_PREFETCH)
+        hub = self.hub
+        if self.queue_name is not None and self.queue_name not in self.consumers:
+            queue = hub.broker.ack_queue(self.queue_name)
+            if queue is not None:
+                self.consumers[self.queue_name] = queue.add_consumer(
+                    self.client_id, prefetch, self._on_queue_delivery
+                )
+        for sub in self.subscriptions.values():
+            group = sub.group
+            if group is not None and group.name not in self.consumers:
+                self.consumers[group.name] = group.queue.add_consumer(
+                    self.client_id, prefetch, _GroupDeliver(self, sub)
+                )
+
+    def stop_consumer(self, queue_name: str) -> None:
+        consumer = self.consumers.pop(queue_name, None)
+        if consumer is not None and consumer in consumer.queue.consumers:
+            consumer.queue.remove_consumer(consumer)  # in-flight records go back to the queue
+
+    def detach(self) -> None:
+        """The connection is gone: ack-queue records in flight go back to their queues (they
+        come again, DUP, on the next connection); live messages are forgotten."""
+        connection = self.connection
+        self.connection = None
+        held, self.held_acks = self.held_acks, []
+        for delivery in held:  # QoS 0 records written to the socket: at most once
+            delivery.ack()
+        for name in list(self.consumers):
+            self.stop_consumer(name)
+        for packet_id, entry in list(self.inflight.items()):
+            if entry.delivery is not None and not entry.released:
+                del self.inflight[packet_id]
+        self.pending.clear()
+        self.release_publishers()
+        if connection is not None:
+            self.disconnected_ms = now_ms()
+
+    # -- delivery --------------------------------------------------------------------------
+
+    def _on_queue_delivery(self, delivery: Delivery) -> None:
+        """A record from this session's own ack queue: match it against the plain subscriptions
+        (bindings may match more than the filter does: see addresses.py)."""
+        message = out_message_of(delivery.message)
+        topic = message.topic
+        origin = message.origin
+        matched = [
+            sub
+            for sub in self.plain
+            if _matches(sub.levels, topic) and not (sub.no_local and origin == self.client_id)
+        ]
+        if not matched:
+            delivery.ack()
+            return
+        qos, retain, ids = combine(message, matched)
+        self.offer(message, qos, retain, ids, delivery)
+
+    def on_group_delivery(self, sub: Sub, delivery: Delivery) -> None:
+        message = out_message_of(delivery.message)
+        if not _matches(sub.levels, message.topic):
+            delivery.ack()
+            return
+        qos = sub.qos if sub.qos < message.qos else message.qos
+        retain = message.retain and sub.retain_as_published
+        ids = (sub.identifier,) if sub.identifier else _NO_IDS
+        self.offer(message, qos, retain, ids, delivery)
+
+    def offer(
+        self,
+        message: OutMessage,
+        qos: int,
+        retain: bool,
+        subscription_ids: tuple[int, ...],
+        delivery: Delivery | None,
+    ) -> bool:
+        """Send now, or queue behind the window; False if dropped (queue full, offline)."""
+        connection = self.connection
+        if connection is None:
+            return False
+        if self.pending or (qos and len(self.inflight) >= connection.send_quota):
+            if delivery is None and len(self.pending) >= self.hub.options.max_queued_messages:
+                connection.metrics["messages_dropped"] += 1
+                return False
+            self.pending.append((message, qos, retain, subscription_ids, delivery))
+            return True
+        self._send(connection, message, qos, retain, subscription_ids, delivery)
+        return True
+
+    def _send(
+        self,
+        connection: Connection,
+        message: OutMessage,
+        qos: int,
+        retain: bool,
+        subscription_ids: tuple[int, ...],
+        delivery: Delivery | None,
+    ) -> None:
+        if message.expires_at_ms and message.expired(now_ms()):
+            connection.metrics["messages_expired"] += 1
+            if delivery is not None:
+                delivery.ack()
+            return
+        if not qos:
+            connection.send_publish(message, 0, None, retain, subscription_ids, False)
+            if delivery is not None:
+                if connection.writing_paused:
+                    self.held_acks.append(delivery)  # stops the queue's pump at its prefetch
+                else:
+                    delivery.ack()
+            return
+        packet_id = self._packet_id(delivery)
+        dup = delivery is not None and delivery.redelivered
+        if not connection.send_publish(message, qos, packet_id, retain, subscription_ids, dup):
+            # Larger than the client's Maximum Packet Size: discarded, as if delivered
+            # [MQTT-3.1.2-25].
+            if delivery is not None:
+                self._forget_id(delivery)
+                delivery.ack()
+            return
+        self.inflight[packet_id] = Inflight(message, qos, retain, subscription_ids, delivery)
+
+    def _packet_id(self, delivery: Delivery | None) -> int:
+        inflight = self.inflight
+        if delivery is not None:
+            key = (delivery.queue.topic, delivery.offset)
+            known = self.redelivery_ids.get(key)
+            if known is not None and known not in inflight:
+                return known
+        packet_id = self._next_id
+        for _ in range(MAX_PACKET_ID):
+            packet_id = packet_id % MAX_PACKET_ID + 1
+            if packet_id not in inflight:
+                break
+        else:  # cannot happen: the window is at most 65,535
+            raise RuntimeError("no free packet identifier")
+        self._next_id = packet_id
+        if delivery is not None:
+            self.redelivery_ids[(delivery.queue.topic, delivery.offset)] = packet_id
+        return packet_id
+
+    def _forget_id(self, delivery: Delivery) -> None:
+        self.redelivery_ids.pop((delivery.queue.topic, delivery.offset), None)
+
+    def drain(self) -> None:
+        """Send what waits in ``pending`` while the window has room."""
+        connection = self.connection
+        pending = self.pending
+        while pending and connection is not None:
+            message, qos, retain, ids, delivery = pending[0]
+            if qos and len(self.inflight) >= connection.send_quota:
+                break
+            pending.popleft()
+            self._send(connection, message, qos, retain, ids, delivery)
+
+    def _settle(self, entry: Inflight) -> None:
+        delivery = entry.delivery
+        if delivery is not None:
+            entry.delivery = None
+            self._forget_id(delivery)
+            delivery.ack()
+
+    def on_puback(self, packet_id: int) -> None:
+        entry = self.inflight.get(packet_id)
+        if entry is None or entry.qos != 1:
+            return  # unknown identifier: nothing to do (Mosquitto ignores it too)
+        del self.inflight[packet_id]
+        self._settle(entry)
+        self.drain()
+
+    def on_pubrec(self, packet_id: int, reason_code: int) -> bool:
+        """False if the identifier is unknown (PUBREL then carries 0x92)."""
+        entry = self.inflight.get(packet_id)
+        if entry is None or entry.qos != 2:
+            return False
+        self._settle(entry)
+        if reason_code >= ReasonCode.UNSPECIFIED_ERROR:
+            del self.inflight[packet_id]  # refused by the client: done [MQTT-4.3.3-?]
+            self.drain()
+            return True
+        entry.released = True
+        return True
+
+    def on_pubcomp(self, packet_id: int) -> None:
+        entry = self.inflight.get(packet_id)
+        if entry is not None and entry.released:
+            del self.inflight[packet_id]
+            self.drain()
+
+    # -- back-pressure ---------------------------------------------------------------------
+
+    @property
+    def congested(self) -> bool:
+        connection = self.connection
+        return connection is not None and connection.writing_paused
+
+    def on_writable(self) -> None:
+        held, self.held_acks = self.held_acks, []
+        for delivery in held:
+            delivery.ack()
+        self.release_publishers()
+
+    def release_publishers(self) -> None:
+        blocked, self.blocked_publishers = self.blocked_publishers, set()
+        for publisher in blocked:
+            publisher.unblock(self)
+
+    # -- state -----------------------------------------------------------------------------
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "expiry": self.expiry_interval,
+            "subs": [sub.to_json() for sub in self.subscriptions.values()],
+            "qos2": sorted(self.inbound_qos2),
+            "released": sorted(pid for pid, entry in self.inflight.items() if entry.released),
+            "disconnected_ms": self.disconnected_ms,
+        }
+
+
+class _GroupDeliver:
+    """A shared-group consumer's delivery callback, bound to the member's subscription."""
+
+    __slots__ = ("session", "sub")
+
+    def __init__(self, session: Session, sub: Sub) -> None:
+        self.session = session
+        self.sub = sub
+
+    def __call__(self, delivery: Delivery) -> None:
+        self.session.on_group_delivery(self.sub, delivery)
+
+
+_matches = filter_matches
+
+
+def combine(message: OutMessage, subs: list[Sub]) -> tuple[int, bool, tuple[int, ...]]:
+    """One copy for several matching subscriptions of a session: the highest QoS they grant,
+    RETAIN if one keeps it (Retain As Published), every Subscription Identifier
+    [MQTT-3.3.4-2, 3.3.4-3]."""
+    if len(subs) == 1:
+        sub = subs[0]
+        qos = sub.qos if sub.qos < message.qos else message.qos
+        return (
+            qos,
+            message.retain and sub.retain_as_published,
+            (sub.identifier,) if sub.identifier else _NO_IDS,
+        )
+    qos = 0
+    retain = False
+    ids: list[int] = []
+    for sub in subs:
+        granted = sub.qos if sub.qos < message.qos else message.qos
+        if granted > qos:
+            qos = granted
+        if sub.retain_as_published and message.retain:
+            retain = True
+        if sub.identifier:
+            ids.append(sub.identifier)
+    return qos, retain, tuple(ids)
+
+
+# ---------------------------------------------------------------------------------------------
+# Connection
+# ---------------------------------------------------------------------------------------------
+
+Handler = Callable[["Connection", Any], "Awaitable[None] | None"]
+
+
+class Connection:
+    """One network connection's MQTT protocol state machine. See the module docstring."""
+
+    def __init__(self, hub: MqttHub, link: Link, metrics: dict[str, int]) -> None:
+        self.hub = hub
+        self.link = link
+        self.metrics = metrics
+        self.state = State.AWAIT_CONNECT
+        self.version = MQTT_5
+        self.session: Session | None = None
+        self.client_id = ""
+        self.keep_alive = 0
+        self.will: Will | None = None
+        self.normal_disconnect = False
+        # Limits the client set in CONNECT (5.0).
+        self.send_quota = DEFAULT_RECEIVE_MAXIMUM
+        self.max_packet_size = 0  # 0: no limit beyond the protocol's
+        self.problem_information = True
+        self.aliases_in: dict[int, str] = {}
+        self.aliases_out: dict[str, int] = {}
+        self.alias_out_max = 0
+        # Inbound QoS 1/2 acknowledgements waiting for durability: (end, log topic, bytes).
+        self.acks: deque[tuple[int, str, bytes]] = deque()
+        self.acks_waiting = False
+        self.unacked_qos1 = 0
+        self.writing_paused = False
+        self.blocked_on: set[Session] = set()
+        self.connected_at = time.monotonic()
+
+    def __repr__(self) -> str:
+        return f"Connection({self.client_id!r}, {self.state.value})"
+
+    # -- entry points for the transport ----------------------------------------------------
+
+    def handle(self, packet: Packet) -> Awaitable[None] | None:
+        """Act on one packet; an awaitable when the rest must wait (the transport holds the
+        following packets of this connection until it is done). Raises MqttProtocolError."""
+        handler = TRANSITIONS[self.state].get(type(packet))
+        if handler is None:
+            if self.state is State.CLOSED:
+                return None  # after DISCONNECT or a takeover: the rest is ignored
+            raise protocol_error(
+                f"{type(packet).__name__.upper()} not allowed {self.state.value} [MQTT-4.8.0-1]"
+            )
+        return handler(self, packet)
+
+    def end_of_batch(self) -> None:
+        """Every packet of a read was handled: acknowledgements go out once durable."""
+        if self.acks and not self.acks_waiting:
+            self._flush_acks()
+
+    def protocol_error(self, error: MqttProtocolError) -> None:
+        """The peer broke the protocol: tell it why where the version allows, then close."""
+        code = error.reason_code
+        self.metrics["protocol_errors"] += 1
+        log.info("mqtt %s: %s", self.client_id or "(connecting)", error)
+        if self.state is State.AWAIT_CONNECT:
+            if code == ReasonCode.UNSUPPORTED_PROTOCOL_VERSION:
+                self.link.write(encode(Connack(False, 0x01), 4))  # 3.1.1 form, as Mosquitto
+            elif code == ReasonCode.CLIENT_IDENTIFIER_NOT_VALID:
+                self.link.write(encode(Connack(False, 0x02), 4))
+            self.state = State.CLOSED
+            self.link.close()
+            return
+        self.close_with(code, error.message)
+
+    def close_with(self, reason_code: int, reason: str = "") -> None:
+        """Send DISCONNECT (5.0) with ``reason_code`` and close [MQTT-4.13.2-1]."""
+        if self.state is State.CLOSED:
+            return
+        if self.version == MQTT_5 and self.state is State.CONNECTED:
+            properties = NO_PROPERTIES
+            if reason and self.problem_information:
+                properties = Properties(reason_string=reason[:200])
+            self.link.write(encode(Disconnect(reason_code, properties), MQTT_5))
+        self._go_away()
+
+    def keep_alive_expired(self) -> None:
+        """[MQTT-3.1.2-22]: nothing received for 1.5 times the Keep Alive."""
+        self.metrics["keep_alive_timeouts"] += 1
+        self.close_with(ReasonCode.KEEP_ALIVE_TIMEOUT, "keep alive timeout")
+
+    def take_over(self) -> None:
+        """Another connection took this client id [MQTT-3.1.4-3]: 0x8E, then close. The session
+        is detached now (the new connection continues or ends it)."""
+        self.metrics["sessions_taken_over"] += 1
+        self.close_with(ReasonCode.SESSION_TAKEN_OVER, "session taken over")
+
+    def server_shutting_down(self) -> None:
+        self.close_with(ReasonCode.SERVER_SHUTTING_DOWN, "server shutting down")
+
+    def connection_lost(self) -> None:
+        """The transport is gone (or closing): end the connection's part in the session."""
+        if self.state is not State.CLOSED:
+            self._go_away()
+
+    def _go_away(self) -> None:
+        was_connected = self.state is State.CONNECTED
+        self.state = State.CLOSED
+        for blocked in list(self.blocked_on):
+            blocked.blocked_publishers.discard(self)
+        self.blocked_on.clear()
+        session = self.session
+        if was_connected and session is not None:
+            will = None if self.normal_disconnect else self.will
+            self.hub.detach(session, self, will)
+        self.link.close()
+
+    # -- writing ---------------------------------------------------------------------------
+
+    def write(self, data: bytes) -> None:
+        self.link.write(data)
+
+    def send_publish(
+        self,
+        message: OutMessage,
+        qos: int,
+        packet_id: int | None,
+        retain: bool,
+        subscription_ids: tuple[int, ...],
+        dup: bool,
+    ) -> bool:
+        """Write one PUBLISH; False (nothing written) if larger than the client accepts."""
+        version = self.version
+        if version == MQTT_5:
+            topic = message.topic
+            alias = 0
+            new_alias = False
+            if self.alias_out_max:
+                alias = self.aliases_out.get(topic, 0)
+                if alias:
+                    topic = ""  # the alias stands for it [MQTT-3.3.2-12]
+                elif len(self.aliases_out) < self.alias_out_max:
+                    alias = len(self.aliases_out) + 1
+                    self.aliases_out[topic] = alias
+                    new_alias = True
+            simple = not (alias or subscription_ids or message.expires_at_ms)
+            if simple and not qos:
+                data = message.cached_qos0(MQTT_5, retain)
+                if data is None:
+                    data = encode_publish(
+                        topic, message.payload, 0, None, retain, False, message.static_properties
+                    )
+                    message.cache_qos0(MQTT_5, retain, data)
+            else:
+                props = (
+                    message.static_properties
+                    if simple
+                    else message.wire_properties(now_ms(), alias, subscription_ids)
+                )
+                data = encode_publish(topic, message.payload, qos, packet_id, retain, dup, props)
+            if self.max_packet_size and len(data) > self.max_packet_size:
+                if new_alias:
+                    del self.aliases_out[message.topic]
+                self.metrics["messages_too_large"] += 1
+                return False
+        elif qos:
+            data = encode_publish(
+                message.topic, message.payload, qos, packet_id, retain, dup, b"", 4
+            )
+        else:
+            cached = message.cached_qos0(4, retain)
+            if cached is None:
+                cached = encode_publish(
+                    message.topic, message.payload, 0, None, retain, False, b"", 4
+                )
+                message.cache_qos0(4, retain, cached)
+            data = cached
+        self.link.write(data)
+        self.metrics["publishes_sent"] += 1
+        return True
+
+    def on_writing_paused(self, paused: bool) -> None:
+        self.writing_paused = paused
+        if not paused and self.session is not None and self.session.connection is self:
+            self.session.on_writable()
+
+    def block_on(self, session: Session) -> None:
+        """A session this connection published to cannot take more: stop reading until it can
+        (TCP back-pressure on the publisher, RabbitMQ's credit flow in miniature)."""
+        if session not in self.blocked_on:
+            self.blocked_on.add(session)
+            session.blocked_publishers.add(self)
+            self.link.pause_reading("subscriber")
+
+    def unblock(self, session: Session) -> None:
+        self.blocked_on.discard(session)
+        if not self.blocked_on:
+            self.link.resume_reading("subscriber")
+
+    # -- CONNECT ---------------------------------------------------------------------------
+
+    def _on_connect(self, packet: Connect) -> Awaitable[None] | None:
+        hub = self.hub
+        options = hub.options
+        self.version = version = packet.protocol_level
+        v5 = version == MQTT_5
+        props = packet.properties
+        if v5 and props.authentication_method is not None:
+            # Enhanced authentication (AUTH) is not offered.
+            self._refuse(ReasonCode.BAD_AUTHENTICATION_METHOD, "no enhanced authentication")
+            return None
+        refusal = hub.authenticate(packet.username, packet.password, packet.client_id)
+        if refusal:
+            self._refuse(refusal, "not authorized")
+            return None
+        client_id = packet.client_id
+        assigned: str | None = None
+        if not client_id:
+            client_id = hub.new_client_id()  # [MQTT-3.1.3-6]
+            if v5:
+                assigned = client_id
+        if v5:
+            expiry = props.session_expiry_interval or 0
+            self.send_quota = props.receive_maximum or DEFAULT_RECEIVE_MAXIMUM
+            self.max_packet_size = props.maximum_packet_size or 0
+            self.alias_out_max = min(props.topic_alias_maximum or 0, OUTBOUND_TOPIC_ALIASES)
+            self.problem_information = props.request_problem_information != 0
+        else:
+            expiry = 0 if packet.clean_start else NEVER_EXPIRES
+        granted_expiry = expiry
+        if options.max_session_expiry is not None and expiry > options.max_session_expiry:
+            granted_expiry = options.max_session_expiry
+        keep_alive = packet.keep_alive
+        server_keep_alive: int | None = None
+        if (
+            v5
+            and options.max_keep_alive
+            and (keep_alive == 0 or keep_alive > options.max_keep_alive)
+        ):
+            keep_alive = server_keep_alive = options.max_keep_alive
+        self.client_id = client_id
+        self.keep_alive = keep_alive
+        self.will = packet.will
+        session, present = hub.open_session(self, client_id, packet.clean_start, granted_expiry)
+        self.session = session
+        self.state = State.CONNECTED
+        connack_props = NO_PROPERTIES
+        if v5:
+            connack_props = Properties(
+                session_expiry_interval=granted_expiry if granted_expiry != expiry else None,
+                receive_maximum=(
+                    options.receive_maximum
+                    if options.receive_maximum < DEFAULT_RECEIVE_MAXIMUM
+                    else None
+                ),
+                maximum_packet_size=options.max_packet_size,
+                assigned_client_identifier=assigned,
+                topic_alias_maximum=options.topic_alias_maximum or None,
+                server_keep_alive=server_keep_alive,
+            )
+        self.write(encode(Connack(present, 0, connack_props), version))
+        self.metrics["connects"] += 1
+        if keep_alive:
+            self.link.start_keep_alive(keep_alive)
+        session.attach(self, present)
+        return None
+
+    def _refuse(self, reason_code: int, reason: str) -> None:
+        """CONNACK with an error, then close [MQTT-3.2.2-7]."""
+        self.metrics["connects_refused"] += 1
+        properties = NO_PROPERTIES
+        if self.version == MQTT_5:
+            properties = Properties(reason_string=reason)
+        self.write(encode(Connack(False, reason_code, properties), self.version))
+        self.state = State.CLOSED
+        self.link.close()
+
+    # -- PUBLISH in ------------------------------------------------------------------------
+
+    def _on_publish(self, packet: Publish) -> Awaitable[None] | None:
+        topic = packet.topic
+        props = packet.properties
+        if props is not NO_PROPERTIES and props.topic_alias is not None:
+            topic = self._resolve_alias(topic, props.topic_alias)
+        self.metrics["publishes_received"] += 1
+        qos = packet.qos
+        session = self.session
+        assert session is not None
+        if qos:
+            packet_id = packet.packet_id
+            assert packet_id is not None
+            if qos == 2 and packet_id in session.inbound_qos2:
+                # A resent PUBLISH whose PUBREC was lost: acknowledge, do not publish twice
+                # [MQTT-4.3.3-10].
+                self.metrics["duplicates"] += 1
+                self.acks.append((0, "", encode_ack(PacketType.PUBREC, packet_id, 0, self.version)))
+                return None
+            if self.unacked_qos1 + len(session.inbound_qos2) >= self.hub.options.receive_maximum:
+                raise MqttProtocolError(
+                    ReasonCode.RECEIVE_MAXIMUM_EXCEEDED,
+                    "more QoS 1/2 publishes in flight than Receive Maximum [MQTT-3.3.4-9]",
+                )
+        hub = self.hub
+        if hub.broker.flow.reasons:
+            return self._publish_when_unblocked(packet, topic)
+        outcome = hub.publish_packet(self.client_id, self, topic, packet)
+        if isinstance(outcome, Pending):
+            return self._publish_later(packet, outcome)
+        if qos:
+            self._acknowledge(packet, outcome)
+        return None
+
+    async def _publish_when_unblocked(self, packet: Publish, topic: str) -> None:
+        self.link.pause_reading("flow")
+        try:
+            await self.hub.broker.flow.wait_unblocked()
+        finally:
+            self.link.resume_reading("flow")
+        pending = self._publish(packet, topic)
+        if pending is not None:
+            await pending
+
+    def _publish(self, packet: Publish, topic: str) -> Awaitable[None] | None:
+        outcome = self.hub.publish_packet(self.client_id, self, topic, packet)
+        if isinstance(outcome, Pending):
+            return self._publish_later(packet, outcome)
+        self._acknowledge(packet, outcome)
+        return None
+
+    async def _publish_later(self, packet: Publish, pending: Awaitable[Any]) -> None:
+        self._acknowledge(packet, await pending)
+
+    def _acknowledge(self, packet: Publish, outcome: tuple[int, int, str]) -> None:
+        """Queue the PUBACK / PUBREC of a publish: ``outcome`` is (reason code, end position
+        to be durable, log topic)."""
+        qos = packet.qos
+        if not qos:
+            return
+        code, end, log_topic = outcome
+        packet_id = packet.packet_id
+        assert packet_id is not None
+        version = self.version
+        if qos == 1:
+            self.unacked_qos1 += 1
+            self.acks.append(
+                (end, log_topic, encode_ack(PacketType.PUBACK, packet_id, code, version))
+            )
+        else:
+            if code < ReasonCode.UNSPECIFIED_ERROR:
+                assert self.session is not None
+                self.session.inbound_qos2.add(packet_id)
+            self.acks.append(
+                (end, log_topic, encode_ack(PacketType.PUBREC, packet_id, code, version))
+            )
+
+    def _flush_acks(self) -> None:
+        """Write the queued acknowledgements once what they acknowledge is durable (one wait
+        per topic for the last record of the batch: durability is in log order)."""
+        acks = self.acks
+        last_end: dict[str, int] = {}
+        for end, log_topic, _ in acks:
+            if end:
+                last_end[log_topic] = end
+        waits: list[Pending[None]] = []
+        store = self.hub.broker.store
+        for log_topic, end in last_end.items():
+            started = run_eagerly(store.wait_durable(end, log_topic))
+            if isinstance(started, Pending):
+                waits.append(started)
+        if not waits:
+            self._write_acks(len(acks))
+            return
+        self.acks_waiting = True
+        self.hub.spawn(self._acks_when_durable(waits, len(acks)))
+
+    async def _acks_when_durable(self, waits: list[Pending[None]], count: int) -> None:
+        try:
+            for wait in waits:
+                await wait
+        except Exception:
+            log.exception("mqtt %s: durability wait failed", self.client_id)
+            self.close_with(ReasonCode.UNSPECIFIED_ERROR, "storage error")
+            return
+        finally:
+            self.acks_waiting = False
+        if self.state is State.CLOSED:
+            self.acks.clear()
+            return
+        self._write_acks(count)
+        if self.acks:
+            self._flush_acks()
+
+    def _write_acks(self, count: int) -> None:
+        acks = self.acks
+        write = self.link.write
+        for _ in range(count):
+            _, _, data = acks.popleft()
+            if data[0] >> 4 == PacketType.PUBACK:
+                self.unacked_qos1 -= 1
+            write(data)
+
+    def _resolve_alias(self, topic: str, alias: int) -> str:
+        """5.0 §3.3.2.3.4: a topic name sets the alias; an empty one uses it."""
+        if alias > self.hub.options.topic_alias_maximum:
+            raise MqttProtocolError(
+                ReasonCode.TOPIC_ALIAS_INVALID,
+                f"topic alias {alias} > maximum {self.hub.options.topic_alias_maximum}",
+            )
+        if topic:
+            self.aliases_in[alias] = topic
+            return topic
+        known = self.aliases_in.get(alias)
+        if known is None:
+            raise protocol_error(f"topic alias {alias} was never set [MQTT-3.3.4-?]")
+        return known
+
+    # -- acknowledgements of our PUBLISH ---------------------------------------------------
+
+    def _on_puback(self, packet: Puback) -> None:
+        assert self.session is not None
+        self.session.on_puback(packet.packet_id)
+
+    def _on_pubrec(self, packet: Pubrec) -> None:
+        assert self.session is not None
+        known = self.session.on_pubrec(packet.packet_id, packet.reason_code)
+        if packet.reason_code < ReasonCode.UNSPECIFIED_ERROR:
+            code = 0 if known else ReasonCode.PACKET_IDENTIFIER_NOT_FOUND
+            self.write(encode_ack(PacketType.PUBREL, packet.packet_id, code, self.version))
+
+    def _on_pubcomp(self, packet: Pubcomp) -> None:
+        assert self.session is not None
+        self.session.on_pubcomp(packet.packet_id)
+
+    def _on_pubrel(self, packet: Pubrel) -> None:
+        """QoS 2 inbound, part 2: the identifier is free again [MQTT-4.3.3-11]."""
+        assert self.session is not None
+        known = packet.packet_id in self.session.inbound_qos2
+        self.session.inbound_qos2.discard(packet.packet_id)
+        code = 0 if known else ReasonCode.PACKET_IDENTIFIER_NOT_FOUND
+        data = encode_ack(PacketType.PUBCOMP, packet.packet_id, code, self.version)
+        if self.acks:
+            self.acks.append((0, "", data))  # after the PUBREC still waiting, if any
+        else:
+            self.write(data)
+
+    # -- SUBSCRIBE / UNSUBSCRIBE -----------------------------------------------------------
+
+    def _on_subscribe(self, packet: Subscribe) -> None:
+        session = self.session
+        assert session is not None
+        identifier = packet.subscription_identifier or 0
+        results = [
+            self.hub.subscribe(session, subscription, identifier)
+            for subscription in packet.subscriptions
+        ]
+        codes = tuple(code for code, _, _ in results)
+        self.write(encode(Suback(packet.packet_id, codes), self.version))
+        self.metrics["subscribes"] += 1
+        # Retained messages after the SUBACK [MQTT-3.3.1-9, 3.3.1-10, 3.3.1-11].
+        for code, sub, is_new in results:
+            if sub is None or code >= ReasonCode.UNSPECIFIED_ERROR or sub.group is not None:
+                continue
+            if sub.retain_handling == 2 or (sub.retain_handling == 1 and not is_new):
+                continue
+            self.hub.send_retained(session, sub)
+
+    def _on_unsubscribe(self, packet: Unsubscribe) -> None:
+        session = self.session
+        assert session is not None
+        codes = tuple(
+            0 if self.hub.unsubscribe(session, topic_filter) else ReasonCode.NO_SUBSCRIPTION_EXISTED
+            for topic_filter in packet.topic_filters
+        )
+        if self.version != MQTT_5:
+            codes = ()
+        self.write(encode(Unsuback(packet.packet_id, codes), self.version))
+
+    # -- the rest --------------------------------------------------------------------------
+
+    def _on_pingreq(self, _packet: Pingreq) -> None:
+        self.write(_PINGRESP)
+
+    def _on_disconnect(self, packet: Disconnect) -> None:
+        session = self.session
+        assert session is not None
+        expiry = packet.properties.session_expiry_interval
+        if expiry is not None:
+            if session.expiry_interval == 0 and expiry:
+                # [MQTT-3.14.2-2]: 0 in CONNECT cannot become non-zero here.
+                raise protocol_error("session expiry set on DISCONNECT after 0 in CONNECT")
+            self.hub.set_expiry(session, expiry)
+        # The Will is dropped on a normal disconnection only (0x00) [MQTT-3.1.2-10, 3.14.4-3].
+        self.normal_disconnect = packet.reason_code == ReasonCode.NORMAL_DISCONNECTION
+        self._go_away()
+
+    def _on_auth(self, _packet: Auth) -> None:
+        raise protocol_error("AUTH without an authentication method in CONNECT [MQTT-4.12.0-1]")
+
+
+_PINGRESP: Final = encode(Pingresp(), MQTT_5)
+
+# What each packet type does in each state; anything missing is a Protocol Error.
+TRANSITIONS: Final[dict[State, dict[type[Any], Handler]]] = {
+    State.AWAIT_CONNECT: {Connect: Connection._on_connect},
+    State.CONNECTED: {
+        Publish: Connection._on_publish,
+        Puback: Connection._on_puback,
+        Pubrec: Connection._on_pubrec,
+        Pubrel: Connection._on_pubrel,
+        Pubcomp: Connection._on_pubcomp,
+        Subscribe: Connection._on_subscribe,
+        Unsubscribe: Connection._on_unsubscribe,
+        Pingreq: Connection._on_pingreq,
+        Disconnect: Connection._on_disconnect,
+        Auth: Connection._on_auth,
+    },
+    State.CLOSED: {},
+}
