@@ -18,6 +18,7 @@ BENCHMARKS: dict[str, str] = {
     "amqp": "bench.amqp",
     "mqtt": "bench.mqtt",
     "spark": "bench.spark",
+    "interop": "bench.interop",
 }
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,10 +40,16 @@ from core.delivery.ackqueue import (
     AckQueueConfig,
     DeadLetterHook,
 )
-from core.delivery.message import Message
+from core.delivery.message import (
+    BATCH_SELECT_HEADER,
+    Message,
+    inner_subject,
+    selection_key,
+)
 from core.groups import GroupCoordinator
 from core.log import LogStore, TagFilter
 from core.log import record as rec
+from core.log.batches import batch_is_control, unpack_batch
 from core.log.names import ACKS_TOPIC
 from core.log.store import Appended, now_ms
 from core.offsets import OffsetStore
@@ -54,6 +61,10 @@ from core.transactions import TransactionService
 log = logging.getLogger(__name__)
 
 Destination = tuple[str, int]
+# A route hook adds destinations to every publish, whatever its protocol (the MQTT gateway's
+# filters with a wildcard first level): (topic, subject, key, protocol, address) -> destinations.
+# ``address`` is the publisher's own name of the target (the MQTT topic name for an MQTT publish).
+RouteHook = Callable[[str, str, bytes | None, int, str], Sequence[Destination]]
 EXCHANGE_QUEUE = -1  # (name, -1): the topic ``name`` as a routing source
 _BINDING_KEY = "binding:"
 _ACK_QUEUE_KEY = "ackq:"
@@ -71,6 +82,11 @@ class BrokerConfig:
     memory_high_watermark_bytes: int | None = None
     # Publishers are slowed while an ack queue holds more ready records than this.
     backlog_high_watermark: int | None = None
+    # RabbitMQ MQTT plugin compatibility: the AMQP topic exchange MQTT traffic also appears on
+    # (``amq.topic``); None: off. Default from the environment variable BRAID_MQTT_EXCHANGE.
+    mqtt_exchange: str | None = field(
+        default_factory=lambda: os.environ.get("BRAID_MQTT_EXCHANGE") or None
+    )
 
 
 @dataclass
@@ -137,6 +153,7 @@ class Broker:
         # the broker's (_dead_letter).
         self.dead_letter_hook: DeadLetterHook | None = None
         self.metrics: dict[str, int] = {"retried": 0, "dead_lettered": 0, "dropped": 0}
+        self.route_hooks: list[RouteHook] = []
         self._load_bindings_and_queues()
         store.index_listeners.append(self._on_index)
         store.retention_guards.append(self._segment_is_owed)
@@ -316,6 +333,22 @@ class Broker:
             frontier = next_frontier
         return found
 
+    def add_route_hook(self, hook: RouteHook) -> None:
+        """Every publish (any protocol, plain or Kafka batch) also goes to what ``hook`` returns."""
+        self.route_hooks.append(hook)
+
+    def remove_route_hook(self, hook: RouteHook) -> None:
+        if hook in self.route_hooks:
+            self.route_hooks.remove(hook)
+
+    def _hooked(
+        self, topic: str, subject: str, key: bytes | None, protocol: int, address: str
+    ) -> list[Destination]:
+        found: list[Destination] = []
+        for hook in self.route_hooks:
+            found.extend(hook(topic, subject, key, protocol, address))
+        return found
+
     # -- ack queues ------------------------------------------------------------------------
 
     def _schedule(self, callback: Callable[[], object]) -> None:
@@ -470,12 +503,17 @@ class Broker:
         subject: str,
         routing_headers: Mapping[str, Any] | None,
         extra: Sequence[Destination] = (),
+        *,
+        key: bytes | None = None,
+        protocol: int = rec.PROTOCOL_INTERNAL,
+        address: str = "",
     ) -> tuple[list[Destination], list[Destination]]:
-        """``(destinations, refused)``: the topic's queue, routed queues and ``extra``, minus
-        ack queues that refuse publishes (reject-publish overflow)."""
+        """``(destinations, refused)``: the topic's queue, routed queues, route hooks' and
+        ``extra``, minus ack queues that refuse publishes (reject-publish overflow)."""
         destinations = [(topic, queue)]
         seen = {destinations[0]}
-        for destination in (*self.route(topic, subject, routing_headers), *extra):
+        hooked = self._hooked(topic, subject, key, protocol, address) if self.route_hooks else ()
+        for destination in (*self.route(topic, subject, routing_headers), *hooked, *extra):
             if destination not in seen:
                 seen.add(destination)
                 destinations.append(destination)
@@ -517,11 +555,23 @@ class Broker:
         if self.flow.reasons:
             await self.flow.wait_unblocked()
         info = self.topic(topic, create=create_topic)
-        chosen = self.choose_queue(info, key) if queue is None else queue
+        if queue is None:
+            # No key: the subject partitions, as a Kafka producer keyed by it would (order per
+            # routing key / MQTT topic is then kept in one Kafka partition).
+            chosen = self.choose_queue(info, key or (subject.encode() if subject else None))
+        else:
+            chosen = queue
         if not 0 <= chosen < info.queues:
             raise TopicError("unknown_queue", f"topic {topic!r} has no queue {chosen}")
         destinations, refused = self.prepare_destinations(
-            topic, chosen, subject, routing_headers, extra_destinations
+            topic,
+            chosen,
+            subject,
+            routing_headers,
+            extra_destinations,
+            key=key,
+            protocol=protocol,
+            address=address,
         )
         appended = self.store.append(
             topic,
@@ -557,15 +607,18 @@ class Broker:
         client: str = "",
         address: str = "",
         flags: int = 0,
+        deliver_at_ms: int = 0,
         wait_durable: bool = True,
     ) -> PublishResult:
         """Store a Kafka RecordBatch as one batch record in ``(topic, queue)``, indexed once;
-        returns once durable (``wait_durable``) with the batch's base offset."""
+        returns once durable (``wait_durable``) with the batch's base offset. With
+        ``deliver_at_ms`` in the future the batch waits in ``__timers`` (offset known later)."""
         if self.flow.reasons:
             await self.flow.wait_unblocked()
         info = self.topic(topic, create=False)
         if not 0 <= queue < info.queues:
             raise TopicError("unknown_queue", f"topic {topic!r} has no queue {queue}")
+        destinations, headers = self.batch_destinations(topic, queue, batch)
         appended = self.store.append_batch(
             topic,
             queue,
@@ -575,10 +628,51 @@ class Broker:
             client=client,
             address=address,
             flags=flags,
+            destinations=destinations if len(destinations) > 1 else None,
+            headers=headers,
+            deliver_at_ms=deliver_at_ms,
         )
+        for destination in destinations[1:]:
+            ack_queue = self.ack_queues.get(destination)
+            if ack_queue is not None and ack_queue.config.max_length is not None:
+                ack_queue.enforce_max_length()
         if wait_durable:
             await self.store.wait_durable(appended.end, topic)
-        return PublishResult(appended, [(topic, queue)], queue)
+        return PublishResult(appended, destinations, queue)
+
+    def batch_destinations(
+        self, topic: str, queue: int, batch: bytes | memoryview
+    ) -> tuple[list[Destination], list[tuple[str, bytes]]]:
+        """Route each record of a Kafka batch by its subject (``x-braid-routing-key`` header,
+        else its key): the batch's destinations (its own queue first) and, when they differ per
+        record, the ``x-braid-batch-select`` header saying which records each one takes. The
+        batch is decoded only when the topic has bindings or route hooks; it is stored once."""
+        own = (topic, queue)
+        if not self.route_hooks and not self.bindings.has_source(topic):
+            return [own], []
+        if batch_is_control(batch):
+            return [own], []
+        records = unpack_batch(batch)
+        taken: dict[Destination, list[int]] = {}
+        for inner in records:
+            subject = inner_subject(inner.key, inner.headers)
+            routing_headers = (
+                {name: value.decode("utf-8", "replace") for name, value in inner.headers}
+                if inner.headers
+                else None
+            )
+            destinations, _ = self.prepare_destinations(
+                topic, queue, subject, routing_headers, key=inner.key, protocol=rec.PROTOCOL_KAFKA
+            )
+            for destination in destinations[1:]:
+                taken.setdefault(destination, []).append(inner.offset_delta)
+        select = {
+            selection_key(*destination): deltas
+            for destination, deltas in taken.items()
+            if len(deltas) < len(records)
+        }
+        headers = [(BATCH_SELECT_HEADER, json.dumps(select).encode())] if select else []
+        return [own, *taken], headers
 
     # -- index notifications and long polling ----------------------------------------------
 

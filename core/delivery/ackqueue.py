@@ -443,7 +443,14 @@ class AckQueue:
         for queued in records:
             if self.config.tag_filter is not None and queued.offset > self.frontier:
                 self._skip_filtered(self.frontier, queued.offset)
-            for message in messages_of(queued):
+            messages = messages_of(queued, selected=True)
+            if len(messages) < queued.record_count:
+                # A batch routed here for some of its records: the others are not owed.
+                taken = {message.offset for message in messages}
+                for offset in range(max(self.frontier, queued.offset), queued.next_offset):
+                    if offset not in taken and offset >= self.cursor:
+                        self._mark_acked(offset)
+            for message in messages:
                 if message.offset >= self.frontier:
                     self._buffer.append(message)
             self.frontier = max(self.frontier, queued.next_offset)

@@ -6,6 +6,7 @@ each with its own queue offset. Gateways build their protocol's frames from this
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 from core.log import record as rec
@@ -15,6 +16,25 @@ from core.log.reader import QueueRecord
 # Absolute expiry time (ms since the epoch, ASCII digits) set by a publisher's per-message TTL
 # (AMQP ``expiration``, MQTT 5 message expiry). Checked at delivery.
 EXPIRES_AT_HEADER = "x-braid-expires-at"
+# A Kafka record's routing key (subject) when it is not its key (docs/mapping.md).
+ROUTING_KEY_HEADER = "x-braid-routing-key"
+# On a batch record whose records reach different destinations: JSON ``{"<topic>\x00<queue>":
+# [offset deltas]}`` for each routed destination that takes only some of its records (a
+# destination not listed takes them all). Readers of that destination skip the others.
+BATCH_SELECT_HEADER = "x-braid-batch-select"
+
+
+def inner_subject(key: bytes | None, headers: list[tuple[str, bytes]]) -> str:
+    """The subject (routing key) of one record of a Kafka batch: its ``x-braid-routing-key``
+    header, else its key as UTF-8, else empty."""
+    for name, value in headers:
+        if name == ROUTING_KEY_HEADER:
+            return value.decode("utf-8", "replace")
+    return key.decode("utf-8", "replace") if key else ""
+
+
+def selection_key(topic: str, queue: int) -> str:
+    return f"{topic}\x00{queue}"
 
 
 @dataclass(slots=True)
@@ -50,8 +70,9 @@ class Message:
         return None
 
 
-def messages_of(queued: QueueRecord) -> list[Message]:
-    """Every message of a queue entry (one, or each record of a batch)."""
+def messages_of(queued: QueueRecord, *, selected: bool = False) -> list[Message]:
+    """Every message of a queue entry (one, or each record of a batch). With ``selected``, a
+    batch routed to this entry's queue for only some of its records yields only those."""
     record = queued.record()
     if not record.flags & rec.FLAG_BATCH:
         return [
@@ -74,12 +95,17 @@ def messages_of(queued: QueueRecord) -> list[Message]:
                 queued.store_ms,
             )
         ]
+    inner_records = unpack_batch(record.body or b"")
+    if selected and record.headers:
+        select = _selection(record.headers, queued.topic, queued.queue)
+        if select is not None:
+            inner_records = [inner for inner in inner_records if inner.offset_delta in select]
     return [
         Message(
             record.topic,
             queued.queue,
             queued.offset + inner.offset_delta,
-            record.subject,
+            inner_subject(inner.key, inner.headers) or record.subject,
             inner.key,
             inner.headers,
             record.tags,
@@ -93,5 +119,13 @@ def messages_of(queued: QueueRecord) -> list[Message]:
             record.position,
             queued.store_ms,
         )
-        for inner in unpack_batch(record.body or b"")
+        for inner in inner_records
     ]
+
+
+def _selection(headers: list[tuple[str, bytes]], topic: str, queue: int) -> set[int] | None:
+    for name, value in headers:
+        if name == BATCH_SELECT_HEADER:
+            chosen = json.loads(value).get(selection_key(topic, queue))
+            return None if chosen is None else set(chosen)
+    return None

@@ -223,6 +223,10 @@ class BindingTable(Generic[D]):
             selected = self._bindings
         return list(selected)
 
+    def has_source(self, source: str) -> bool:
+        """Whether any binding has ``source`` (cheap: publish paths skip routing otherwise)."""
+        return source in self._sources
+
     def sources(self) -> list[str]:
         """The sources that have at least one binding."""
         return list(self._sources)

@@ -81,7 +81,8 @@ def _plain_batch(entries: list[QueueRecord]) -> bytes:
         records.append(
             (
                 record.born_ms or record.store_ms,
-                record.key,
+                # No key: the subject (AMQP routing key, MQTT levels after the first) is the key.
+                record.key if record.key or not record.subject else record.subject.encode(),
                 record.body,
                 [(name, value) for name, value in record.headers],
             )

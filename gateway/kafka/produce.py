@@ -27,7 +27,9 @@ from typing import Any, Final
 from kio.schema.errors import ErrorCode
 
 from core.broker.topics import TopicError
+from core.log.batches import unpack_batch
 from core.log.names import is_system_topic
+from core.log.store import now_ms
 from gateway.kafka.apis import ApiKey
 from gateway.kafka.codec import Request
 from gateway.kafka.context import Connection, Handler, KafkaContext, ResponseBody
@@ -35,6 +37,9 @@ from gateway.kafka.errors import RecordBatchError
 from gateway.kafka.producers import StoredBatch, last_sequence
 from gateway.kafka.records import validate_produce_records
 from gateway.kafka.wire import ProducePartition, encode_produce_response
+
+DELIVER_AT_HEADER: Final = "x-braid-deliver-at"
+DELAY_HEADER: Final = "x-delay"
 
 log = logging.getLogger(__name__)
 
@@ -153,6 +158,7 @@ async def _store_batch(
         )
         base_offset = NO_OFFSET
     else:
+        deliver_at = delivery_time(batch) if header.compression == 0 else 0
         result = await context.broker.publish_batch(
             topic,
             partition,
@@ -160,10 +166,12 @@ async def _store_batch(
             header.record_count,
             born_ms=header.base_timestamp,
             client=client,
+            deliver_at_ms=deliver_at,
             wait_durable=False,
         )
         appended = result.appended
-        base_offset = result.offset
+        # A delayed batch gets its partition offset when it becomes visible.
+        base_offset = NO_OFFSET if deliver_at else result.offset
     if producer_id >= 0:
         context.producer_states.record(
             topic,
@@ -176,6 +184,27 @@ async def _store_batch(
     metrics["produced_records"] += header.record_count
     metrics["produced_bytes"] += header.size
     return ErrorCode.none, base_offset, appended.end
+
+
+def delivery_time(batch: bytes | memoryview) -> int:
+    """Delay by record header (docs/mapping.md): ``x-braid-deliver-at`` (ms since the epoch) or
+    ``x-delay`` (ms from now) on any record delays the whole batch to the latest such time; 0 if
+    none. Uncompressed batches only; the bytes are searched before anything is decoded."""
+    raw = bytes(batch)
+    if DELIVER_AT_HEADER.encode() not in raw and DELAY_HEADER.encode() not in raw:
+        return 0
+    now = now_ms()
+    latest = 0
+    for inner in unpack_batch(raw):
+        for name, value in inner.headers:
+            try:
+                if name == DELIVER_AT_HEADER:
+                    latest = max(latest, int(value))
+                elif name == DELAY_HEADER:
+                    latest = max(latest, now + int(value))
+            except ValueError:
+                continue
+    return latest if latest > now else 0
 
 
 HANDLERS: dict[int, Handler] = {ApiKey.PRODUCE: handle_produce}

@@ -55,6 +55,7 @@ from gateway.mqtt.addresses import (
     BindingSpec,
     binding_plan,
     group_queue_name,
+    mqtt_topic_of,
     parse_delayed,
     session_queue_name,
     to_log_address,
@@ -103,6 +104,18 @@ _NO_HEADERS: Final[list[tuple[str, bytes]]] = []  # never mutated
 _REFUSED_TOPIC: Final[Outcome] = (ReasonCode.TOPIC_NAME_INVALID, 0, "")
 
 
+_SWAP_DOT_SLASH: Final = str.maketrans({".": "/", "/": "."})
+
+
+def _routing_key_of(mqtt_topic: str) -> str:
+    """RabbitMQ's MQTT plugin: topic ``a/b.c`` is routing key ``a.b/c`` on amq.topic."""
+    return mqtt_topic.translate(_SWAP_DOT_SLASH)
+
+
+def _mqtt_name_of(routing_key: str) -> str:
+    return routing_key.translate(_SWAP_DOT_SLASH)
+
+
 @dataclass
 class MqttOptions:
     """Settings of the MQTT gateway (the defaults behave as Mosquitto's and EMQX's)."""
@@ -120,6 +133,10 @@ class MqttOptions:
     max_session_expiry: int | None = None
     max_queued_messages: int = DEFAULT_MAX_QUEUED_MESSAGES
     connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S
+    # RabbitMQ MQTT plugin compatibility: MQTT publishes are also routed through this AMQP
+    # topic exchange (``amq.topic``) with the topic name as routing key (``/`` <-> ``.``), and
+    # AMQP publishes to it reach MQTT subscribers. None: BrokerConfig.mqtt_exchange.
+    amqp_exchange: str | None = None
 
 
 class SharedGroup:
@@ -240,8 +257,10 @@ class MqttHub:
         self._tapped: list[tuple[str, int, int]] = []
         self._tap_scheduled = False
         self._loop = asyncio.get_running_loop()
+        self.amqp_exchange = options.amqp_exchange or broker.config.mqtt_exchange
         broker.store.index_listeners.append(self._on_index)
         broker.store.retention_guards.append(self._segment_is_owed)
+        broker.add_route_hook(self._route_hook)
         self._load()
 
     def close(self) -> None:
@@ -249,6 +268,7 @@ class MqttHub:
             return
         self.closed = True
         store = self.broker.store
+        self.broker.remove_route_hook(self._route_hook)
         if self._on_index in store.index_listeners:
             store.index_listeners.remove(self._on_index)
         if self._segment_is_owed in store.retention_guards:
@@ -461,9 +481,6 @@ class MqttHub:
             if qos or retain or (props is not NO_PROPERTIES)
             else _NO_HEADERS
         )
-        extra: list[tuple[str, int]] | tuple[()] = ()
-        if self.global_bindings:
-            extra = list(self.broker.bindings.route(GLOBAL_SOURCE, target))
         log_topic = address.topic
         self._own_topic = log_topic
         try:
@@ -477,7 +494,6 @@ class MqttHub:
                     client=client_id,
                     address=target,
                     deliver_at_ms=deliver_at,
-                    extra_destinations=extra,
                     create_topic=True,
                     wait_durable=False,
                 )
@@ -572,6 +588,35 @@ class MqttHub:
             qos = sub.qos if sub.qos < message.qos else message.qos
             ids = (sub.identifier,) if sub.identifier else ()
             session.offer(message, qos, True, ids, None)  # RETAIN 1 [MQTT-3.3.1-9]
+
+    # -- routing of every protocol's publishes to MQTT subscriptions ----------------------
+
+    def _route_hook(
+        self, topic: str, subject: str, key: bytes | None, protocol: int, address: str
+    ) -> list[tuple[str, int]]:
+        """Broker route hook: the session queues of filters with a wildcard first level (bound
+        on GLOBAL_SOURCE) that the record's MQTT topic name matches, whatever protocol published
+        it; in RabbitMQ compatibility mode also amq.topic's bindings and back."""
+        if topic[:2] == "__":
+            return []
+        exchange = self.amqp_exchange
+        route = self.broker.bindings.route
+        found: list[tuple[str, int]] = []
+        if protocol == rec.PROTOCOL_MQTT and address:
+            name = address
+            if exchange:
+                found.extend(self.broker.route(exchange, _routing_key_of(name)))
+        elif exchange and topic == exchange:
+            # An AMQP publish to amq.topic with routing key a.b.c is MQTT a/b/c.
+            name = _mqtt_name_of(subject)
+            log_address = to_log_address(name)
+            if log_address is not None:
+                found.extend(self.broker.route(log_address.topic, log_address.subject))
+        else:
+            name = mqtt_topic_of(topic, subject, key)
+        if self.global_bindings:
+            found.extend(route(GLOBAL_SOURCE, name))
+        return found
 
     # -- records of other protocols for clean sessions -------------------------------------
 
