@@ -27,6 +27,8 @@ from core.broker.partitioner import murmur2_partition
 from core.broker.topics import TopicError, TopicInfo, TopicRegistry
 from core.deadletter.policy import (
     DEAD_LETTER_REASON_HEADER,
+    DEAD_LETTER_SUBJECT_HEADER,
+    DEAD_LETTER_TOPIC_HEADER,
     RETRY_COUNT_HEADER,
     X_DEATH_HEADER,
     DeadLetterPolicy,
@@ -52,6 +54,7 @@ from core.log import record as rec
 from core.log.batches import batch_is_control, unpack_batch
 from core.log.names import ACKS_TOPIC
 from core.log.store import Appended, now_ms
+from core.log.tags import batch_may_have_tags, tags_from_headers
 from core.offsets import OffsetStore
 from core.routing.table import BindingTable, MatchKind
 from core.state import DurableTable
@@ -83,10 +86,15 @@ class BrokerConfig:
     # Publishers are slowed while an ack queue holds more ready records than this.
     backlog_high_watermark: int | None = None
     # RabbitMQ MQTT plugin compatibility: the AMQP topic exchange MQTT traffic also appears on
-    # (``amq.topic``); None: off. Default from the environment variable BRAID_MQTT_EXCHANGE.
+    # (``amq.topic``); None or "": off. Default from the environment variable
+    # BRAID_MQTT_EXCHANGE (``[broker] mqtt_exchange`` in the config file overrides it).
     mqtt_exchange: str | None = field(
         default_factory=lambda: os.environ.get("BRAID_MQTT_EXCHANGE") or None
     )
+
+    def __post_init__(self) -> None:
+        if not self.mqtt_exchange:  # "" (a config file's "off") is None
+            self.mqtt_exchange = None
 
 
 @dataclass
@@ -125,6 +133,19 @@ def _ack_queue_config_from_json(raw: Mapping[str, Any]) -> AckQueueConfig:
         tag_filter=TagFilter(tags) if tags else None,
         dead_letter=DeadLetterPolicy.from_json(raw.get("dead_letter")),
     )
+
+
+def batch_tags(batch: bytes | memoryview) -> list[str]:
+    """The tags of a Kafka batch record: the union of its records' ``x-braid-tags`` headers
+    (a tag filter then takes or skips the whole batch)."""
+    if batch_is_control(batch):
+        return []
+    tags: list[str] = []
+    for inner in unpack_batch(batch):
+        for tag in tags_from_headers(inner.headers):
+            if tag not in tags:
+                tags.append(tag)
+    return tags
 
 
 class Broker:
@@ -424,7 +445,11 @@ class Broker:
             exchange=message.topic,
             routing_keys=[message.subject],
         )
-        headers = [(X_DEATH_HEADER, x_death)]
+        headers = [
+            (X_DEATH_HEADER, x_death),
+            (DEAD_LETTER_TOPIC_HEADER, target.encode()),
+            (DEAD_LETTER_SUBJECT_HEADER, subject.encode()),
+        ]
         if message.header(DEAD_LETTER_REASON_HEADER) is None:
             headers.append((DEAD_LETTER_REASON_HEADER, reason.encode()))
         self.store.link([message.position], destinations, headers=headers)
@@ -563,6 +588,9 @@ class Broker:
             chosen = queue
         if not 0 <= chosen < info.queues:
             raise TopicError("unknown_queue", f"topic {topic!r} has no queue {chosen}")
+        if not tags and headers:
+            # Tags from any protocol: the ``x-braid-tags: A,B`` header (docs/mapping.md).
+            tags = tags_from_headers(headers)
         destinations, refused = self.prepare_destinations(
             topic,
             chosen,
@@ -619,6 +647,7 @@ class Broker:
         if not 0 <= queue < info.queues:
             raise TopicError("unknown_queue", f"topic {topic!r} has no queue {queue}")
         destinations, headers = self.batch_destinations(topic, queue, batch)
+        tags = batch_tags(batch) if batch_may_have_tags(batch) else []
         appended = self.store.append_batch(
             topic,
             queue,
@@ -630,6 +659,7 @@ class Broker:
             flags=flags,
             destinations=destinations if len(destinations) > 1 else None,
             headers=headers,
+            tags=tags,
             deliver_at_ms=deliver_at_ms,
         )
         for destination in destinations[1:]:

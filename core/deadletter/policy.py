@@ -21,6 +21,11 @@ from typing import Any
 X_DEATH_HEADER = "x-death"  # JSON list, newest first, as RabbitMQ's x-death array of tables
 RETRY_COUNT_HEADER = "x-braid-retry-count"
 DEAD_LETTER_REASON_HEADER = "x-first-death-reason"
+# Where the last dead-lettering sent the record: its topic (the dead-letter exchange) and
+# subject (routing key), so readers in protocols that name records by address (MQTT) show it
+# under the dead-letter topic rather than the one it was first published to.
+DEAD_LETTER_TOPIC_HEADER = "x-braid-dead-letter-topic"
+DEAD_LETTER_SUBJECT_HEADER = "x-braid-dead-letter-subject"
 # RocketMQ's consumer retry schedule (messageDelayLevel 3..18): 10s 30s 1m 2m ... 10m 20m 30m 1h 2h.
 ROCKETMQ_RETRY_DELAYS_MS: tuple[int, ...] = (
     10_000,

@@ -204,16 +204,19 @@ class LogStore(LogReader):
         flags: int = 0,
         destinations: Sequence[tuple[str, int]] | None = None,
         headers: rec.Headers = (),
+        tags: Sequence[str] = (),
         deliver_at_ms: int = 0,
     ) -> Appended:
         """Store a Kafka RecordBatch as one batch record, indexed once (and into each of the
-        routed ``destinations``; ``headers`` are the batch record's, not its records')."""
+        routed ``destinations``; ``headers`` and ``tags`` are the batch record's, not its
+        records')."""
         return self.append(
             topic,
             queue,
             batch,
             destinations=destinations,
             headers=headers,
+            tags=tags,
             deliver_at_ms=deliver_at_ms,
             born_ms=born_ms,
             client=client,

@@ -7,9 +7,31 @@ real tags (a collision costs one body read, a miss costs nothing).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from crc32c import crc32c
+
+# The record header a publisher of any protocol sets tags with (AMQP header, MQTT 5 user
+# property, Kafka record header): ``TagA,TagB``.
+TAGS_HEADER = "x-braid-tags"
+_TAGS_HEADER_BYTES = TAGS_HEADER.encode()
+
+
+def tags_from_headers(headers: Sequence[tuple[str, bytes]]) -> list[str]:
+    """Tags named by ``x-braid-tags`` headers (comma separated, blanks dropped, order kept)."""
+    tags: list[str] = []
+    for name, value in headers:
+        if name == TAGS_HEADER:
+            for part in bytes(value).decode("utf-8", "replace").split(","):
+                tag = part.strip()
+                if tag and tag not in tags:
+                    tags.append(tag)
+    return tags
+
+
+def batch_may_have_tags(batch: bytes | memoryview) -> bool:
+    """Whether an uncompressed Kafka batch may carry ``x-braid-tags`` (a byte search)."""
+    return _TAGS_HEADER_BYTES in bytes(batch)
 
 
 def tag_mask(tag: str) -> int:

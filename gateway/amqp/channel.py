@@ -28,7 +28,7 @@ from core.broker import PublishResult
 from core.broker.topics import TopicError
 from core.delivery import Consumer, Delivery, Message
 from core.delivery.message import EXPIRES_AT_HEADER
-from core.log.record import PROTOCOL_AMQP
+from core.log.record import PROTOCOL_AMQP, PROTOCOL_MQTT
 from core.log.store import now_ms
 from core.transactions import TransactionError
 from gateway.amqp.codec import (
@@ -90,6 +90,15 @@ def _properties(message: Message) -> bytes:
     )
 
 
+_SWAP_DOT_SLASH = str.maketrans({".": "/", "/": "."})
+
+
+def mqtt_compat_address(exchange: str, mqtt_topic: str) -> tuple[str, str]:
+    """(exchange, routing key) of an MQTT record as RabbitMQ's MQTT plugin delivers it: topic
+    ``a/b.c`` on ``amq.topic`` with routing key ``a.b/c``."""
+    return exchange, mqtt_topic.translate(_SWAP_DOT_SLASH)
+
+
 class ChannelConsumer:
     """A basic.consume: the core consumer plus what the channel needs to deliver to it."""
 
@@ -144,6 +153,9 @@ class ChannelConsumer:
         else:
             properties = _properties(message)
         session = channel.session
+        subject = message.subject
+        if message.protocol == PROTOCOL_MQTT and channel.mqtt_exchange and message.address:
+            topic, subject = mqtt_compat_address(channel.mqtt_exchange, message.address)
         session.write(
             encode_deliver(
                 channel.number,
@@ -151,7 +163,7 @@ class ChannelConsumer:
                 tag,
                 delivery.redelivered,
                 "" if topic.startswith(QUEUE_TOPIC_PREFIX) else topic,
-                message.subject,
+                subject,
                 properties,
                 message.body or b"",
                 session.frame_max,
@@ -195,6 +207,9 @@ class Channel:
         self.number = number
         self.vhost = session.vhost
         self.broker = session.vhost.broker
+        # RabbitMQ MQTT plugin compatibility: MQTT records are delivered as published to this
+        # exchange (amq.topic) with the whole topic name as routing key (docs/mapping.md).
+        self.mqtt_exchange = self.broker.config.mqtt_exchange
         self._is_sync = self.broker.store.is_sync
         self.consumers: dict[str, ChannelConsumer] = {}
         self.draining: list[ChannelConsumer] = []  # cancelled, still owed acks
@@ -463,13 +478,16 @@ class Channel:
         if not m.no_ack:
             self.unacked[tag] = delivery
         message = delivery.message
+        exchange, subject = exchange_name(message.topic), message.subject
+        if message.protocol == PROTOCOL_MQTT and self.mqtt_exchange and message.address:
+            exchange, subject = mqtt_compat_address(self.mqtt_exchange, message.address)
         self.session.write(
             encode_get_ok(
                 self.number,
                 tag,
                 delivery.redelivered,
-                exchange_name(message.topic),
-                message.subject,
+                exchange,
+                subject,
                 queue.ack.message_count(),
                 _properties(message),
                 message.body or b"",

@@ -31,6 +31,7 @@ from core.delivery.ackqueue import (
     AckQueue,
     AckQueueConfig,
 )
+from core.log.tags import TagFilter
 from core.routing.errors import RoutingError
 from gateway.amqp.constants import (
     ACCESS_REFUSED,
@@ -83,6 +84,8 @@ BUILTIN_EXCHANGES: Final = (
 # Exchange arguments compared on redeclare (rabbit_exchange:assert_args_equivalence).
 EXCHANGE_EQUIVALENT_ARGS: Final = (ALTERNATE_EXCHANGE_ARG, DELAYED_TYPE_ARG)
 # Queue arguments compared on redeclare (rabbit_amqqueue:declare_args).
+# BraidMQ's queue argument: a tag filter (``"TagA || TagB"``) on the queue (docs/mapping.md).
+TAG_FILTER_ARG: Final = "x-braid-tag-filter"
 QUEUE_EQUIVALENT_ARGS: Final = (
     "x-expires",
     "x-message-ttl",
@@ -96,6 +99,7 @@ QUEUE_EQUIVALENT_ARGS: Final = (
     "x-queue-type",
     "x-single-active-consumer",
     "x-delivery-limit",
+    TAG_FILTER_ARG,
 )
 OVERFLOW_MODES: Final = {
     "drop-head": OVERFLOW_DROP_HEAD,
@@ -622,6 +626,12 @@ class VirtualHost:
                 f"invalid arg 'x-dead-letter-routing-key' for {where}: "
                 "routing_key_but_no_dlx_defined"
             )
+        tag_expression = args.get(TAG_FILTER_ARG)
+        if tag_expression is not None and not isinstance(tag_expression, str):
+            raise _precondition(
+                f"invalid arg '{TAG_FILTER_ARG}' for {where}: "
+                f"{{unacceptable_type,{_describe(tag_expression)}}}"
+            )
         dead_letter = DeadLetterPolicy()
         if dlx:
             dead_letter = DeadLetterPolicy(dlx, dlrk)
@@ -634,6 +644,7 @@ class VirtualHost:
             overflow=OVERFLOW_MODES[overflow],
             single_active_consumer=single,
             delivery_limit=limit,
+            tag_filter=TagFilter.parse(tag_expression) if tag_expression else None,
             dead_letter=dead_letter,
         )
 

@@ -38,7 +38,10 @@ from typing import Any, Final
 
 from core.broker import Broker
 from core.broker.topics import TopicError
-from core.delivery import AckQueue, messages_of
+from core.deadletter.policy import DEAD_LETTER_TOPIC_HEADER
+from core.delivery import AckQueue, Message, messages_of
+from core.delivery.ackqueue import AckQueueConfig
+from core.log import TagFilter
 from core.log import record as rec
 from core.log.names import SESSIONS_TOPIC
 from core.log.store import now_ms
@@ -663,7 +666,9 @@ class MqttHub:
                 for message in messages_of(queued):
                     # Only the record's own topic entry: copies routed into queues are not
                     # publishes to those queues.
-                    if message.topic != topic or message.offset < offset:
+                    if message.offset < offset or (
+                        message.topic != topic and not is_dead_letter_in(message, topic)
+                    ):
                         continue
                     self.metrics["tapped_records"] += 1
                     self.deliver_live(out_message_of(message), None)
@@ -671,9 +676,15 @@ class MqttHub:
     # -- subscriptions ---------------------------------------------------------------------
 
     def subscribe(
-        self, session: Session, request: Subscription, identifier: int
+        self,
+        session: Session,
+        request: Subscription,
+        identifier: int,
+        tag_filter: TagFilter | None = None,
     ) -> tuple[int, Sub | None, bool]:
-        """(reason code, subscription, whether it is new) for one SUBSCRIBE entry."""
+        """(reason code, subscription, whether it is new) for one SUBSCRIBE entry.
+        ``tag_filter`` (user property ``tag-filter``) applies to a shared subscription's group
+        queue when this subscription creates it."""
         topic_filter = request.topic_filter
         try:
             shared = parse_shared_subscription(topic_filter)
@@ -705,6 +716,7 @@ class MqttHub:
             request.retain_as_published,
             request.retain_handling,
             identifier,
+            tag_filter,
         )
         self.persist(session)
         if sub.group is not None and session.connection is not None:
@@ -723,8 +735,9 @@ class MqttHub:
         retain_as_published: bool,
         retain_handling: int,
         identifier: int,
+        tag_filter: TagFilter | None = None,
     ) -> Sub:
-        group = self._group(share, inner, plan) if share is not None else None
+        group = self._group(share, inner, plan, tag_filter) if share is not None else None
         sub = Sub(
             session,
             topic_filter,
@@ -786,14 +799,21 @@ class MqttHub:
         ):
             self.global_bindings -= 1
 
-    def _group(self, share: str, inner: str, plan: list[BindingSpec]) -> SharedGroup:
+    def _group(
+        self,
+        share: str,
+        inner: str,
+        plan: list[BindingSpec],
+        tag_filter: TagFilter | None = None,
+    ) -> SharedGroup:
         name = group_queue_name(share, inner)
         group = self.groups.get(name)
         if group is not None:
             return group
         queue = self.broker.ack_queue(name)
         if queue is None:
-            queue, _ = self.broker.declare_ack_queue(name, 0)
+            # The group's tag filter is set when its queue is created (durable with it).
+            queue, _ = self.broker.declare_ack_queue(name, 0, AckQueueConfig(tag_filter=tag_filter))
             queue.purge()
         self._bind(plan, name)
         group = self.groups[name] = SharedGroup(name, share, inner, plan, queue)
@@ -899,6 +919,13 @@ class MqttHub:
                 if needed is not None and needed < end:
                     return True
         return False
+
+
+def is_dead_letter_in(message: Message, topic: str) -> bool:
+    """Whether ``message`` is a record dead-lettered to ``topic`` (its entry there is the dead
+    letter's own, as a publish to the dead-letter exchange)."""
+    target = message.header(DEAD_LETTER_TOPIC_HEADER) if message.headers else None
+    return target is not None and target == topic.encode()
 
 
 _PLACEHOLDER: Final = OutMessage("", b"", 2, False, "", 0, NO_PROPERTIES)

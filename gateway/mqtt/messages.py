@@ -32,6 +32,7 @@ from __future__ import annotations
 import math
 from typing import Final
 
+from core.deadletter.policy import DEAD_LETTER_SUBJECT_HEADER, DEAD_LETTER_TOPIC_HEADER
 from core.delivery.message import EXPIRES_AT_HEADER, Message
 from core.log import record as rec
 from gateway.mqtt._wire import U16, U32
@@ -188,7 +189,15 @@ def out_message_of(message: Message) -> OutMessage:
     """The OutMessage of a record read from the log (any protocol)."""
     protocol = message.protocol
     mqtt = protocol == rec.PROTOCOL_MQTT
-    if mqtt and message.address:
+    dead_letter_topic = message.header(DEAD_LETTER_TOPIC_HEADER) if message.headers else None
+    if dead_letter_topic is not None:
+        # A dead letter is read under its dead-letter exchange and routing key: <dlx>/a/b.
+        subject = message.header(DEAD_LETTER_SUBJECT_HEADER)
+        topic = mqtt_topic_of(
+            dead_letter_topic.decode("utf-8", "replace"),
+            subject.decode("utf-8", "replace") if subject is not None else message.subject,
+        )
+    elif mqtt and message.address:
         topic = message.address
     else:
         key = message.key if protocol == rec.PROTOCOL_KAFKA else None

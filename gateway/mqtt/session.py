@@ -38,6 +38,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from core.delivery import Consumer, Delivery
+from core.log import TagFilter
 from core.log.store import now_ms
 from gateway.mqtt.addresses import filter_matches
 from gateway.mqtt.eager import Pending, run_eagerly
@@ -73,6 +74,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 # Session Expiry Interval meaning "never" (5.0 §3.1.2.11.2); 3.1.1's Clean Session 0.
+# SUBSCRIBE user property: a tag filter (``TagA || TagB``) on a shared subscription's group.
+TAG_FILTER_PROPERTY: Final = "tag-filter"
 NEVER_EXPIRES: Final = 0xFFFF_FFFF
 MAX_PACKET_ID: Final = 0xFFFF
 # Receive Maximum when the client sends none (5.0 §3.1.2.11.3).
@@ -954,8 +957,12 @@ class Connection:
         session = self.session
         assert session is not None
         identifier = packet.subscription_identifier or 0
+        tag_filter = None
+        for name, value in packet.properties.user_properties:
+            if name == TAG_FILTER_PROPERTY:
+                tag_filter = TagFilter.parse(value)
         results = [
-            self.hub.subscribe(session, subscription, identifier)
+            self.hub.subscribe(session, subscription, identifier, tag_filter)
             for subscription in packet.subscriptions
         ]
         codes = tuple(code for code, _, _ in results)
