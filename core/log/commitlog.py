@@ -101,6 +101,11 @@ class CommitLog:
         self.write_position = position + size
         return position
 
+    def writable_buffer(self, number: int) -> memoryview:
+        """The mapping of segment ``number`` (created if new), for a writer that encodes a frame
+        in place; it must then advance ``write_position`` itself."""
+        return self._segment(number).buf
+
     def append_frames(self, frames: list[bytes]) -> list[int]:
         """Write several frames with as few copies into the mapping as segment bounds allow."""
         positions: list[int] = []
