@@ -6,9 +6,10 @@ One run, in a temporary directory (``--dir`` to choose where):
    fresh log with ``LogStore.append_many`` batches, spread over ``--queues`` queues;
 2. writes the same rows (every column of the braid schema, as the source returns them) as
    Parquet with pyarrow, ``--parquet-files`` files, snappy, the usual Spark defaults;
-3. starts one local SparkSession (``--master``, default ``local[2]``) and times, interleaved,
-   ``count(*)`` and ``sum(length(value))`` (an aggregate that forces the value column to be read)
-   over
+3. starts one local SparkSession (``--master``, default ``local[2]``; the ``braid`` source is
+   registered with ``spark.register``, so reads are spread over the session's cores) and times,
+   interleaved, ``count(*)`` and ``sum(length(value))`` (an aggregate that forces the value
+   column to be read) over
    - ``braid``: ``spark.read.format("braid")`` with the full schema;
    - ``braid value``: the same with ``.schema("value binary")``, the columns the query needs
      (Parquet prunes columns by itself, a Python data source does not: every column it returns
@@ -20,14 +21,18 @@ One run, in a temporary directory (``--dir`` to choose where):
      source path itself costs on this machine, the bound for any decoder.
 
 Each query runs once to warm up, then ``--runs`` times; the best run counts (the machine is
-shared: the best is the least disturbed). Rows/s, value MB/s and the ratio to Parquet are
-printed; the target is a ratio of at least 0.5. The temporary directory is removed at the end
-unless ``--keep``.
+shared: the best is the least disturbed). Rows/s, value MB/s, the ratio to Parquet (also paired
+within each round, see :func:`report`) and the CPU seconds the query cost (JVM and Python
+workers, least of the runs; Linux only) are printed; the target is a ratio of at least 0.5.
+The temporary directory is removed at the end unless ``--keep``; ``--data DIR`` writes the log
+and the Parquet copy to ``DIR`` once and reuses them on later runs with the same ``--records``,
+``--value-size``, ``--queues`` and ``--parquet-files``.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import shutil
@@ -36,7 +41,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -61,7 +66,6 @@ TARGET_RATIO = 0.5  # braid rows/s over Parquet rows/s, from the issue
 
 
 FLOOR_FORMAT = "braid_bench_floor"
-FLOOR_BATCH_ROWS = 65_536  # as spark.decode's batches
 
 
 class FloorSource(DataSource):  # type: ignore[misc]
@@ -94,13 +98,15 @@ class FloorReader(DataSourceReader):  # type: ignore[misc]
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         import pyarrow as pa
 
+        from spark.decode import DEFAULT_BATCH_ROWS  # batches as large as the source's
+
         rows: int = partition.value
         value = os.urandom(self.value_size)
         full = pa.RecordBatch.from_arrays(
-            [pa.array([value] * FLOOR_BATCH_ROWS, pa.binary())], names=["value"]
+            [pa.array([value] * DEFAULT_BATCH_ROWS, pa.binary())], names=["value"]
         )
         while rows > 0:
-            batch = full if rows >= FLOOR_BATCH_ROWS else full.slice(0, rows)
+            batch = full if rows >= DEFAULT_BATCH_ROWS else full.slice(0, rows)
             rows -= batch.num_rows
             yield batch
 
@@ -111,6 +117,7 @@ class Timing:
     seconds: list[float]
     rows: int
     value_bytes: int
+    cpu_seconds: list[float] = field(default_factory=list)
 
     @property
     def best(self) -> float:
@@ -143,6 +150,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     parser.add_argument("--dir", help="parent of the temporary directory (default: $TMPDIR)")
     parser.add_argument("--keep", action="store_true", help="keep the data directory")
+    parser.add_argument(
+        "--data",
+        help="directory for the log and the Parquet copy: written once, reused by later runs "
+        "of the same shape, never removed",
+    )
     return parser.parse_args(argv)
 
 
@@ -221,6 +233,36 @@ def start_session(master: str, driver_memory: str) -> SparkSession:
     return spark
 
 
+def children_cpu_seconds() -> float | None:
+    """CPU seconds (user + system) used so far by this process's descendants that are still
+    running, and by the children they reaped: the JVM and Spark's Python workers. None where
+    there is no /proc."""
+    ticks = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    try:
+        names = [name for name in os.listdir("/proc") if name.isdigit()]
+    except OSError:
+        return None
+    parents: dict[int, int] = {}
+    used: dict[int, int] = {}
+    for name in names:
+        try:
+            stat = Path(f"/proc/{name}/stat").read_text()
+        except OSError:
+            continue  # exited meanwhile
+        fields = stat[stat.rindex(")") + 2 :].split()
+        parents[int(name)] = int(fields[1])
+        used[int(name)] = sum(int(value) for value in fields[11:15])  # utime stime cutime cstime
+    children: dict[int, list[int]] = {}
+    for pid, parent in parents.items():
+        children.setdefault(parent, []).append(pid)
+    total, pending = 0, list(children.get(os.getpid(), []))
+    while pending:
+        pid = pending.pop()
+        total += used[pid]
+        pending.extend(children.get(pid, []))
+    return total / ticks
+
+
 def measure(
     queries: dict[str, Callable[[], DataFrame]], runs: int, expected_rows: int
 ) -> dict[str, Timing]:
@@ -230,15 +272,19 @@ def measure(
     for round_number in range(runs + 1):  # round 0 warms up
         for name, query in queries.items():
             frame = query().agg(F.count(F.lit(1)), F.sum(F.length("value")))
+            cpu_before = children_cpu_seconds()
             started = time.perf_counter()
             ((rows, value_bytes),) = frame.collect()
             elapsed = time.perf_counter() - started
+            cpu_after = children_cpu_seconds()
             if rows != expected_rows:
                 raise AssertionError(f"{name}: {rows} rows, expected {expected_rows}")
             timing = timings[name]
             timing.rows, timing.value_bytes = rows, value_bytes
             if round_number:
                 timing.seconds.append(elapsed)
+                if cpu_before is not None and cpu_after is not None:
+                    timing.cpu_seconds.append(cpu_after - cpu_before)
             print(
                 f"  {'warm-up' if not round_number else f'run {round_number}'} {name}: "
                 f"{elapsed:.2f} s",
@@ -249,6 +295,8 @@ def measure(
 
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
+    if args.data:
+        return _run(args, Path(args.data))
     parent = Path(args.dir) if args.dir else None
     work = Path(tempfile.mkdtemp(prefix="bench-spark-", dir=parent))
     try:
@@ -266,11 +314,25 @@ def _run(args: argparse.Namespace, work: Path) -> int:
         f"bench spark: {args.records:,} records of {args.value_size} bytes in {args.queues} "
         f"queues; {os.cpu_count()} CPUs; Python {platform.python_version()}; {args.master}"
     )
-    seconds = write_log(data_dir, args.records, args.value_size, args.queues)
-    print(f"wrote the log in {seconds:.1f} s ({args.records / seconds:,.0f} records/s)")
-    seconds = write_parquet(data_dir, parquet_dir, args.parquet_files)
-    size = sum(path.stat().st_size for path in parquet_dir.iterdir())
-    print(f"wrote the same rows as Parquet in {seconds:.1f} s ({size / MB:,.0f} MB)")
+    shape = {
+        "records": args.records,
+        "value_size": args.value_size,
+        "queues": args.queues,
+        "parquet_files": args.parquet_files,
+    }
+    marker = work / "bench-spark.json"
+    if marker.exists() and json.loads(marker.read_text()) == shape:
+        print(f"reusing the log and the Parquet copy in {work}")
+    else:
+        shutil.rmtree(data_dir, ignore_errors=True)
+        shutil.rmtree(parquet_dir, ignore_errors=True)
+        marker.unlink(missing_ok=True)
+        seconds = write_log(data_dir, args.records, args.value_size, args.queues)
+        print(f"wrote the log in {seconds:.1f} s ({args.records / seconds:,.0f} records/s)")
+        seconds = write_parquet(data_dir, parquet_dir, args.parquet_files)
+        size = sum(path.stat().st_size for path in parquet_dir.iterdir())
+        print(f"wrote the same rows as Parquet in {seconds:.1f} s ({size / MB:,.0f} MB)")
+        marker.write_text(json.dumps(shape))
 
     spark = start_session(args.master, args.driver_memory)
     try:
@@ -315,19 +377,32 @@ def _run(args: argparse.Namespace, work: Path) -> int:
 
 
 def report(timings: dict[str, Timing]) -> int:
+    """The table: best and median seconds, rows/s and value MB/s of the best run; the ratio to
+    Parquet (best against best: the verdict); the median over rounds of the ratio within each
+    round (queries of a round run back to back, so under the same load: steadier on a shared
+    machine); the least CPU seconds a run cost, and Parquet's over it (what the ratio tends to
+    when other work takes the cores)."""
     parquet = timings["parquet"]
     print()
     print(
-        f"{'query':24} {'best s':>8} {'median s':>9} {'rows/s':>12} {'value MB/s':>11} "
-        f"{'vs parquet':>11}"
+        f"{'query':24} {'best s':>7} {'median s':>8} {'rows/s':>11} {'value MB/s':>10} "
+        f"{'vs parquet':>10} {'paired':>6} {'cpu s':>6} {'vs cpu':>6}"
     )
     results: dict[str, Any] = {}
     for name, timing in timings.items():
         ratio = timing.rows_per_s / parquet.rows_per_s
         results[name] = ratio
+        paired = statistics.median(
+            base / own for base, own in zip(parquet.seconds, timing.seconds, strict=True)
+        )
+        cpu = cpu_ratio = f"{'-':>6}"
+        if timing.cpu_seconds and parquet.cpu_seconds:
+            cpu = f"{min(timing.cpu_seconds):6.2f}"
+            cpu_ratio = f"{min(parquet.cpu_seconds) / max(min(timing.cpu_seconds), 1e-9):6.2f}"
         print(
-            f"{name:24} {timing.best:8.2f} {statistics.median(timing.seconds):9.2f} "
-            f"{timing.rows_per_s:12,.0f} {timing.mb_per_s:11.1f} {ratio:11.2f}"
+            f"{name:24} {timing.best:7.2f} {statistics.median(timing.seconds):8.2f} "
+            f"{timing.rows_per_s:11,.0f} {timing.mb_per_s:10.1f} {ratio:10.2f} {paired:6.2f} "
+            f"{cpu} {cpu_ratio}"
         )
     like_for_like = results["braid value"]
     verdict = "PASS" if like_for_like >= TARGET_RATIO else "FAIL"

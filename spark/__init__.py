@@ -21,8 +21,21 @@ if TYPE_CHECKING:
 __all__ = ["COLUMN_NAMES", "FORMAT", "register"]
 
 
-def register(session: SparkSession) -> None:
-    """Make ``format("braid")`` available in ``session`` (idempotent)."""
-    from spark.source import BraidDataSource
+def register(session: SparkSession, *, min_partitions: int | None = None) -> None:
+    """Make ``format("braid")`` available in ``session`` (idempotent).
 
-    session.dataSource.register(BraidDataSource)
+    Reads that do not set ``minPartitions`` are spread over ``min_partitions`` tasks, by default
+    the session's ``defaultParallelism`` (its cores), as Spark's file sources are: a data
+    source's planner cannot see the cluster, so it is told here."""
+    from spark.source import with_default_min_partitions
+
+    if min_partitions is None:
+        min_partitions = _parallelism(session)
+    session.dataSource.register(with_default_min_partitions(min_partitions))
+
+
+def _parallelism(session: SparkSession) -> int | None:
+    try:
+        return int(session.sparkContext.defaultParallelism)
+    except Exception:  # Spark Connect has no SparkContext: no default, reads say minPartitions
+        return None

@@ -4,15 +4,20 @@ This is the engine behind the ``braid`` data source, usable without Spark: :func
 takes a :class:`core.log.LogReader` and yields ``pyarrow.RecordBatch`` es whose schema is
 :func:`spark.schema.arrow_schema`.
 
-How: index entries (:mod:`core.log.consumequeue`, 40-byte fixed-width) are viewed as one numpy
-structured array straight over the index file's read-only mapping; the 72-byte frame headers
-(:mod:`core.log.record`) they point at are described as an Arrow binary-view array over the
-commit-log segment mapping and copied out by one Arrow cast; variable fields are located by
-adding up the header's length fields; each binary/string column is gathered the same way into
-one contiguous Arrow buffer. Python loops per record only to verify each frame's CRC32C (one C
-call each), for the rare fields that need parsing (headers, tags), and for Kafka batches and
-moved (LINKed) records, which are decoded with :mod:`core.log.record` and
-:mod:`core.log.batches` (aiokafka's codec: gzip/snappy/lz4/zstd through cramjam).
+How, for up to ``DEFAULT_BATCH_ROWS`` entries at a time: index entries
+(:mod:`core.log.consumequeue`, 40-byte fixed-width) are viewed as one numpy structured array
+straight over the index file's read-only mapping. To check CRCs, the frames they point at are
+copied end to end into one buffer (a numpy copy per stretch of adjacent frames, or one Arrow cast
+of binary views over the segment mapping when they are scattered) and checked with a single
+``crc32c`` call (:func:`_chain_matches`); everything after reads that copy, hot in the cache, or
+the mapping itself when checks are off. The 72-byte frame headers (:mod:`core.log.record`) are
+gathered by one numpy fancy index over a byte-strided view; variable fields are located by
+adding up the header's length fields; each binary/string column is described as an Arrow
+binary-view array and copied into one contiguous Arrow buffer by one cast. Python loops per
+record only for the rare fields that need parsing (headers, tags; only in batches that have
+them), and for Kafka batches and moved (LINKed) records, which are decoded with
+:mod:`core.log.record` and :mod:`core.log.batches` (aiokafka's codec: gzip/snappy/lz4/zstd
+through cramjam), as is everything when a test asks (:func:`_record_by_record`).
 
 Visibility: only entries of the queue's index are read, so a half message (indexed in
 ``__half`` only) or a pending delayed record (``__timers`` only) shows up in a user topic once a
@@ -44,18 +49,19 @@ from spark.readers import refresh, retry_while_files_grow
 from spark.schema import COLUMN_NAMES, arrow_schema
 
 # Rows per Arrow batch yielded: large enough that per-batch costs (IPC framing to the JVM,
-# numpy call overhead) vanish, small enough that a gathered value buffer (rows x value size)
-# stays in the tens of MiB and int32 Arrow offsets cannot overflow for values up to 32 KiB each.
-DEFAULT_BATCH_ROWS = 65_536
-# ... and at most this many bytes of frames (large messages), far below what Arrow's int32
-# offsets allow in one column; a single larger frame (up to a segment) still makes one batch.
-DEFAULT_BATCH_BYTES = 64 << 20
+# numpy call overhead) vanish, small enough that a batch's frames (copied once to check their
+# CRCs, then read column by column) stay in the CPU's caches: 32 Ki rows decode faster than
+# 64 Ki or 256 Ki (measured; docs/spark.md, Performance).
+DEFAULT_BATCH_ROWS = 32_768
+# ... and at most this many bytes of frames (large messages), for the same reason, and far below
+# what Arrow's int32 offsets allow in one column; a single larger frame (up to a segment) still
+# makes one batch.
+DEFAULT_BATCH_BYTES = 8 << 20
 # Arrow binary/string columns use int32 offsets: a batch's gathered column must stay below this.
 MAX_COLUMN_BYTES = (1 << 31) - 1
 # Arrow's binary-view layout: a value of up to 12 bytes is stored inside its 16-byte view; a
 # longer one is (4-byte prefix, buffer index, int32 offset) so a segment must stay below 2 GiB.
 VIEW_INLINE_BYTES = 12
-VIEW_PREFIX_BYTES = 4
 MAX_SEGMENT_BYTES = (1 << 31) - 1
 
 Int64Array = npt.NDArray[np.int64]
@@ -214,19 +220,33 @@ def _entries(index: consumequeue.ConsumeQueue, first: int, count: int) -> npt.ND
     return np.frombuffer(buf, dtype=entry_dtype(), count=count, offset=offset)
 
 
-class _Segment:
-    """One commit-log segment mapping seen three ways: bytes for CRC checks and Kafka batches, a
-    numpy array for gathers, an Arrow buffer for binary views (none of them copies)."""
+class _Bytes:
+    """Bytes (a commit-log segment's mapping, or a copy of frames) seen several ways, none of
+    them a copy: a memoryview, a numpy byte array, an Arrow buffer for binary views, and two
+    unaligned numpy views with a stride of one byte (element ``k`` starts at byte ``k``), so one
+    fancy index gathers the frame headers (``frames``) or little-endian words (``words``) at any
+    list of offsets."""
 
-    __slots__ = ("array", "base", "buffer", "view")
+    __slots__ = ("array", "buffer", "frames", "view", "words")
 
-    def __init__(self, view: memoryview, base: int) -> None:
+    def __init__(self, data: memoryview | ByteArray) -> None:
+        view = data if isinstance(data, memoryview) else data.data
         if len(view) > MAX_SEGMENT_BYTES:
             raise ValueError(f"segments above {MAX_SEGMENT_BYTES} bytes are not supported")
         self.view = view
-        self.base = base
-        self.array: ByteArray = np.frombuffer(view, dtype=np.uint8)
+        self.array: ByteArray = (
+            data if isinstance(data, np.ndarray) else np.frombuffer(view, dtype=np.uint8)
+        )
         self.buffer = pa.py_buffer(view)
+        self.frames = _byte_strided(data, np.dtype(f"V{rec.HEADER_SIZE}"))
+        self.words: npt.NDArray[np.uint32] = _byte_strided(data, np.dtype("<u4"))
+
+
+def _byte_strided(data: memoryview | ByteArray, dtype: np.dtype[Any]) -> npt.NDArray[Any]:
+    """Every ``dtype``-sized window of ``data``, one per byte offset (no copy; writable when
+    ``data`` is)."""
+    count = max(0, len(data) - dtype.itemsize + 1)
+    return np.ndarray(shape=(count,), dtype=dtype, buffer=data, strides=(1,))
 
 
 class _Plan(NamedTuple):
@@ -262,61 +282,176 @@ def _decode_entries(
             mapped = commitlog.segments.get(number)
         if mapped is None:
             continue  # deleted by retention while we read: what it held is gone
-        segment = _Segment(mapped.buf, mapped.base)
-        relative = positions[low:high] - segment.base
+        segment = _Bytes(mapped.buf)
+        run_positions = positions[low:high]
+        relative = run_positions - mapped.base
         sizes = entries["size"][low:high].astype(np.int64)
-        headers = _gather_headers(segment, relative, sizes)
-        _check_frames(segment, relative, headers, sizes)
+        ends = relative + sizes
+        if int(ends.max()) > len(segment.array):
+            where = int(np.argmax(ends > len(segment.array)))
+            raise rec.CorruptRecordError(
+                int(run_positions[where]), "index entry points past the segment"
+            )
+        # Checking CRCs needs every byte of every frame: they are copied end to end once, and
+        # everything after reads that compact copy (in cache) rather than the mapping.
         if plan.verify_checksums:
-            _verify_checksums(segment, relative, headers)
+            source, starts = _copy_frames(segment, relative, sizes)
+        else:
+            source, starts = segment, relative
+        headers = _gather_headers(source, starts)
+        _check_frames(headers, sizes, run_positions)
+        if plan.verify_checksums and not _chain_matches(source, starts, headers):
+            _verify_each(segment, relative, headers, run_positions)
+            raise rec.CorruptRecordError(int(run_positions[0]), "crc32c mismatch in a run")
         run_entries = entries[low:high]
         # Kafka batches and LINK entries (a moved record, seen through the LINK with its
         # headers laid over the record's) are decoded record by record; the rest in bulk.
         special = rec.FLAG_BATCH | (rec.FLAG_LINK if plan.follow_links else 0)
-        one_by_one = (headers["flags"] & special) != 0
+        one_by_one = _record_by_record(headers, special)
         for first, stop in _runs(one_by_one) if one_by_one.any() else [(0, high - low)]:
             part = slice(first, stop)
             if one_by_one[first]:
-                yield from _record_batches(plan, reader, segment, run_entries[part], relative[part])
+                yield from _record_batches(
+                    plan, reader, segment.view, run_entries[part], run_positions[part], mapped.base
+                )
             else:
-                yield _plain_batch(plan, segment, run_entries[part], relative[part], headers[part])
+                yield _plain_batch(
+                    plan,
+                    source,
+                    run_entries[part],
+                    starts[part],
+                    headers[part],
+                    run_positions[part],
+                )
 
 
-def _gather_headers(segment: _Segment, relative: Int64Array, sizes: Int64Array) -> npt.NDArray[Any]:
-    """The fixed headers of the frames at ``relative`` positions, one structured row each."""
-    size = rec.HEADER_SIZE
-    if len(relative) and int(relative.max()) + size > len(segment.array):
-        raise rec.CorruptRecordError(int(relative.max()), "index entry points past the segment")
-    lengths = np.full(len(relative), size, dtype=np.int64)
-    gathered = _gather(segment, relative, lengths, prefixes=sizes)
-    data = gathered.buffers()[2]
-    return np.frombuffer(data, dtype=header_dtype(), count=len(relative))
+def _record_by_record(headers: npt.NDArray[Any], special: int) -> BoolArray:
+    """Which frames go through the record-by-record decoder (flags in ``special``); the others
+    are decoded in bulk, column by column. (Tests force every frame through the former.)"""
+    one_by_one: BoolArray = (headers["flags"] & special) != 0
+    return one_by_one
 
 
-def _check_frames(
-    segment: _Segment, relative: Int64Array, headers: npt.NDArray[Any], sizes: Int64Array
-) -> None:
-    totals = headers["total_size"].astype(np.int64)
-    bad = (headers["magic"] != rec.RECORD_MAGIC) | (totals != sizes)
-    bad |= relative + totals > len(segment.array)
+def _gather_headers(source: _Bytes, starts: Int64Array) -> npt.NDArray[Any]:
+    """The fixed headers of the frames at ``starts``, one structured row each (one numpy gather
+    of 72-byte items; the caller has checked every frame lies inside ``source``)."""
+    return source.frames[starts].view(header_dtype())
+
+
+def _check_frames(headers: npt.NDArray[Any], sizes: Int64Array, positions: Int64Array) -> None:
+    bad = (headers["magic"] != rec.RECORD_MAGIC) | (headers["total_size"] != sizes)
     if bad.any():
         where = int(np.argmax(bad))
-        raise rec.CorruptRecordError(
-            segment.base + int(relative[where]), "frame does not match its index entry"
-        )
+        raise rec.CorruptRecordError(int(positions[where]), "frame does not match its index entry")
 
 
-def _verify_checksums(segment: _Segment, relative: Int64Array, headers: npt.NDArray[Any]) -> None:
-    """CRC32C of every frame (one C call each; a list comprehension is the cheapest Python loop
-    around it), compared in one vector operation."""
+# A stretch of adjacent frames is copied with one numpy call (~1 µs); scattered frames are
+# gathered by one Arrow cast instead (~25 ns each), unless stretches average this many frames.
+ADJACENT_FRAMES_PER_COPY = 64
+
+
+def _copy_frames(
+    segment: _Bytes, relative: Int64Array, sizes: Int64Array
+) -> tuple[_Bytes, Int64Array]:
+    """The frames at ``relative`` (each inside the segment) copied end to end into a new
+    writable buffer, and where each starts in it."""
+    ends = relative + sizes
+    starts = np.cumsum(sizes) - sizes
+    total = int(sizes.sum())
+    breaks = np.flatnonzero(relative[1:] != ends[:-1]) + 1
+    if len(breaks) * ADJACENT_FRAMES_PER_COPY > len(relative) and total <= MAX_COLUMN_BYTES:
+        views = np.empty((len(relative), 4), dtype="<i4")
+        views[:, 0] = sizes  # >= 72 bytes: data in the segment buffer
+        views[:, 1] = sizes  # a frame's first 4 bytes are its size (checked later)
+        views[:, 2] = 0
+        views[:, 3] = relative
+        gathered = pa.Array.from_buffers(
+            pa.binary_view(), len(relative), [None, pa.py_buffer(views), segment.buffer]
+        ).cast(pa.binary())
+        copy = np.frombuffer(gathered.buffers()[2], dtype=np.uint8, count=total)
+        if not copy.flags.writeable:  # the cast's fresh buffer is ours to patch, normally
+            copy = copy.copy()
+        return _Bytes(copy), starts
+    copy = np.empty(total, dtype=np.uint8)
+    firsts = [0, *breaks.tolist()]
+    lasts = [*(breaks - 1).tolist(), len(relative) - 1]
+    filled = 0
+    for low, high in zip(relative[firsts].tolist(), ends[lasts].tolist(), strict=True):
+        copy[filled : filled + high - low] = segment.array[low:high]
+        filled += high - low
+    return _Bytes(copy), starts
+
+
+@cache
+def chain_mask() -> int:
+    """``J`` such that, whatever ``m``, the CRC32C register after ``m + le32(crc32c(m) ^ J)``
+    is back at its initial value (and ``crc32c`` of it is 0), so checked messages chain (see
+    :func:`_chain_matches`).
+
+    With the register ``r`` after ``m`` (``r == ~crc32c(m)``), feeding the four bytes of ``v``
+    leaves ``f(r ^ v)``, where ``f(x)`` is the register after the four bytes of ``x`` from
+    zero: a linear bijection of 32-bit values. ``J`` is ``~f⁻¹(0xFFFFFFFF)``, solved here by
+    Gaussian elimination over GF(2) from the images of the 32 unit vectors."""
+    ones = 0xFFFFFFFF
+
+    def f(x: int) -> int:
+        return int(crc32c(x.to_bytes(4, "little"), ones)) ^ ones
+
+    basis: dict[int, tuple[int, int]] = {}  # leading bit -> (image, preimage)
+    for bit in range(32):
+        image, preimage = f(1 << bit), 1 << bit
+        for lead in range(31, -1, -1):
+            if not image >> lead & 1:
+                continue
+            if lead not in basis:
+                basis[lead] = (image, preimage)
+                break
+            image ^= basis[lead][0]
+            preimage ^= basis[lead][1]
+    target, solution = ones, 0
+    for lead in range(31, -1, -1):
+        if target >> lead & 1:
+            target ^= basis[lead][0]
+            solution ^= basis[lead][1]
+    return solution ^ ones
+
+
+def _chain_matches(copy: _Bytes, starts: Int64Array, headers: npt.NDArray[Any]) -> bool:
+    """Whether every frame of ``copy`` (frames end to end, from :func:`_copy_frames`) matches
+    its stored CRC32C, with one ``crc32c`` call over the whole copy. Overwrites the first 12
+    bytes of every frame (size, magic, CRC: already in ``headers``).
+
+    Each frame's checked bytes ``m`` (``[12, total_size)``) are preceded by 12 bytes chosen so
+    that, if the frame before matched its stored CRC, the CRC register is back at its initial
+    value when ``m`` starts: ``le32(previous stored crc ^ J)``, then ``le32(J)`` twice (which
+    keep it there; :func:`chain_mask`). So when every frame matches, the CRC32C of the copy is
+    the last frame's stored CRC. A frame that does not match leaves its own non-zero syndrome
+    in the register, which every later byte only multiplies by a power of ``x`` modulo the CRC
+    polynomial (invertible): corruption confined to one frame of the run is caught exactly
+    when that frame's own CRC would catch it; corruptions in several frames could only cancel
+    out in one combination of their syndromes in 2^32, and three or fewer flipped bits anywhere
+    are always caught (CRC-32C's Hamming distance is 4 up to 2^31 bits; a run is at most
+    ``DEFAULT_BATCH_BYTES`` plus one frame)."""
+    crcs = headers["crc32c"]
+    mask = chain_mask()
+    patch = np.full((len(starts), 3), mask, dtype="<u4")
+    patch[1:, 0] ^= crcs[:-1]
+    _byte_strided(copy.array, np.dtype("V12"))[starts] = patch.view("V12").ravel()
+    return int(crc32c(copy.view)) == int(crcs[-1])
+
+
+def _verify_each(
+    segment: _Bytes, relative: Int64Array, headers: npt.NDArray[Any], positions: Int64Array
+) -> None:
+    """CRC32C of every frame, one C call each (a list comprehension is the cheapest Python loop
+    around it), compared in one vector operation; raises on the first mismatch."""
     starts = (relative + rec.CRC_START).tolist()
     ends = (relative + headers["total_size"].astype(np.int64)).tolist()
     view = segment.view
     computed = [crc32c(view[begin:finish]) for begin, finish in zip(starts, ends, strict=True)]
     bad = np.array(computed, dtype=np.uint32) != headers["crc32c"]
     if bad.any():
-        where = int(np.argmax(bad))
-        raise rec.CorruptRecordError(segment.base + int(relative[where]), "crc32c mismatch")
+        raise rec.CorruptRecordError(int(positions[int(np.argmax(bad))]), "crc32c mismatch")
 
 
 # -- plain records: vectorized ---------------------------------------------------------------
@@ -415,45 +550,53 @@ class _Fields:
 
 def _plain_batch(
     plan: _Plan,
-    segment: _Segment,
+    source: _Bytes,
     entries: npt.NDArray[Any],
-    relative: Int64Array,
+    starts: Int64Array,
     headers: npt.NDArray[Any],
+    positions: Int64Array,
 ) -> pa.RecordBatch:
-    fields = _Fields(relative, headers)
+    """Frames starting at ``starts`` in ``source`` (plain ones: no batch, no LINK to follow),
+    decoded column by column."""
+    fields = _Fields(starts, headers)
     if plan.dedupe:
-        home = _home_rows(segment, headers, fields, plan.topic, plan.queue)
+        home = _home_rows(source, headers, fields, plan.topic, plan.queue)
         if not home.all():
             keep = np.flatnonzero(home)
-            entries, relative, headers = entries[keep], relative[keep], headers[keep]
-            fields = _Fields(relative, headers)
-    rows = len(relative)
+            entries, starts, headers = entries[keep], starts[keep], headers[keep]
+            positions = positions[keep]
+            fields = _Fields(starts, headers)
+    rows = len(starts)
     schema = arrow_schema(plan.columns)
-    array = segment.array
+
+    def text(field: str) -> pa.Array:
+        lengths = getattr(fields, f"{field}_len")
+        if not lengths.any():  # no need to locate the field
+            return _empty_binary(rows, pa.string())
+        return _gather(source, getattr(fields, f"{field}_start"), lengths, text=True)
+
     builders: dict[str, Callable[[], pa.Array]] = {
         "topic": lambda: _constant_string(plan.topic, rows),
         "queue": lambda: pa.array(np.full(rows, plan.queue, dtype=np.int32)),
         "offset": lambda: pa.array(entries["first_offset"].astype(np.int64)),
         "timestamp": lambda: _timestamps(headers["born_ms"]),
-        "key": lambda: _gather(segment, fields.key_start, fields.key_len, fields.key_null),
-        "value": lambda: _gather(segment, fields.body_start, fields.body_len, fields.body_null),
-        "headers": lambda: _headers_column(array, fields.headers_start, fields.headers_len),
-        "tags": lambda: _tags_column(array, fields.tags_start, fields.tags_len),
-        "protocol": lambda: _protocol_names().take(pa.array(headers["protocol"])),
+        "key": lambda: _gather(source, fields.key_start, fields.key_len, fields.key_null),
+        "value": lambda: _gather(source, fields.body_start, fields.body_len, fields.body_null),
+        "headers": lambda: _headers_column(source.array, fields),
+        "tags": lambda: _tags_column(source.array, fields),
+        "protocol": lambda: _protocols(headers["protocol"]),
         "store_timestamp": lambda: _timestamps(entries["store_ms"]),
-        "subject": lambda: _gather(segment, fields.subject_start, fields.subject_len, text=True),
-        "origin_address": lambda: _gather(
-            segment, fields.address_start, fields.address_len, text=True
-        ),
-        "client_id": lambda: _gather(segment, fields.client_start, fields.client_len, text=True),
+        "subject": lambda: text("subject"),
+        "origin_address": lambda: text("address"),
+        "client_id": lambda: text("client"),
         "flags": lambda: pa.array(headers["flags"].astype(np.int32)),
-        "position": lambda: pa.array(relative + segment.base),
+        "position": lambda: pa.array(positions),
     }
     return pa.RecordBatch.from_arrays([builders[name]() for name in plan.columns], schema=schema)
 
 
 def _home_rows(
-    segment: _Segment, headers: npt.NDArray[Any], fields: _Fields, topic: str, queue: int
+    segment: _Bytes, headers: npt.NDArray[Any], fields: _Fields, topic: str, queue: int
 ) -> BoolArray:
     """Which frames have ``topic/queue`` as their home (first index target)."""
     wanted = topic.encode()
@@ -474,7 +617,29 @@ def _home_rows(
 
 
 def _constant_string(value: str, rows: int) -> pa.Array:
-    return pa.array([value], pa.string()).take(pa.array(np.zeros(rows, dtype=np.int32)))
+    raw = value.encode()
+    offsets = np.arange(rows + 1, dtype=np.int64) * len(raw)
+    if offsets[-1] > MAX_COLUMN_BYTES:
+        raise ValueError("more than 2 GiB in one Arrow column: lower the batch size")
+    return pa.Array.from_buffers(
+        pa.string(), rows, [None, pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(raw * rows)]
+    )
+
+
+def _protocols(codes: npt.NDArray[Any]) -> pa.Array:
+    """Protocol names of protocol bytes (usually one protocol per queue)."""
+    if len(codes) and (codes == codes[0]).all():
+        return _constant_string(rec.PROTOCOL_NAMES.get(int(codes[0]), "unknown"), len(codes))
+    return _protocol_names().take(pa.array(codes))
+
+
+def _empty_binary(
+    rows: int, kind: pa.DataType, validity: pa.Buffer | None = None, null_count: int = 0
+) -> pa.Array:
+    offsets = pa.py_buffer(np.zeros(rows + 1, dtype=np.int32))
+    return pa.Array.from_buffers(
+        kind, rows, [validity, offsets, pa.py_buffer(b"")], null_count=null_count
+    )
 
 
 def _timestamps(milliseconds: npt.NDArray[Any]) -> pa.Array:
@@ -485,20 +650,18 @@ def _timestamps(milliseconds: npt.NDArray[Any]) -> pa.Array:
 
 
 def _gather(
-    segment: _Segment,
+    segment: _Bytes,
     starts: Int64Array,
     lengths: Int64Array,
     nulls: BoolArray | None = None,
     *,
     text: bool = False,
-    prefixes: Int64Array | None = None,
 ) -> pa.Array:
     """One binary/string column: the byte ranges ``[start, start + length)`` of a segment.
 
     The ranges are described as an Arrow binary-view array over the segment mapping (16 bytes
     per row, no copy of the data) and cast to ``kind``: Arrow's C++ cast then copies each value
-    into one contiguous buffer. ``prefixes`` may give each value's first 4 bytes when the caller
-    already knows them (frame headers start with their size)."""
+    into one contiguous buffer."""
     rows = len(starts)
     kind = pa.string() if text else pa.binary()
     validity = None
@@ -508,30 +671,21 @@ def _gather(
         if null_count:
             validity = pa.py_buffer(np.packbits(~nulls, bitorder="little"))
     if not lengths.any():
-        offsets = pa.py_buffer(np.zeros(rows + 1, dtype=np.int32))
-        return pa.Array.from_buffers(
-            kind, rows, [validity, offsets, pa.py_buffer(b"")], null_count=null_count
-        )
+        return _empty_binary(rows, kind, validity, null_count)
     if int(lengths.sum()) > MAX_COLUMN_BYTES:
         raise ValueError("more than 2 GiB in one Arrow column: lower the batch size")
     views = np.zeros((rows, 4), dtype="<i4")
     views[:, 0] = lengths
     inline = lengths <= VIEW_INLINE_BYTES
     if inline.all():
-        _inline(views, segment.array, starts, lengths)
+        _inline(views, segment, starts, lengths)
+    elif not inline.any():
+        _outline(views, segment, starts)
     else:
-        outline = ~inline
-        if inline.any():
-            chosen = np.flatnonzero(inline)
-            views[chosen] = _inline(views[chosen], segment.array, starts[chosen], lengths[chosen])
-        chosen = np.flatnonzero(outline)
-        if prefixes is None:
-            first = starts[chosen, None] + np.arange(VIEW_PREFIX_BYTES, dtype=np.int64)
-            views[chosen, 1] = np.take(segment.array, first).view("<i4").reshape(len(chosen))
-        else:
-            views[chosen, 1] = prefixes[chosen]
-        views[chosen, 2] = 0  # the one data buffer: the segment
-        views[chosen, 3] = starts[chosen]
+        chosen = np.flatnonzero(inline)
+        views[chosen] = _inline(views[chosen], segment, starts[chosen], lengths[chosen])
+        chosen = np.flatnonzero(~inline)
+        views[chosen] = _outline(views[chosen], segment, starts[chosen])
     view_kind = pa.string_view() if text else pa.binary_view()
     described = pa.Array.from_buffers(
         view_kind,
@@ -542,22 +696,41 @@ def _gather(
     return described.cast(kind)
 
 
-def _inline(
-    views: npt.NDArray[np.int32], seg: ByteArray, starts: Int64Array, lengths: Int64Array
+def _outline(
+    views: npt.NDArray[np.int32], segment: _Bytes, starts: Int64Array
 ) -> npt.NDArray[np.int32]:
-    """Values of at most 12 bytes live inside their view, zero-padded (Arrow's view layout)."""
-    spots = starts[:, None] + np.arange(VIEW_INLINE_BYTES, dtype=np.int64)
-    np.minimum(spots, len(seg) - 1, out=spots)
-    data = np.take(seg, spots)
-    data[np.arange(VIEW_INLINE_BYTES)[None, :] >= lengths[:, None]] = 0
-    views.view(np.uint8).reshape(len(starts), 16)[:, 4:] = data
+    """Values above 12 bytes: (length, first 4 bytes, buffer 0 = the segment, offset)."""
+    views[:, 1] = segment.words[starts].view("<i4")
+    views[:, 3] = starts
     return views
 
 
-def _headers_column(seg: ByteArray, starts: Int64Array, lengths: Int64Array) -> pa.Array:
+def _inline(
+    views: npt.NDArray[np.int32], segment: _Bytes, starts: Int64Array, lengths: Int64Array
+) -> npt.NDArray[np.int32]:
+    """Values of at most 12 bytes live inside their view, zero-padded (Arrow's view layout):
+    three word gathers, then the bytes past each value's length cleared."""
+    words = segment.words
+    size = len(segment.array)
+    data = np.empty((len(starts), 3), dtype="<u4")
+    for word in range(3):
+        data[:, word] = words[np.minimum(starts + 4 * word, len(words) - 1)]
+    raw = data.view(np.uint8)
+    past = np.arange(VIEW_INLINE_BYTES)[None, :] >= lengths[:, None]
+    near_end = np.flatnonzero(starts + VIEW_INLINE_BYTES > size)
+    if len(near_end):  # the last word was clamped there: those rows byte by byte
+        spots = np.minimum(starts[near_end, None] + np.arange(VIEW_INLINE_BYTES), size - 1)
+        raw[near_end] = segment.array[spots]
+    raw[past] = 0
+    views.view(np.uint8).reshape(len(starts), 16)[:, 4:] = raw
+    return views
+
+
+def _headers_column(seg: ByteArray, fields: _Fields) -> pa.Array:
     kind = arrow_schema().field("headers").type
+    lengths = fields.headers_len
     if not lengths.any():
-        return _empty_lists(len(starts), kind)
+        return _empty_lists(len(lengths), kind)
     values = [
         [
             {"key": name, "value": value}
@@ -565,18 +738,19 @@ def _headers_column(seg: ByteArray, starts: Int64Array, lengths: Int64Array) -> 
         ]
         if n
         else []
-        for a, n in zip(starts.tolist(), lengths.tolist(), strict=True)
+        for a, n in zip(fields.headers_start.tolist(), lengths.tolist(), strict=True)
     ]
     return pa.array(values, kind)
 
 
-def _tags_column(seg: ByteArray, starts: Int64Array, lengths: Int64Array) -> pa.Array:
+def _tags_column(seg: ByteArray, fields: _Fields) -> pa.Array:
     kind = arrow_schema().field("tags").type
+    lengths = fields.tags_len
     if not lengths.any():
-        return _empty_lists(len(starts), kind)
+        return _empty_lists(len(lengths), kind)
     values = [
         rec.decode_tags(seg[a : a + n].tobytes()) if n else []
-        for a, n in zip(starts.tolist(), lengths.tolist(), strict=True)
+        for a, n in zip(fields.tags_start.tolist(), lengths.tolist(), strict=True)
     ]
     return pa.array(values, kind)
 
@@ -595,13 +769,14 @@ def _empty_lists(rows: int, kind: pa.ListType) -> pa.Array:
 def _record_batches(
     plan: _Plan,
     reader: LogReader,
-    segment: _Segment,
+    segment: memoryview,
     entries: npt.NDArray[Any],
-    relative: Int64Array,
+    positions: Int64Array,
+    base: int,
 ) -> Iterator[pa.RecordBatch]:
     rows: list[tuple[Any, ...]] = []
     size = 0
-    for row in _record_rows(plan, reader, segment, entries, relative):
+    for row in _record_rows(plan, reader, segment, entries, positions, base):
         rows.append(row)
         size += len(row[4] or b"") + len(row[5] or b"")  # key and value
         if len(rows) >= plan.batch_rows or size >= DEFAULT_BATCH_BYTES:
@@ -614,23 +789,24 @@ def _record_batches(
 def _record_rows(
     plan: _Plan,
     reader: LogReader,
-    segment: _Segment,
+    segment: memoryview,
     entries: npt.NDArray[Any],
-    relative: Int64Array,
+    positions: Int64Array,
+    base: int,
 ) -> Iterator[tuple[Any, ...]]:
     """Rows in :data:`COLUMN_NAMES` order, decoding each entry's frame with core.log.record and
     each Kafka RecordBatch with core.log.batches (aiokafka's codec)."""
     from core.log.batches import unpack_batch
 
-    for first_offset, store_ms, at, size in zip(
+    for first_offset, store_ms, position, size in zip(
         entries["first_offset"].tolist(),
         entries["store_ms"].tolist(),
-        relative.tolist(),
+        positions.tolist(),
         entries["size"].tolist(),
         strict=True,
     ):
-        position = segment.base + at
-        frame = segment.view[at : at + size]
+        at = position - base
+        frame = segment[at : at + size]
         overlay: dict[str, bytes] = {}
         if plan.follow_links and rec.FLAGS.unpack_from(frame, rec.FLAGS_OFFSET)[0] & rec.FLAG_LINK:
             frame, position = _follow_link(reader, frame, position, overlay)

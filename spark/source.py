@@ -14,7 +14,7 @@ beginning).
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 from pyspark.sql.datasource import (
     DataSource,
@@ -65,6 +65,10 @@ class BraidPartition(InputPartition):  # type: ignore[misc]
 class BraidDataSource(DataSource):  # type: ignore[misc]
     """``spark.read.format("braid").option("path", DATA_DIR).load()``."""
 
+    # ``minPartitions`` when a read does not set it: the session's parallelism, set on the
+    # subclass that spark.register registers (see with_default_min_partitions).
+    default_min_partitions: ClassVar[int | None] = None
+
     @classmethod
     def name(cls) -> str:
         return FORMAT
@@ -72,12 +76,37 @@ class BraidDataSource(DataSource):  # type: ignore[misc]
     def schema(self) -> StructType:
         return spark_schema()
 
+    def _options(self) -> dict[str, str]:
+        options = dict(self.options)
+        given = {key.lower() for key in options}
+        if self.default_min_partitions and "minpartitions" not in given:
+            options["minPartitions"] = str(self.default_min_partitions)
+        return options
+
     def reader(self, schema: StructType) -> DataSourceReader:
-        return BraidBatchReader(ReadOptions.parse(dict(self.options)), columns_of(schema))
+        return BraidBatchReader(ReadOptions.parse(self._options()), columns_of(schema))
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
-        options = ReadOptions.parse(dict(self.options), streaming=True)
+        options = ReadOptions.parse(self._options(), streaming=True)
         return BraidStreamReader(options, columns_of(schema))
+
+
+def with_default_min_partitions(min_partitions: int | None) -> type[BraidDataSource]:
+    """:class:`BraidDataSource`, or a subclass whose reads default to ``minPartitions =
+    min_partitions``. Python data sources see only their reads' options, and run in worker
+    processes: the subclass made here is not a module attribute, so the cloudpickle that
+    ``spark.dataSource.register`` uses copies it by value, default included (its base class
+    travels by reference, as usual)."""
+    if not min_partitions or min_partitions <= 1:
+        return BraidDataSource
+    name = f"BraidDataSource_minPartitions_{min_partitions}"
+    attributes = {
+        "default_min_partitions": min_partitions,
+        "__module__": __name__,
+        "__qualname__": name,
+        "__doc__": BraidDataSource.__doc__,
+    }
+    return type(name, (BraidDataSource,), attributes)
 
 
 def _reader(options: ReadOptions, *, refresh: bool = False) -> LogReader:
@@ -118,7 +147,9 @@ class BraidBatchReader(DataSourceReader):  # type: ignore[misc]
     def partitions(self) -> Sequence[InputPartition]:
         reader = _reader(self.options, refresh=True)
         slices = self.options.batch_slices(reader)
-        packed = pack_slices(slices, self.options.max_records_per_partition)
+        packed = pack_slices(
+            slices, self.options.max_records_per_partition, self.options.min_partitions
+        )
         return [BraidPartition(group) for group in packed]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
@@ -195,7 +226,9 @@ class BraidStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  #
                     begin = reader.queue_bounds(topic, queue)[0]
                 if stop > begin:
                     slices.append(Slice(topic, queue, begin, stop))
-        packed = pack_slices(slices, self.options.max_records_per_partition)
+        packed = pack_slices(
+            slices, self.options.max_records_per_partition, self.options.min_partitions
+        )
         return [BraidPartition(group) for group in packed]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:

@@ -5,13 +5,15 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pytest
+from crc32c import crc32c
 
 from core.log import LogReader, LogStore
 from core.log import record as rec
 from spark import decode, readers
-from spark.options import OptionError, ReadOptions, Slice, pack_slices
+from spark.options import OptionError, ReadOptions, Slice, pack_slices, partition_count
 from spark.schema import COLUMN_NAMES, arrow_schema
 from spark.source import cap_offsets, merge_offsets
 
@@ -157,6 +159,87 @@ def test_a_flipped_byte_is_an_error_never_a_row(tmp_path: Path):
     assert len(rows_of(reader, "t", 0, verify_checksums=False)) == 50
 
 
+def test_bulk_and_record_by_record_decoding_agree(tmp_path: Path, monkeypatch):
+    """The column-by-column decoder and the record-by-record one (core.log.record, used for
+    Kafka batches and LINKs) yield identical tables on a mixed log: plain records with and
+    without keys, null and empty bodies, headers, tags, short (inline) and long fields, fanned
+    out, across segments and index files; Kafka batches; LINKs (half messages, timers, DLQ)."""
+    data_dir = tmp_path / "d"
+    write_mixed(data_dir)
+    store = LogStore(small_config(data_dir))
+    rng = random.Random(11)
+    for i in range(2500):
+        store.append(
+            "plain",
+            i % 3,
+            None if i % 7 == 3 else rng.randbytes(rng.choice([0, 3, 12, 13, 90, 400])),
+            key=None if i % 3 else rng.randbytes(rng.choice([0, 4, 12, 40])),
+            headers=[("h", b"v" * (i % 4)), ("h", b"")] if i % 5 == 0 else (),
+            tags=["a", "bb"] if i % 6 == 0 else [],
+            subject="s" * (i % 20),
+            client="c" * (i % 15),
+            address="x" * (i % 13),
+            protocol=i % 5,
+            destinations=[("plain", (i + 1) % 3), ("plain", i % 3)] if i % 11 == 0 else None,
+        )
+    store.close()
+    reader = LogReader(data_dir)
+    assert len(reader.commitlog.segments) >= 2
+
+    def tables(**kwargs) -> dict:
+        return {
+            (topic, queue): pa.Table.from_batches(
+                list(decode.read_range(reader, topic, queue, 0, 1 << 62, batch_rows=700, **kwargs)),
+                schema=arrow_schema(),
+            )
+            for topic, queue in reader.queues(include_system=True)
+        }
+
+    for kwargs in ({}, {"dedupe": True}, {"verify_checksums": False}):
+        bulk = tables(**kwargs)
+        with monkeypatch.context() as patched:
+            patched.setattr(
+                decode, "_record_by_record", lambda headers, _: np.ones(len(headers), np.bool_)
+            )
+            one_by_one = tables(**kwargs)
+        assert bulk.keys() == one_by_one.keys()
+        assert sum(table.num_rows for table in bulk.values()) > 2500
+        for key, table in bulk.items():
+            assert table.equals(one_by_one[key]), (kwargs, key)
+
+
+def test_chained_crc_check_is_every_frames_crc(tmp_path: Path):
+    """The one-call CRC check over a run of frames accepts exactly the runs whose frames all
+    match their CRCs, and a mismatch names the bad frame."""
+    mask = decode.chain_mask()
+    rng = random.Random(5)
+    chained = b""
+    for _ in range(50):
+        message = rng.randbytes(rng.randrange(0, 300))
+        chained += message + (crc32c(message) ^ mask).to_bytes(4, "little")
+        assert crc32c(chained) == 0
+    store = LogStore(small_config(tmp_path / "d"))
+    appended = [store.append("t", i % 2, rng.randbytes(rng.randrange(1, 500))) for i in range(400)]
+    store.close()
+    segment = tmp_path / "d" / "commitlog" / "00000000000000000000.log"
+    reader = LogReader(tmp_path / "d")
+    assert len(rows_of(reader, "t", 0)) == len(rows_of(reader, "t", 1)) == 200
+    for victim in (appended[0], appended[201], appended[-1]):  # scattered and adjacent frames
+        original = segment.read_bytes()
+        for at in (victim.position + 9, victim.position + 50, victim.end - 1):  # CRC, header, body
+            data = bytearray(original)
+            data[at] ^= 0x10
+            segment.write_bytes(bytes(data))
+            reader = LogReader(tmp_path / "d")
+            queue = victim.offsets[0][1]
+            with pytest.raises(rec.CorruptRecordError) as caught:
+                rows_of(reader, "t", queue)
+            assert caught.value.position == victim.position
+            assert len(rows_of(reader, "t", 1 - queue)) == 200
+            reader.close()
+        segment.write_bytes(original)
+
+
 def test_struct_dtypes_match_the_struct_layouts():
     assert decode.header_dtype().itemsize == rec.HEADER_SIZE
     raw = rec.HEADER.pack(*range(1, 20))
@@ -217,6 +300,44 @@ def test_pack_slices_splits_large_and_groups_small():
         Slice("big", 0, 10, 20),
         Slice("big", 0, 20, 25),
     ]
+
+
+def test_partitions_are_balanced_and_fill_every_core():
+    assert partition_count(5_000_000, 4_000_000, 2) == 2
+    assert partition_count(5_000_000, 1_000_000, 2) == 6  # 3 full waves, not 2 and a half
+    assert partition_count(5_000_000, 1_000_000, 1) == 5
+    assert partition_count(250_000, 4_000_000, 8) == 2  # never below 100,000 records a task
+    assert partition_count(50, 4_000_000, 8) == 1
+    assert partition_count(0, 10, 2) == 0
+    for total in range(1, 80):
+        for most in (1, 3, 7, 100):
+            for cores in (1, 2, 3, 8):
+                groups = pack_slices([Slice("t", 0, 0, total)], most, cores)
+                sizes = [sum(piece.records for piece in group) for group in groups]
+                assert sum(sizes) == total
+                assert max(sizes) <= most
+                assert max(sizes) - min(sizes) <= 1
+    options = ReadOptions.parse({"path": "x", "minPartitions": "4"})
+    assert options.min_partitions == 4
+
+
+def test_register_default_min_partitions_travels_to_the_workers():
+    """spark.register's default reaches the planner: the registered subclass is pickled by
+    value (Python workers unpickle the class Spark was given), and a read's own option wins."""
+    from pyspark import cloudpickle
+
+    from spark.source import BraidDataSource, with_default_min_partitions
+
+    assert with_default_min_partitions(None) is BraidDataSource
+    assert with_default_min_partitions(1) is BraidDataSource
+    clone = cloudpickle.loads(cloudpickle.dumps(with_default_min_partitions(3)))
+    assert issubclass(clone, BraidDataSource)
+    assert clone.name() == "braid"
+    assert clone({"path": "x"})._options()["minPartitions"] == "3"
+    assert clone({"path": "x", "MINPARTITIONS": "5"})._options() == {
+        "path": "x",
+        "MINPARTITIONS": "5",
+    }
 
 
 def test_streaming_offsets_never_go_back_and_caps_share_the_budget():
