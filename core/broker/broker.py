@@ -616,13 +616,24 @@ class Broker:
             born_ms=born_ms,
             deliver_at_ms=deliver_at_ms,
         )
+        await self._after_append(appended, destinations, topic, wait_durable)
+        return PublishResult(appended, destinations, chosen, refused)
+
+    async def _after_append(
+        self,
+        appended: Appended,
+        destinations: Sequence[Destination],
+        topic: str,
+        wait_durable: bool,
+    ) -> None:
+        """What every publish does once its record is stored: apply max-length (drop-head) on
+        the ack queues it reached, then wait for the topic's durability."""
         for destination in destinations[1:]:
             ack_queue = self.ack_queues.get(destination)
             if ack_queue is not None and ack_queue.config.max_length is not None:
                 ack_queue.enforce_max_length()
         if wait_durable:
             await self.store.wait_durable(appended.end, topic)
-        return PublishResult(appended, destinations, chosen, refused)
 
     async def publish_batch(
         self,
@@ -662,12 +673,7 @@ class Broker:
             tags=tags,
             deliver_at_ms=deliver_at_ms,
         )
-        for destination in destinations[1:]:
-            ack_queue = self.ack_queues.get(destination)
-            if ack_queue is not None and ack_queue.config.max_length is not None:
-                ack_queue.enforce_max_length()
-        if wait_durable:
-            await self.store.wait_durable(appended.end, topic)
+        await self._after_append(appended, destinations, topic, wait_durable)
         return PublishResult(appended, destinations, queue)
 
     def batch_destinations(
