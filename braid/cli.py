@@ -4,6 +4,7 @@
     braid log stat DIR [--json]
     braid log dump DIR [--topic T] [--queue N] [--from OFFSET] [--limit N] [--json]
     braid log verify DIR
+    braid tail TOPIC [--data-dir DIR] [--last N] [--limit N] [--json]
 
 Exit codes: 0 success; 1 runtime failure (a listener could not start, corruption found);
 2 usage or configuration error (argparse's convention).
@@ -155,6 +156,45 @@ def build_parser() -> argparse.ArgumentParser:
         description="Check the length, magic and CRC32C of every commit-log frame.",
     )
     verify.add_argument("data_dir", metavar="DIR")
+
+    tail = commands.add_parser(
+        "tail",
+        help="print a topic's records live, from every protocol, with their origin",
+        description=(
+            "Follow TOPIC in a data directory (read-only; safe beside a running broker) and "
+            "print each record as it becomes visible, with protocol, client and address. "
+            "Stops on Ctrl-C, or after --limit records."
+        ),
+    )
+    tail.add_argument("topic", metavar="TOPIC")
+    tail.add_argument(
+        "--data-dir",
+        default=config.DEFAULT_DATA_DIR,
+        metavar="DIR",
+        help=f"data directory (default: {config.DEFAULT_DATA_DIR})",
+    )
+    tail.add_argument(
+        "--last",
+        type=_non_negative,
+        metavar="N",
+        help="first show the last N records of each queue (default: only new ones)",
+    )
+    tail.add_argument("--limit", type=_non_negative, metavar="N", help="exit after N records")
+    tail.add_argument("--json", action="store_true", help="one JSON object per line")
+    tail.add_argument(
+        "--max-body",
+        type=_non_negative,
+        default=None,
+        metavar="BYTES",
+        help="show at most BYTES of each body (default: 200; 0: whole body)",
+    )
+    tail.add_argument(
+        "--interval-ms",
+        type=_non_negative,
+        default=None,
+        metavar="MS",
+        help="how often to look for new records (default: 100)",
+    )
     return parser
 
 
@@ -221,6 +261,32 @@ def _log(args: argparse.Namespace) -> int:
         return 0
 
 
+def _tail(args: argparse.Namespace) -> int:
+    from braid import logtool, tail
+
+    logging.basicConfig(
+        level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr
+    )
+    try:
+        return tail.tail(
+            args.data_dir,
+            args.topic,
+            last=args.last,
+            limit=args.limit,
+            as_json=args.json,
+            max_body=tail.DEFAULT_MAX_BODY if args.max_body is None else args.max_body,
+            interval_ms=tail.DEFAULT_INTERVAL_MS if args.interval_ms is None else args.interval_ms,
+            out=sys.stdout,
+        )
+    except logtool.NotALogError as error:
+        print(f"braid tail: error: {error}", file=sys.stderr)
+        return logtool.EXIT_NOT_A_LOG
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     try:
@@ -229,4 +295,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exit_.code if isinstance(exit_.code, int) else EXIT_USAGE
     if args.command == "serve":
         return _serve(args)
+    if args.command == "tail":
+        return _tail(args)
     return _log(args)

@@ -262,7 +262,7 @@ def stat(data_dir: str, *, as_json: bool, out: TextIO) -> int:
 # -- dump ------------------------------------------------------------------------------------
 
 
-def _bytes_json(value: bytes | None, *, truncated: bool = False) -> object:
+def bytes_json(value: bytes | None, *, truncated: bool = False) -> object:
     """UTF-8 text as a JSON string; anything else as ``{"base64": ...}``; null stays null.
     A ``truncated`` preview may end inside a multi-byte character: that tail is dropped."""
     if value is None:
@@ -275,14 +275,14 @@ def _bytes_json(value: bytes | None, *, truncated: bool = False) -> object:
     return {"base64": base64.b64encode(value).decode("ascii")}
 
 
-def _preview(body: bytes | None, max_body: int) -> tuple[bytes | None, bool]:
+def preview(body: bytes | None, max_body: int) -> tuple[bytes | None, bool]:
     if body is None or max_body <= 0 or len(body) <= max_body:
         return body, False
     return body[:max_body], True
 
 
 def record_json(record: Record, offset: int | None, max_body: int) -> dict[str, object]:
-    body, truncated = _preview(record.body, max_body)
+    body, truncated = preview(record.body, max_body)
     out: dict[str, object] = {
         "topic": record.topic,
         "queue": record.queue,
@@ -301,14 +301,14 @@ def record_json(record: Record, offset: int | None, max_body: int) -> dict[str, 
             "deliver_at_ms": record.deliver_at_ms,
             "record_count": record.record_count,
             "subject": record.subject,
-            "key": _bytes_json(record.key),
-            "headers": [[name, _bytes_json(value)] for name, value in record.headers],
+            "key": bytes_json(record.key),
+            "headers": [[name, bytes_json(value)] for name, value in record.headers],
             "tags": record.tags,
             "client": record.client,
             "address": record.address,
             "destinations": [[topic, queue] for topic, queue in record.destinations],
             "body_size": None if record.body is None else len(record.body),
-            "body": _bytes_json(body, truncated=truncated),
+            "body": bytes_json(body, truncated=truncated),
             "body_truncated": truncated,
         }
     )
@@ -357,7 +357,7 @@ def record_text(record: Record, offset: int | None, max_body: int) -> str:
     elif record.body is None:
         parts.append("body=null")
     else:
-        body, truncated = _preview(record.body, max_body)
+        body, truncated = preview(record.body, max_body)
         parts.append(f"body[{len(record.body)}]={body!r}{'...' if truncated else ''}")
     return " ".join(parts)
 

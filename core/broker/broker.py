@@ -250,9 +250,15 @@ class Broker:
             return False
         self.bindings.remove_source(name)
         for queue in range(info.queues):
+            self.delete_ack_queue(name, queue)
             self.bindings.remove_destination((name, queue))
         self._persist_bindings_of(name)
-        return self.topics.delete(name)
+        deleted = self.topics.delete(name)
+        # As Kafka does: the topic's committed offsets go with it, and a topic created again
+        # under the same name starts empty at offset 0.
+        self.offsets.delete_topic(name)
+        self.store.drop_queues(name)
+        return deleted
 
     # -- bindings --------------------------------------------------------------------------
 

@@ -18,6 +18,7 @@ import contextlib
 import json
 import logging
 import os
+import shutil
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -626,6 +627,27 @@ class LogStore(LogReader):
             return None
         header = rec.HEADER.unpack_from(segment.buf, 0)
         return int(header[5]) if header[1] == rec.RECORD_MAGIC else None
+
+    # -- dropping a topic's indexes -------------------------------------------------------
+
+    def drop_queues(self, topic: str) -> list[int]:
+        """Delete every index of ``topic`` (a deleted Kafka topic or AMQP queue), so a topic
+        declared again under that name starts empty at offset 0, as in Kafka and RabbitMQ.
+
+        The records stay in the commit log until retention deletes their segments; only the
+        index entries that made them readable go. A checkpoint follows at once: recovery
+        replays from the checkpoint, and must not index the topic's older records again."""
+        dropped = sorted(queue for name, queue in self._queues if name == topic)
+        if not dropped:
+            return []
+        for queue in dropped:
+            index = self._queues.pop((topic, queue))
+            index.close()
+            shutil.rmtree(index.directory, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            names.queue_dir(self.data_dir, topic, 0).parent.rmdir()
+        self.checkpoint()
+        return dropped
 
     # -- shutdown --------------------------------------------------------------------------
 

@@ -84,3 +84,12 @@ class OffsetStore:
     def delete_group(self, group: str) -> None:
         for topic, queue in self._groups.pop(group, {}):
             self.table.delete(_key(group, topic, queue))
+
+    def delete_topic(self, topic: str) -> None:
+        """Forget every group's offsets for ``topic`` (the topic was deleted)."""
+        for group, positions in list(self._groups.items()):
+            for key in [key for key in positions if key[0] == topic]:
+                del positions[key]
+                self.table.delete(_key(group, *key))
+            if not positions:
+                del self._groups[group]

@@ -1,0 +1,213 @@
+"""``braid tail TOPIC``: print a topic's records as they arrive, whatever protocol sent them.
+
+Reads the data directory through the read-only LogReader, so it runs beside a live broker (or
+on a stopped one's directory) without a client connection and without changing anything: no
+consumer group, no ack. Every queue of the topic is followed, including queues created after
+the tail started. A Kafka batch is shown as its records, one a line, each with its own offset.
+Committed half messages and fired delayed records show up when they become visible, as they do
+for consumers; pending or rolled-back ones never do.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from types import FrameType
+from typing import TextIO
+
+from braid.logtool import bytes_json, iso_ms, open_reader, preview
+from core.log import LogReader, Record
+from core.log import record as rec
+from core.log.batches import unpack_batch
+
+DEFAULT_INTERVAL_MS = 100
+DEFAULT_MAX_BODY = 200
+READ_CHUNK = 1000
+
+
+@dataclass(slots=True)
+class Line:
+    """One record as tail shows it (a Kafka batch's inner record gets one of its own)."""
+
+    topic: str
+    queue: int
+    offset: int
+    store_ms: int
+    protocol: str
+    client: str
+    address: str
+    subject: str
+    key: bytes | None
+    headers: list[tuple[str, bytes]]
+    tags: list[str]
+    body: bytes | None
+    flags: int
+
+    def as_json(self, max_body: int) -> str:
+        body, truncated = preview(self.body, max_body)
+        return json.dumps(
+            {
+                "topic": self.topic,
+                "queue": self.queue,
+                "offset": self.offset,
+                "time": iso_ms(self.store_ms),
+                "protocol": self.protocol,
+                "client": self.client,
+                "address": self.address,
+                "subject": self.subject,
+                "key": bytes_json(self.key),
+                "headers": [[name, bytes_json(value)] for name, value in self.headers],
+                "tags": self.tags,
+                "body_size": None if self.body is None else len(self.body),
+                "body": bytes_json(body, truncated=truncated),
+                "body_truncated": truncated,
+            },
+            ensure_ascii=False,
+        )
+
+    def as_text(self, max_body: int) -> str:
+        parts = [
+            iso_ms(self.store_ms),
+            f"{self.topic}/{self.queue}@{self.offset}",
+            f"[{self.protocol}]",
+        ]
+        origin = " ".join(part for part in (self.client, self.address) if part)
+        if origin:
+            parts.append(f"from={origin!r}")
+        if self.subject:
+            parts.append(f"subject={self.subject!r}")
+        if self.key:
+            parts.append(f"key={self.key!r}")
+        if self.tags:
+            parts.append("tags=" + ",".join(self.tags))
+        if self.headers:
+            parts.append("headers={" + ", ".join(f"{n}: {v!r}" for n, v in self.headers) + "}")
+        if self.body is None:
+            parts.append("body=null")
+        else:
+            body, truncated = preview(self.body, max_body)
+            parts.append(f"body[{len(self.body)}]={body!r}{'...' if truncated else ''}")
+        return " ".join(parts)
+
+
+def lines_of(record: Record, offset: int) -> Iterator[Line]:
+    """The lines of one stored record: itself, or each record of a Kafka batch."""
+    common = (record.protocol_name, record.client, record.address)
+    if record.flags & rec.FLAG_BATCH and record.body is not None:
+        if record.flags & rec.FLAG_TXN_CONTROL:
+            return  # a commit/abort marker, not a record anyone published
+        for inner in unpack_batch(record.body):
+            yield Line(
+                record.topic,
+                record.queue,
+                offset + inner.offset_delta,
+                inner.timestamp_ms or record.store_ms,
+                *common,
+                record.subject,
+                inner.key,
+                inner.headers,
+                record.tags,
+                inner.value,
+                record.flags,
+            )
+        return
+    yield Line(
+        record.topic,
+        record.queue,
+        offset,
+        record.store_ms,
+        *common,
+        record.subject,
+        record.key,
+        [(name, bytes(value)) for name, value in record.headers],
+        record.tags,
+        None if record.body is None else bytes(record.body),
+        record.flags,
+    )
+
+
+class Follower:
+    """Where tail is in each queue of one topic; ``poll`` returns what arrived since."""
+
+    def __init__(self, reader: LogReader, topic: str, *, last: int | None) -> None:
+        self.reader = reader
+        self.topic = topic
+        # None: start at the end of queues that exist now; an int: that many records back.
+        self.last = last
+        self.positions: dict[int, int] = {}
+        self._first_poll = True
+
+    def _start_offset(self, queue: int) -> int:
+        first, next_offset = self.reader.queue_bounds(self.topic, queue)
+        if not self._first_poll:
+            return first  # a queue that appeared while tailing: all of it is new
+        if self.last is None:
+            return next_offset
+        return max(first, next_offset - self.last)
+
+    def poll(self) -> list[tuple[Record, int]]:
+        self.reader.refresh()
+        found: list[tuple[Record, int]] = []
+        for topic, queue in self.reader.queues():
+            if topic != self.topic:
+                continue
+            offset = self.positions.get(queue)
+            if offset is None:
+                offset = self.positions[queue] = self._start_offset(queue)
+            first, _ = self.reader.queue_bounds(topic, queue)
+            offset = max(offset, first)  # retention may have removed what we had not read
+            entries = self.reader.read(topic, queue, offset, max_records=READ_CHUNK)
+            for entry in entries:
+                found.append((entry.record(), entry.offset))
+            if entries:
+                self.positions[queue] = entries[-1].next_offset
+        self._first_poll = False
+        found.sort(key=lambda item: item[0].store_ms)
+        return found
+
+
+def tail(
+    data_dir: str,
+    topic: str,
+    *,
+    last: int | None,
+    limit: int | None,
+    as_json: bool,
+    max_body: int,
+    interval_ms: int,
+    out: TextIO,
+) -> int:
+    """Follow ``topic`` until SIGINT/SIGTERM, or until ``limit`` records were printed."""
+    reader = open_reader(data_dir)
+    stopping = False
+
+    def stop(_signum: int, _frame: FrameType | None) -> None:
+        nonlocal stopping
+        stopping = True
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    printed = 0
+    try:
+        follower = Follower(reader, topic, last=last)
+        while not stopping:
+            batch = follower.poll()
+            for record, offset in batch:
+                for line in lines_of(record, offset):
+                    out.write(
+                        (line.as_json(max_body) if as_json else line.as_text(max_body)) + "\n"
+                    )
+                    printed += 1
+                    if limit is not None and printed >= limit:
+                        out.flush()
+                        return 0
+            out.flush()
+            if len(batch) < READ_CHUNK:
+                time.sleep(interval_ms / 1000)
+        return 0
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        reader.close()
