@@ -123,7 +123,11 @@ async def _store_batch(
     client: str,
 ) -> tuple[ErrorCode, int, int]:
     """Validate, deduplicate and append one partition's batch: (error, base offset, end)."""
-    batch, header = validate_produce_records(records, version)
+    view, header = validate_produce_records(records, version)
+    # One copy out of the request buffer: the header searches below (delay, tags) then read
+    # these bytes in place instead of each copying the memoryview (it was 19% of the broker's
+    # CPU producing 100-byte records), and the log copies them into the segment once more.
+    batch = view.tobytes() if header.compression == 0 else view
     metrics = context.metrics
     producer_id = header.producer_id
     last = -1
@@ -186,12 +190,16 @@ async def _store_batch(
     return ErrorCode.none, base_offset, appended.end
 
 
+_DELIVER_AT_BYTES = DELIVER_AT_HEADER.encode()
+_DELAY_BYTES = DELAY_HEADER.encode()
+
+
 def delivery_time(batch: bytes | memoryview) -> int:
     """Delay by record header (docs/mapping.md): ``x-braid-deliver-at`` (ms since the epoch) or
     ``x-delay`` (ms from now) on any record delays the whole batch to the latest such time; 0 if
     none. Uncompressed batches only; the bytes are searched before anything is decoded."""
-    raw = bytes(batch)
-    if DELIVER_AT_HEADER.encode() not in raw and DELAY_HEADER.encode() not in raw:
+    raw = batch if type(batch) is bytes else bytes(batch)
+    if _DELIVER_AT_BYTES not in raw and _DELAY_BYTES not in raw:
         return 0
     now = now_ms()
     latest = 0
