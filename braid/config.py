@@ -8,6 +8,8 @@ Config file layout (every key optional; docs/configuration.md lists them all)::
     [listeners]    host, amqp_port, mqtt_port, mqtt_ws_port, kafka_port, http_port (0: off),
                    kafka_advertised_host, kafka_advertised_port
     [logging]      level
+    [amqp]         vhosts, users (``[amqp.users.NAME]`` tables: password, vhosts)
+    [kafka]        group_tag_filters (``[kafka.group_tag_filters]``: "group id" = "TagA || TagB")
 
 Unknown sections and keys are errors, so a typo is reported instead of silently ignored. The
 [log] and [broker] keys are the fields of those dataclasses, so a field added there is
@@ -21,6 +23,7 @@ Pure functions and frozen dataclasses; no I/O except reading the config file.
 from __future__ import annotations
 
 import dataclasses
+import re
 import tomllib
 import types
 import typing
@@ -52,7 +55,12 @@ UNLIMITED = -1
 
 # LogConfig fields that are not settable from the [log] section (data_dir has its own key).
 _LOG_FIELDS_NOT_CONFIGURABLE = frozenset({"data_dir"})
-SECTIONS = ("log", "broker", "listeners", "logging")
+SECTIONS = ("log", "broker", "listeners", "logging", "amqp", "kafka")
+# AMQP virtual hosts: "/" or 1-64 of these characters, as gateway/amqp/vhost.py requires (the
+# name becomes part of topic names: amq.vhost.<name>.<exchange>); "*" in a user's vhosts: all.
+AMQP_DEFAULT_VHOST = "/"
+AMQP_VHOST_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+AMQP_ANY_VHOST = "*"
 
 
 class ConfigError(Exception):
@@ -74,6 +82,22 @@ class ListenerSettings:
 
 
 @dataclass(frozen=True)
+class AmqpUser:
+    password: str
+    vhosts: tuple[str, ...] = (AMQP_DEFAULT_VHOST,)  # the vhosts it may open ("*": all)
+
+
+def _default_amqp_users() -> dict[str, AmqpUser]:
+    return {"guest": AmqpUser("guest")}  # RabbitMQ's default user, allowed on "/"
+
+
+@dataclass(frozen=True)
+class AmqpSettings:
+    vhosts: tuple[str, ...] = (AMQP_DEFAULT_VHOST,)
+    users: Mapping[str, AmqpUser] = field(default_factory=_default_amqp_users)
+
+
+@dataclass(frozen=True)
 class ServerSettings:
     data_dir: str = DEFAULT_DATA_DIR
     log_level: str = DEFAULT_LOG_LEVEL
@@ -82,6 +106,9 @@ class ServerSettings:
     log_options: Mapping[str, object] = field(default_factory=dict)
     # Keyword arguments for BrokerConfig, already type-checked.
     broker_options: Mapping[str, object] = field(default_factory=dict)
+    amqp: AmqpSettings = field(default_factory=AmqpSettings)
+    # [kafka.group_tag_filters]: consumer group id -> tag filter expression.
+    kafka_group_tag_filters: Mapping[str, str] = field(default_factory=dict)
 
     def log_config(self) -> LogConfig:
         return LogConfig(Path(self.data_dir), **self.log_options)  # type: ignore[arg-type]
@@ -233,6 +260,82 @@ def read_config_file(path: str) -> dict[str, object]:
         raise ConfigError(f"config file {path}: not UTF-8 text: {error}") from None
 
 
+def _string_list(value: object, where: str) -> list[str]:
+    if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+        raise ConfigError(f"{where}: expected a list of strings, not {value!r}")
+    return list(value)
+
+
+def _amqp_vhost(name: str, where: str) -> str:
+    if name != AMQP_DEFAULT_VHOST and AMQP_VHOST_NAME.fullmatch(name) is None:
+        raise ConfigError(
+            f"{where}: invalid vhost name {name!r}: '/' or 1-64 characters of A-Z a-z 0-9 _ -"
+        )
+    return name
+
+
+def _amqp_settings(section: Mapping[str, object], where: str) -> AmqpSettings:
+    """The ``[amqp]`` section: ``vhosts = [...]`` and ``[amqp.users.NAME]`` tables."""
+    vhosts: tuple[str, ...] = (AMQP_DEFAULT_VHOST,)
+    users: dict[str, AmqpUser] | None = None
+    for key, value in section.items():
+        if key == "vhosts":
+            names = [_amqp_vhost(n, f"{where} vhosts") for n in _string_list(value, where)]
+            if not names:
+                raise ConfigError(f"{where} vhosts: at least one vhost is needed")
+            if len(set(names)) != len(names):
+                raise ConfigError(f"{where} vhosts: a vhost is listed twice in {names!r}")
+            vhosts = tuple(names)
+        elif key == "users":
+            if not isinstance(value, dict):
+                raise ConfigError(f"{where} users: expected a table of [amqp.users.NAME] tables")
+            users = {}
+            for name, table in value.items():
+                at = f"{where} users.{name}"
+                if not isinstance(table, dict):
+                    raise ConfigError(f"{at}: expected a table (password, vhosts)")
+                password = table.get("password")
+                if not isinstance(password, str):
+                    raise ConfigError(f"{at} password: expected a string, not {password!r}")
+                allowed: tuple[str, ...] = (AMQP_DEFAULT_VHOST,)
+                for option, option_value in table.items():
+                    if option == "vhosts":
+                        allowed = tuple(_string_list(option_value, f"{at} vhosts"))
+                    elif option != "password":
+                        raise ConfigError(f"{at} {option}: unknown key (known: password, vhosts)")
+                users[str(name)] = AmqpUser(password, allowed)
+        else:
+            raise ConfigError(f"{where} {key}: unknown key (known: vhosts, users)")
+    if users is None:  # the default guest: "/" when it is a vhost
+        return AmqpSettings(vhosts)
+    for name, user in users.items():
+        for vhost in user.vhosts:
+            if vhost != AMQP_ANY_VHOST and vhost not in vhosts:
+                raise ConfigError(
+                    f"{where} users.{name} vhosts: {vhost!r} is not one of the vhosts "
+                    f"{list(vhosts)!r}"
+                )
+    return AmqpSettings(vhosts, users)
+
+
+def _kafka_group_tag_filters(section: Mapping[str, object], where: str) -> dict[str, str]:
+    """The ``[kafka]`` section: ``[kafka.group_tag_filters]``, group id -> ``"TagA || TagB"``."""
+    filters: dict[str, str] = {}
+    for key, value in section.items():
+        if key != "group_tag_filters":
+            raise ConfigError(f"{where} {key}: unknown key (known: group_tag_filters)")
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{where} group_tag_filters: expected a table of group = filter")
+        for group, expression in value.items():
+            if not isinstance(expression, str):
+                raise ConfigError(
+                    f"{where} group_tag_filters.{group}: expected a string such as "
+                    f'"TagA || TagB", not {expression!r}'
+                )
+            filters[str(group)] = expression
+    return filters
+
+
 def settings_from_mapping(raw: Mapping[str, object], source: str) -> ServerSettings:
     """Settings from a parsed config file (``source`` names it in error messages)."""
     unknown = sorted(set(raw) - set(SECTIONS))
@@ -283,12 +386,19 @@ def settings_from_mapping(raw: Mapping[str, object], source: str) -> ServerSetti
             raise ConfigError(f"{where}: unknown key (known: level)")
         log_level = check_log_level(value, where)
 
+    amqp = _amqp_settings(_section(raw, "amqp", source), f"{source}: [amqp]")
+    kafka_group_tag_filters = _kafka_group_tag_filters(
+        _section(raw, "kafka", source), f"{source}: [kafka]"
+    )
+
     settings = ServerSettings(
         data_dir=data_dir,
         log_level=log_level,
         listeners=ListenerSettings(**listener_values),  # type: ignore[arg-type]
         log_options=log_options,
         broker_options=broker_options,
+        amqp=amqp,
+        kafka_group_tag_filters=kafka_group_tag_filters,
     )
     validate(settings, source)
     return settings

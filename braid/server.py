@@ -117,8 +117,16 @@ async def _start_mqtt_ws(context: ServerContext, host: str, port: int) -> Listen
 
 async def _start_amqp(context: ServerContext, host: str, port: int) -> Listener:
     from gateway.amqp.server import AMQPServer
+    from gateway.amqp.session import SessionSettings
 
-    server = AMQPServer(context.broker)  # a gateway talks to core only through the Broker
+    amqp = context.settings.amqp  # [amqp]: vhosts and users with the vhosts they may open
+    settings = SessionSettings(
+        users={name: user.password for name, user in amqp.users.items()},
+        vhosts=amqp.vhosts,
+        permissions={name: user.vhosts for name, user in amqp.users.items()},
+    )
+    # A gateway talks to core only through the Broker.
+    server = AMQPServer(context.broker, settings)
     context.metrics.register_counters("braid_amqp_", lambda: server.metrics)
     await server.start(host, port)
     return server
@@ -126,9 +134,12 @@ async def _start_amqp(context: ServerContext, host: str, port: int) -> Listener:
 
 async def _start_kafka(context: ServerContext, host: str, port: int) -> Listener:
     from gateway.kafka.server import KafkaServer
+    from gateway.kafka.tagfilters import group_tag_filters
 
     broker = context.broker
     listeners = context.settings.listeners
+    # [kafka.group_tag_filters]; admin clients' settings (in __meta) override them.
+    group_tag_filters(broker).configure(context.settings.kafka_group_tag_filters)
     server = KafkaServer(
         broker,
         # None advertises the address each client connected to.

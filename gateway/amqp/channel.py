@@ -60,8 +60,7 @@ from gateway.amqp.vhost import (
     DIRECT_REPLY_TO_PREFIX,
     QUEUE_TOPIC_PREFIX,
     Queue,
-    exchange_name,
-    queue_name,
+    VirtualHost,
     server_generated_name,
 )
 
@@ -84,9 +83,9 @@ AMQP_TX_GROUP: Final = "amqp-tx"
 TX_TIMEOUT_MS: Final = 24 * 3600 * 1000
 
 
-def _properties(message: Message) -> bytes:
+def _properties(message: Message, vhost: VirtualHost) -> bytes:
     return delivery_properties(
-        message.headers, message.protocol == PROTOCOL_AMQP, exchange_name, queue_name
+        message.headers, message.protocol == PROTOCOL_AMQP, vhost.exchange_name, vhost.queue_name
     )
 
 
@@ -151,18 +150,22 @@ class ChannelConsumer:
         ):
             properties = headers[0][1]
         else:
-            properties = _properties(message)
+            properties = _properties(message, channel.vhost)
         session = channel.session
         subject = message.subject
-        if message.protocol == PROTOCOL_MQTT and channel.mqtt_exchange and message.address:
+        if channel.vhost_prefix:  # a vhost other than "/": its topics' names are prefixed
+            topic = channel.vhost.exchange_name(topic)
+        elif message.protocol == PROTOCOL_MQTT and channel.mqtt_exchange and message.address:
             topic, subject = mqtt_compat_address(channel.mqtt_exchange, message.address)
+        elif topic.startswith(QUEUE_TOPIC_PREFIX):
+            topic = ""
         session.write(
             encode_deliver(
                 channel.number,
                 self.tag_bytes,
                 tag,
                 delivery.redelivered,
-                "" if topic.startswith(QUEUE_TOPIC_PREFIX) else topic,
+                topic,
                 subject,
                 properties,
                 message.body or b"",
@@ -205,11 +208,15 @@ class Channel:
     def __init__(self, session: Session, number: int) -> None:
         self.session = session
         self.number = number
-        self.vhost = session.vhost
-        self.broker = session.vhost.broker
+        vhost = session.vhost
+        assert vhost is not None  # channels are opened after Connection.Open
+        self.vhost = vhost
+        self.vhost_prefix = vhost.prefix  # "" for "/"
+        self.broker = vhost.broker
         # RabbitMQ MQTT plugin compatibility: MQTT records are delivered as published to this
         # exchange (amq.topic) with the whole topic name as routing key (docs/mapping.md).
-        self.mqtt_exchange = self.broker.config.mqtt_exchange
+        # MQTT publishes go through the "/" vhost's exchange only.
+        self.mqtt_exchange = "" if vhost.prefix else self.broker.config.mqtt_exchange
         self._is_sync = self.broker.store.is_sync
         self.consumers: dict[str, ChannelConsumer] = {}
         self.draining: list[ChannelConsumer] = []  # cancelled, still owed acks
@@ -478,7 +485,7 @@ class Channel:
         if not m.no_ack:
             self.unacked[tag] = delivery
         message = delivery.message
-        exchange, subject = exchange_name(message.topic), message.subject
+        exchange, subject = self.vhost.exchange_name(message.topic), message.subject
         if message.protocol == PROTOCOL_MQTT and self.mqtt_exchange and message.address:
             exchange, subject = mqtt_compat_address(self.mqtt_exchange, message.address)
         self.session.write(
@@ -489,7 +496,7 @@ class Channel:
                 exchange,
                 subject,
                 queue.ack.message_count(),
-                _properties(message),
+                _properties(message, self.vhost),
                 message.body or b"",
                 self.session.frame_max,
             )
@@ -622,10 +629,10 @@ class Channel:
                 # A half message cannot also be delayed: published normally at commit.
                 self.tx.append((_TX_PUBLISH, event, False))
                 return
-            topic = ex.name
+            topic = ex.topic
             queue_number = self.broker.choose_queue(ex.info, None)
             extra = (
-                self._alternate_destinations(ex.name, ex.alternate, routing_key, info)
+                self._alternate_destinations(ex.topic, ex.alternate, routing_key, info)
                 if ex.alternate is not None
                 else []
             )
@@ -709,9 +716,9 @@ class Channel:
             ex = self.vhost.exchange(exchange)
             if ex.internal:
                 self._check_internal(True, exchange)
-            topic = ex.name
+            topic = ex.topic
             if ex.alternate is not None:
-                extra = self._alternate_destinations(ex.name, ex.alternate, routing_key, info)
+                extra = self._alternate_destinations(ex.topic, ex.alternate, routing_key, info)
             if ex.delayed and info.delay_ms > 0:
                 deliver_at = now_ms() + info.delay_ms
         headers = info.headers
@@ -798,7 +805,7 @@ class Channel:
             self.tx_end = max(self.tx_end, end)
 
     def _mark_may_expire(self, topic: str) -> None:
-        queue = self.vhost.queues.get(queue_name(topic))
+        queue = self.vhost.queues.get(self.vhost.queue_name(topic))
         if queue is not None and queue.topic == topic:
             self.vhost.expiring.add(queue)
 
@@ -811,7 +818,7 @@ class Channel:
         target = self.vhost.find_exchange(alternate)
         if target is None:
             return []
-        return [(target.name, 0), *self.broker.route(target.name, routing_key, info.table)]
+        return [(target.topic, 0), *self.broker.route(target.topic, routing_key, info.table)]
 
     def _with_reply_address(self, properties_raw: bytes) -> tuple[bytes, PublishInfo]:
         """Direct reply-to: the requester's reply_to becomes its channel's reply address."""

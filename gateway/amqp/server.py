@@ -7,7 +7,9 @@ Reading pauses while the session waits for the broker (a flow-blocked publish, a
 while the transport's write buffer is above ``WRITE_BUFFER_HIGH`` (a client that does not read
 its deliveries or replies does not get to send more).
 
-``AMQPServer(broker)``: ``await start(host, port)``, ``address``, ``metrics``, ``await close()``
+``AMQPServer(broker, settings)``: one ``VirtualHost`` per name in ``settings.vhosts`` (a vhost's
+exchanges, queues and bindings are loaded from the log at ``start``);
+``await start(host, port)``, ``address``, ``metrics``, ``await close()``
 (clients get Connection.Close 320 CONNECTION_FORCED, as from a RabbitMQ node shutting down).
 """
 
@@ -22,7 +24,7 @@ from core.broker import Broker
 from gateway.amqp.channel import AMQP_TX_GROUP
 from gateway.amqp.constants import CONNECTION_FORCED
 from gateway.amqp.session import Session, SessionSettings
-from gateway.amqp.vhost import VirtualHost
+from gateway.amqp.vhost import DEFAULT_VHOST, VirtualHost, check_vhost_name
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +89,8 @@ class AmqpConnection(asyncio.Protocol):
         self.server.connections.add(self)
         self.session = Session(
             self,
-            self.server.vhost,
+            self.server.broker,
+            self.server.vhosts,
             self.server.settings,
             self.server.metrics,
             blocked=self.server.blocked_reason,
@@ -180,12 +183,15 @@ class AmqpConnection(asyncio.Protocol):
 
 
 class AMQPServer:
-    """The AMQP 0-9-1 listener over a :class:`~core.broker.Broker` (vhost "/")."""
+    """The AMQP 0-9-1 listener over a :class:`~core.broker.Broker`, with the virtual hosts of
+    ``settings.vhosts`` (ValueError for a name that cannot be one)."""
 
     def __init__(self, broker: Broker, settings: SessionSettings | None = None) -> None:
         self.broker = broker
         self.settings = settings or SessionSettings()
-        self.vhost = VirtualHost(broker)
+        self.vhosts: dict[str, VirtualHost] = {
+            name: VirtualHost(broker, check_vhost_name(name)) for name in self.settings.vhosts
+        }
         self.metrics: dict[str, int] = dict.fromkeys(METRIC_NAMES, 0)
         self.connections: set[AmqpConnection] = set()
         self._server: asyncio.AbstractServer | None = None
@@ -196,8 +202,14 @@ class AMQPServer:
         if not self.connections and self._all_closed is not None:
             self._all_closed.set()
 
+    @property
+    def vhost(self) -> VirtualHost:
+        """The vhost "/" (KeyError when it is not configured)."""
+        return self.vhosts[DEFAULT_VHOST]
+
     async def start(self, host: str, port: int) -> None:
-        self.vhost.start()
+        for vhost in self.vhosts.values():
+            vhost.start()
         # AMQP transactions left open by a stop or crash died with their channels.
         for pending in self.broker.transactions.pending():
             if pending.producer_group == AMQP_TX_GROUP:
@@ -214,7 +226,8 @@ class AMQPServer:
             )
         except BaseException:
             self.broker.flow.remove_listener(self._flow_changed)
-            self.vhost.close()
+            for vhost in self.vhosts.values():
+                vhost.close()
             raise
 
     @property
@@ -248,6 +261,7 @@ class AMQPServer:
         for connection in list(self.connections):
             connection.abort()
         self.broker.flow.remove_listener(self._flow_changed)
-        self.vhost.close()
+        for vhost in self.vhosts.values():
+            vhost.close()
         if server is not None:
             await server.wait_closed()

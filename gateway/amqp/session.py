@@ -35,12 +35,13 @@ import asyncio
 import logging
 import platform
 from collections import deque
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Protocol
 
 from pamqp import base, commands
 
+from core.broker import Broker
 from core.delivery import AckQueue
 from gateway.amqp.channel import Channel
 from gateway.amqp.codec import AmqpDecoder, encode_ack, encode_heartbeat, encode_method, encode_nack
@@ -125,10 +126,19 @@ def _product_version() -> str:
         return "0"
 
 
+# A user's permissions naming this may open every vhost (BraidMQ's, not RabbitMQ's).
+ANY_VHOST: Final = "*"
+
+
 @dataclass
 class SessionSettings:
-    users: Mapping[str, str] = field(default_factory=lambda: {"guest": "guest"})
+    users: Mapping[str, str] = field(default_factory=lambda: {"guest": "guest"})  # name: password
     vhosts: tuple[str, ...] = ("/",)
+    # user -> the vhosts it may open (``"*"``: all). None: every user may open every vhost.
+    # RabbitMQ's default: guest may use "/".
+    permissions: Mapping[str, Collection[str]] | None = field(
+        default_factory=lambda: {"guest": ("/",)}
+    )
     frame_max: int = DEFAULT_FRAME_MAX
     channel_max: int = DEFAULT_CHANNEL_MAX
     heartbeat: int = DEFAULT_HEARTBEAT_S
@@ -143,6 +153,13 @@ class SessionSettings:
             "capabilities": dict(SERVER_CAPABILITIES),
         }
     )
+
+    def may_open(self, user: str, vhost: str) -> bool:
+        """Whether ``user`` has access to ``vhost`` (RabbitMQ's configure/write/read, as one)."""
+        if self.permissions is None:
+            return True
+        allowed = self.permissions.get(user, ())
+        return vhost in allowed or ANY_VHOST in allowed
 
 
 class SessionIO(Protocol):
@@ -221,7 +238,8 @@ class Session:
     def __init__(
         self,
         io: SessionIO,
-        vhost: VirtualHost,
+        broker: Broker,
+        vhosts: Mapping[str, VirtualHost],
         settings: SessionSettings,
         metrics: dict[str, int],
         *,
@@ -229,8 +247,9 @@ class Session:
     ) -> None:
         self.io = io
         self.write: Callable[[bytes], None] = io.write
-        self.vhost = vhost
-        self.broker = vhost.broker
+        self.vhosts = vhosts  # name -> VirtualHost: the server's vhosts
+        self.vhost: VirtualHost | None = None  # the one Connection.Open chose
+        self.broker = broker
         self.settings = settings
         self.metrics = metrics
         self._blocked = blocked  # the broker's flow-control reason while blocked
@@ -579,10 +598,18 @@ class Session:
         self.state = OPEN
 
     def _open(self, method: commands.Connection.Open) -> None:
-        if method.virtual_host not in self.settings.vhosts:
+        # rabbit_access_control:check_vhost_access: first the vhost must exist, then the user
+        # must have permissions on it; both are 530 NOT_ALLOWED with these texts.
+        name = method.virtual_host
+        vhost = self.vhosts.get(name)
+        if vhost is None:
+            raise AmqpConnectionError(NOT_ALLOWED, f"NOT_ALLOWED - vhost {name} not found")
+        if not self.settings.may_open(self.user, name):
             raise AmqpConnectionError(
-                NOT_ALLOWED, f"NOT_ALLOWED - vhost {method.virtual_host} not found"
+                NOT_ALLOWED,
+                f"NOT_ALLOWED - access to vhost '{name}' refused for user '{self.user}'",
             )
+        self.vhost = vhost
         self.io.write(encode_method(0, commands.Connection.OpenOk()))
         self.state = OPENED
         if self._timer is not None:
@@ -591,7 +618,11 @@ class Session:
         if self.heartbeat > 0:
             self._timer = self.loop.call_later(self.heartbeat / 2, self._heartbeat_tick)
         log.info(
-            "amqp %s: connection open (user %r, client %r)", self.peer, self.user, self.client_name
+            "amqp %s: connection open (user %r, vhost %r, client %r)",
+            self.peer,
+            self.user,
+            name,
+            self.client_name,
         )
         reason = self._blocked()
         if reason is not None:
@@ -783,7 +814,8 @@ class Session:
             self.metrics["channels_closed"] += 1
         self.channels.clear()
         self.closing_channels.clear()
-        self.vhost.owner_gone(self)
+        if self.vhost is not None:
+            self.vhost.owner_gone(self)
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None

@@ -7,9 +7,18 @@ live in the topic's free-form config under ``"amqp"`` and are compared on redecl
 equivalence rule, 406 PRECONDITION_FAILED). Bindings are core bindings from the exchange's topic
 to ``(queue topic, 0)``, or to ``(exchange, EXCHANGE_QUEUE)`` for exchange-to-exchange ones.
 
+Virtual hosts: one ``VirtualHost`` per configured vhost, each a separate namespace of exchanges,
+queues and bindings with its own default and ``amq.*`` exchanges. The vhost ``/`` uses the names
+above unprefixed (exchange ``X`` is topic ``X``, so Kafka and MQTT clients share it); any other
+vhost ``V`` puts ``amq.vhost.V.`` in front of each of those topic names: exchange ``X`` is topic
+``amq.vhost.V.X``, queue ``Q`` is topic ``amq.vhost.V.amq.queue.Q`` (:func:`topic_prefix`). A vhost
+name other than ``/`` is 1-64 characters of ``A-Z a-z 0-9 _ -`` (no ``.``, so a topic name tells
+its vhost unambiguously; every character is legal in a Kafka topic name). ``/`` never sees topics
+starting with ``amq.vhost.``; RabbitMQ refuses ``amq.*`` exchange names, so none can be declared.
+
 Checks and error texts follow RabbitMQ 3.x's ``rabbit_channel``/``rabbit_amqqueue``/
 ``rabbit_exchange``; errors raised here carry no method ids: the session fills in the method being
-handled. One ``VirtualHost`` ("/") per server; it is not thread-safe (one event loop).
+handled. A ``VirtualHost`` is not thread-safe (one event loop).
 """
 
 from __future__ import annotations
@@ -18,6 +27,7 @@ import asyncio
 import base64
 import logging
 import os
+import re
 from collections.abc import Coroutine, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Protocol
@@ -46,17 +56,24 @@ from gateway.amqp.messages import jsonable
 log = logging.getLogger(__name__)
 
 __all__ = [
+    "DEFAULT_VHOST",
     "DIRECT_REPLY_TO",
     "QUEUE_TOPIC_PREFIX",
+    "VHOST_TOPIC_PREFIX",
     "Exchange",
     "Queue",
     "VirtualHost",
+    "check_vhost_name",
     "exchange_name",
     "queue_name",
+    "topic_prefix",
 ]
 
 QUEUE_TOPIC_PREFIX: Final = "amq.queue."
 DEFAULT_VHOST: Final = "/"
+# Topics of the vhost V (other than "/") are named VHOST_TOPIC_PREFIX + V + "." + the "/" name.
+VHOST_TOPIC_PREFIX: Final = "amq.vhost."
+VHOST_NAME: Final = re.compile(r"[A-Za-z0-9_-]{1,64}")
 DIRECT_REPLY_TO: Final = "amq.rabbitmq.reply-to"
 DIRECT_REPLY_TO_PREFIX: Final = DIRECT_REPLY_TO + "."
 RESERVED_PREFIX: Final = "amq."
@@ -112,6 +129,21 @@ OVERFLOW_MODES: Final = {
 TTL_SWEEP_INTERVAL_S: Final = 0.1
 
 
+def check_vhost_name(name: str) -> str:
+    """``name`` if it can be a vhost (``/``, or 1-64 of ``A-Z a-z 0-9 _ -``); else ValueError."""
+    if name != DEFAULT_VHOST and VHOST_NAME.fullmatch(name) is None:
+        raise ValueError(
+            f"invalid vhost name {name!r}: '/' or 1-64 characters of A-Z a-z 0-9 _ - "
+            "(the name is part of topic names, docs/amqp.md)"
+        )
+    return name
+
+
+def topic_prefix(vhost: str) -> str:
+    """What the topic names of ``vhost``'s exchanges and queues start with ("" for "/")."""
+    return "" if vhost == DEFAULT_VHOST else f"{VHOST_TOPIC_PREFIX}{check_vhost_name(vhost)}."
+
+
 def exchange_name(topic: str) -> str:
     """The AMQP exchange a record of ``topic`` was published to ("" for a queue's topic)."""
     return "" if topic.startswith(QUEUE_TOPIC_PREFIX) else topic
@@ -164,7 +196,7 @@ class ConsumerHandle(Protocol):
 
 @dataclass(eq=False, slots=True)
 class Exchange:
-    name: str
+    name: str  # the AMQP name (in its vhost)
     type: str  # direct, fanout, topic, headers, x-delayed-message
     kind: str  # the core match kind of its bindings
     durable: bool
@@ -174,20 +206,21 @@ class Exchange:
     alternate: str | None
     delayed: bool
     info: TopicInfo  # the topic this was read from (a stale cache entry has another)
+    topic: str  # its topic's name (info.name)
 
     @classmethod
-    def from_topic(cls, info: TopicInfo) -> Exchange:
+    def from_topic(cls, info: TopicInfo, name: str) -> Exchange:
         config = info.config.get(CONFIG_KEY)
         if not isinstance(config, dict) or config.get("object") != "exchange":
             # A topic made by another protocol: usable as a topic exchange.
-            return cls(info.name, "topic", "topic", True, False, False, {}, None, False, info)
+            return cls(name, "topic", "topic", True, False, False, {}, None, False, info, info.name)
         ex_type = str(config.get("type", "direct"))
         arguments = dict(config.get("arguments") or {})
         delayed = ex_type == DELAYED_TYPE
         routing_type = str(arguments.get(DELAYED_TYPE_ARG, "direct")) if delayed else ex_type
         alternate = arguments.get(ALTERNATE_EXCHANGE_ARG)
         return cls(
-            info.name,
+            name,
             ex_type,
             EXCHANGE_TYPES.get(routing_type, "exact"),
             bool(config.get("durable")),
@@ -197,6 +230,7 @@ class Exchange:
             alternate if isinstance(alternate, str) and alternate else None,
             delayed,
             info,
+            info.name,
         )
 
 
@@ -224,6 +258,14 @@ class VirtualHost:
     def __init__(self, broker: Broker, name: str = DEFAULT_VHOST) -> None:
         self.broker = broker
         self.name = name
+        # "" for "/"; "amq.vhost.<name>." for the others (the module docstring).
+        self.prefix = topic_prefix(name)
+        self.queue_prefix = self.prefix + QUEUE_TOPIC_PREFIX
+        # Exchange names that are not exchanges of this vhost: queue topics, and in "/" the
+        # system topics and the other vhosts' topics.
+        self._hidden: tuple[str, ...] = (
+            (QUEUE_TOPIC_PREFIX,) if self.prefix else (QUEUE_TOPIC_PREFIX, "__", VHOST_TOPIC_PREFIX)
+        )
         self.queues: dict[str, Queue] = {}
         self._exchanges: dict[str, Exchange] = {}
         # Queues whose records may expire (a queue TTL, or a publish with an expiration went
@@ -242,6 +284,8 @@ class VirtualHost:
         exclusive queues, transient exchanges), declare the built-in exchanges."""
         self._loop = asyncio.get_running_loop()
         for info in self.broker.topics.all():
+            if not self.owns_topic(info.name):
+                continue
             config = info.config.get(CONFIG_KEY)
             if not isinstance(config, dict):
                 continue
@@ -251,7 +295,7 @@ class VirtualHost:
                 log.info("amqp: transient exchange %r removed on restart", info.name)
                 self.broker.delete_topic(info.name)
         for name, ex_type in BUILTIN_EXCHANGES:
-            if name not in self.broker.topics:
+            if self.prefix + name not in self.broker.topics:
                 self._create_exchange(name, ex_type, True, False, False, {})
         self._schedule_sweep()
 
@@ -276,7 +320,7 @@ class VirtualHost:
                 queue.expiry = None
 
     def _load_queue(self, info: TopicInfo, config: Mapping[str, Any]) -> None:
-        name = str(config.get("name", queue_name(info.name)))
+        name = str(config.get("name", self.queue_name(info.name)))
         if not config.get("durable") or config.get("exclusive"):
             log.info("amqp: transient queue %r removed on restart", name)
             self.broker.delete_ack_queue(info.name)
@@ -291,18 +335,52 @@ class VirtualHost:
         self.queues[name] = queue
         self._touch(queue)
 
+    # -- names -------------------------------------------------------------------------------
+
+    def owns_topic(self, topic: str) -> bool:
+        """Whether ``topic`` is in this vhost's namespace (an exchange's or a queue's)."""
+        if self.prefix:
+            return topic.startswith(self.prefix)
+        return not topic.startswith(VHOST_TOPIC_PREFIX)
+
+    def exchange_topic(self, name: str) -> str:
+        return self.prefix + name
+
+    def queue_topic(self, name: str) -> str:
+        return self.queue_prefix + name
+
+    def exchange_name(self, topic: str) -> str:
+        """The AMQP exchange a record of ``topic`` was published to ("" for a queue's topic);
+        a topic of another namespace is shown as it is."""
+        prefix = self.prefix
+        if prefix and topic.startswith(prefix):
+            topic = topic[len(prefix) :]
+        return "" if topic.startswith(QUEUE_TOPIC_PREFIX) else topic
+
+    def queue_name(self, topic: str) -> str:
+        prefix = self.queue_prefix
+        return topic[len(prefix) :] if topic.startswith(prefix) else topic
+
+    def _exchange_of_topic(self, topic: str) -> str | None:
+        """The name of the exchange whose topic is ``topic`` in this vhost, or None."""
+        prefix = self.prefix
+        if prefix:
+            return topic[len(prefix) :] if topic.startswith(prefix) else None
+        return None if topic.startswith(VHOST_TOPIC_PREFIX) else topic
+
     # -- exchanges ---------------------------------------------------------------------------
 
     def find_exchange(self, name: str) -> Exchange | None:
-        if name.startswith(QUEUE_TOPIC_PREFIX) or name.startswith("__"):
+        if name.startswith(self._hidden):
             return None
-        info = self.broker.topics.get(name)
+        topic = self.prefix + name if self.prefix else name
+        info = self.broker.topics.get(topic)
         if info is None:
             self._exchanges.pop(name, None)
             return None
         exchange = self._exchanges.get(name)
         if exchange is None or exchange.info is not info:
-            exchange = self._exchanges[name] = Exchange.from_topic(info)
+            exchange = self._exchanges[name] = Exchange.from_topic(info, name)
         return exchange
 
     def exchange(self, name: str) -> Exchange:
@@ -374,7 +452,9 @@ class VirtualHost:
             "arguments": args,
         }
         try:
-            info, created = self.broker.declare_topic(name, 1, {CONFIG_KEY: config})
+            info, created = self.broker.declare_topic(
+                self.exchange_topic(name), 1, {CONFIG_KEY: config}
+            )
         except TopicError as error:
             raise _refused(f"cannot declare exchange '{name}': {error}") from None
         if not created:  # a topic another protocol made: it becomes this exchange too
@@ -412,12 +492,12 @@ class VirtualHost:
         exchange = self.find_exchange(name)
         if exchange is None:
             return  # RabbitMQ 3.x: deleting a missing exchange is not an error
-        if if_unused and self.broker.bindings.bindings(source=name):
+        if if_unused and self.broker.bindings.bindings(source=exchange.topic):
             raise _precondition(f"exchange '{name}' in vhost '{self.name}' in use")
         self._delete_exchange(exchange)
 
     def _delete_exchange(self, exchange: Exchange) -> None:
-        destination = (exchange.name, EXCHANGE_QUEUE)
+        destination = (exchange.topic, EXCHANGE_QUEUE)
         sources = set()
         for binding in self.broker.bindings.bindings(destination=destination):
             sources.add(binding.source)
@@ -428,18 +508,19 @@ class VirtualHost:
                 destination,
                 binding.arguments,
             )
-        self.broker.delete_topic(exchange.name)
+        self.broker.delete_topic(exchange.topic)
         self._exchanges.pop(exchange.name, None)
         self._auto_delete_exchanges(sources)
 
-    def _auto_delete_exchanges(self, names: Iterable[str]) -> None:
+    def _auto_delete_exchanges(self, topics: Iterable[str]) -> None:
         """Auto-delete exchanges go with their last binding (as a source)."""
-        for name in names:
-            exchange = self.find_exchange(name)
+        for topic in topics:
+            name = self._exchange_of_topic(topic)
+            exchange = None if name is None else self.find_exchange(name)
             if (
                 exchange is not None
                 and exchange.auto_delete
-                and not self.broker.bindings.bindings(source=name)
+                and not self.broker.bindings.bindings(source=exchange.topic)
             ):
                 log.info("amqp: auto-delete exchange %r deleted (no bindings left)", name)
                 self._delete_exchange(exchange)
@@ -460,11 +541,11 @@ class VirtualHost:
     ) -> None:
         args = self._binding_arguments(arguments)
         if unbind:
-            self.broker.unbind(source.name, source.kind, pattern, destination, args)
-            self._auto_delete_exchanges([source.name])
+            self.broker.unbind(source.topic, source.kind, pattern, destination, args)
+            self._auto_delete_exchanges([source.topic])
             return
         try:
-            self.broker.bind(source.name, source.kind, pattern, destination, args)
+            self.broker.bind(source.topic, source.kind, pattern, destination, args)
         except RoutingError as error:
             raise _precondition(f"invalid binding arguments: {error}") from None
 
@@ -496,7 +577,7 @@ class VirtualHost:
         self._check_not_default(source)
         target = self.exchange(destination)
         origin = self.exchange(source)
-        self._bind(origin, routing_key, (target.name, EXCHANGE_QUEUE), arguments, unbind)
+        self._bind(origin, routing_key, (target.topic, EXCHANGE_QUEUE), arguments, unbind)
 
     # -- queues ------------------------------------------------------------------------------
 
@@ -560,7 +641,7 @@ class VirtualHost:
         if name.startswith(RESERVED_PREFIX) and not name.startswith(SERVER_NAMED_PREFIX):
             raise _refused(f"queue name '{name}' contains reserved prefix 'amq.*'")
         ack_config = self._ack_config(name, args)
-        topic = QUEUE_TOPIC_PREFIX + name
+        topic = self.queue_topic(name)
         config = {
             "object": "queue",
             "name": name,
@@ -634,10 +715,10 @@ class VirtualHost:
             )
         dead_letter = DeadLetterPolicy()
         if dlx:
-            dead_letter = DeadLetterPolicy(dlx, dlrk)
+            dead_letter = DeadLetterPolicy(self.exchange_topic(dlx), dlrk)
         elif dlx == "" and dlrk:
             # The default exchange routes to the queue named by the routing key.
-            dead_letter = DeadLetterPolicy(QUEUE_TOPIC_PREFIX + dlrk, dlrk)
+            dead_letter = DeadLetterPolicy(self.queue_topic(dlrk), dlrk)
         return AckQueueConfig(
             message_ttl_ms=ttl,
             max_length=max_length,

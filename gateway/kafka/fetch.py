@@ -20,6 +20,15 @@ again. Isolation: transactional data becomes visible only when committed (see
 ``transactions``), so the last stable offset is the high watermark and there are never aborted
 transactions to list; read_committed and read_uncommitted read the same entries.
 
+Tag filters (``tagfilters.py``): a fetch that belongs to a consumer group with a tag filter
+is served only the records that match it, at their own offsets (gaps are legal, as in a
+compacted topic): entries are skipped by the index's tag mask (confirmed against the record's
+tags); a Kafka batch whose tags (the union of its records') match is re-encoded with only its
+matching records, same base offset and last offset delta; skipped offsets after the last
+record served are covered by a batch of no records (``records.gap_batch``), so the consumer's
+position, and so its committed offset, moves past them. Compressed and transactional batches
+carry no tags, so a filtered group never gets them. Fetches of other groups are untouched.
+
 Fetch sessions (KIP-227) are not kept: every response has session id 0, which tells clients to
 send full fetch requests.
 """
@@ -32,9 +41,11 @@ from typing import Any, Final
 
 from kio.schema.errors import ErrorCode
 
-from core.log import QueueRecord
+from core.log import QueueRecord, TagFilter
 from core.log import record as rec
 from core.log.names import is_system_topic
+from core.log.store import LogStore
+from core.log.tags import tags_from_headers
 from gateway.kafka.apis import ApiKey
 from gateway.kafka.codec import Request
 from gateway.kafka.context import (
@@ -46,7 +57,9 @@ from gateway.kafka.context import (
     ms,
 )
 from gateway.kafka.entities import build_response
-from gateway.kafka.records import RecordInput, build_batch
+from gateway.kafka.errors import RecordBatchError
+from gateway.kafka.records import Headers, RecordInput, build_batch, filter_batch, gap_batch
+from gateway.kafka.tagfilters import GroupTagFilters, active_tag_filters
 from gateway.kafka.wire import FetchPartition, encode_fetch_response
 
 # Request isolation levels (IsolationLevel.java).
@@ -62,6 +75,10 @@ _NO_RECORD_LIMIT: Final = 2**62
 _OFFSET_LENGTH_EPOCH = struct.Struct(">qii")
 _LENGTH_OFFSET: Final = 8
 _AFTER_EPOCH: Final = 16
+# A filtered fetch reads the index in chunks of this many records, and looks at this many
+# entries at most (then serves what it has, a gap batch up to where it stopped included).
+_FILTERED_CHUNK_RECORDS: Final = 4096
+_MAX_FILTERED_SCAN: Final = 65_536
 
 
 def _batch_bytes(entry: QueueRecord, parts: list[Any]) -> int:
@@ -92,9 +109,12 @@ def _plain_batch(entries: list[QueueRecord]) -> bytes:
     return bytes(batch)
 
 
-def read_records(entries: list[QueueRecord]) -> tuple[list[Any], int]:
+def read_records(
+    entries: list[QueueRecord], tag_filter: TagFilter | None = None
+) -> tuple[list[Any], int]:
     """The record set of a partition's entries (see the module docstring), as parts to join
-    (views of the log's memory map among them: join before the next ``await``), and its size."""
+    (views of the log's memory map among them: join before the next ``await``), and its size.
+    With ``tag_filter`` (entries that match it), batches keep only their matching records."""
     parts: list[Any] = []
     plain: list[QueueRecord] = []
     size = 0
@@ -106,7 +126,10 @@ def read_records(entries: list[QueueRecord]) -> tuple[list[Any], int]:
                 parts.append(built)
                 size += len(built)
                 plain = []
-            size += _batch_bytes(entry, parts)
+            if tag_filter is None:
+                size += _batch_bytes(entry, parts)
+            else:
+                size += _filtered_batch_bytes(entry, tag_filter, parts)
         else:
             if plain and plain[-1].next_offset != entry.offset:
                 built = _plain_batch(plain)
@@ -119,6 +142,73 @@ def read_records(entries: list[QueueRecord]) -> tuple[list[Any], int]:
         parts.append(built)
         size += len(built)
     return parts, size
+
+
+def read_filtered(
+    store: LogStore,
+    topic: str,
+    partition: int,
+    offset: int,
+    end: int,
+    limit: int,
+    tag_filter: TagFilter,
+) -> tuple[list[Any], int]:
+    """The record set of a partition for a group with ``tag_filter`` (see the module
+    docstring), at most ``limit`` bytes of matching entries (at least one entry)."""
+    masks = tag_filter.masks
+    kept: list[QueueRecord] = []
+    kept_bytes = 0
+    position = offset  # the first offset not looked at yet
+    scanned = 0
+    full = False
+    while not full and position < end and scanned < _MAX_FILTERED_SCAN:
+        entries = store.read(topic, partition, position, max_records=_FILTERED_CHUNK_RECORDS)
+        if not entries:
+            break
+        for entry in entries:
+            next_offset = entry.next_offset
+            if next_offset <= position:
+                continue
+            scanned += 1
+            entry_mask = entry.tag_mask
+            for mask in masks:
+                if entry_mask & mask == mask:
+                    if tag_filter.matches(rec.tags_slice(entry.frame, 0)):
+                        if kept and kept_bytes + entry.size > limit:
+                            full = True
+                        else:
+                            kept.append(entry)
+                            kept_bytes += entry.size
+                    break
+            if full:
+                break
+            position = next_offset
+    parts, size = read_records(kept, tag_filter) if kept else ([], 0)
+    served_to = kept[-1].next_offset if kept else offset
+    if position > served_to:
+        gap = gap_batch(served_to, position - served_to, epoch=LEADER_EPOCH)
+        parts.append(gap)
+        size += len(gap)
+    return parts, size
+
+
+def _filtered_batch_bytes(entry: QueueRecord, tag_filter: TagFilter, parts: list[Any]) -> int:
+    """A stored batch whose tags match: only its matching records (as stored when all do)."""
+
+    def keep(headers: Headers) -> bool:
+        return tag_filter.matches(
+            tags_from_headers([(name, value) for name, value in headers if value is not None])
+        )
+
+    body = rec.body_slice(entry.frame, 0)
+    try:
+        filtered = filter_batch(body, keep, base_offset=entry.offset, epoch=LEADER_EPOCH)
+    except RecordBatchError:
+        filtered = None  # not decodable here: served as stored, as to any consumer
+    if filtered is None:
+        return _batch_bytes(entry, parts)
+    parts.append(filtered)
+    return len(filtered)
 
 
 class _Partition:
@@ -136,10 +226,13 @@ def _read(
     plan: list[tuple[str, list[_Partition]]],
     max_bytes: int,
     isolation: int,
+    connection: Connection | None = None,
 ) -> tuple[list[tuple[str, list[FetchPartition]]], int, bool]:
     """One pass over the fetched partitions: (topic responses, bytes, any partition error)."""
     broker = context.broker
     store = broker.store
+    # Some consumer group has a tag filter: is this fetch one of its members'?
+    filters: GroupTagFilters | None = active_tag_filters(broker) if connection is not None else None
     aborted = () if isolation == READ_COMMITTED else None
     topics = []
     total = 0
@@ -162,12 +255,23 @@ def _read(
                     error = ErrorCode.offset_out_of_range
                 elif offset < end and (total == 0 or total < max_bytes):
                     limit = min(wanted.max_bytes, max_bytes - total) if total else wanted.max_bytes
-                    entries = store.read(
-                        topic, partition, offset, max_records=_NO_RECORD_LIMIT, max_bytes=limit
+                    tag_filter = (
+                        filters.filter_for(connection, topic, partition)
+                        if filters is not None and connection is not None
+                        else None
                     )
-                    if entries:
-                        records, size = read_records(entries)
+                    if tag_filter is not None:
+                        records, size = read_filtered(
+                            store, topic, partition, offset, end, limit, tag_filter
+                        )
                         total += size
+                    else:
+                        entries = store.read(
+                            topic, partition, offset, max_records=_NO_RECORD_LIMIT, max_bytes=limit
+                        )
+                        if entries:
+                            records, size = read_records(entries)
+                            total += size
             if error != ErrorCode.none:
                 errors = True
             # The last stable offset is the high watermark: open transactions are invisible.
@@ -203,7 +307,7 @@ async def handle_fetch(
         )
         for topic in body.topics
     ]
-    topics, total, errors = _read(context, plan, max_bytes, isolation)
+    topics, total, errors = _read(context, plan, max_bytes, isolation, connection)
     if total < min_bytes and not errors and max_wait_ms > 0:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + max_wait_ms / 1000
@@ -214,7 +318,7 @@ async def handle_fetch(
             remaining = deadline - loop.time()
             if remaining <= 0 or not await context.broker.wait_for_records(keys, remaining):
                 break
-            topics, total, errors = _read(context, plan, max_bytes, isolation)
+            topics, total, errors = _read(context, plan, max_bytes, isolation, connection)
             if total >= min_bytes or errors:
                 break
     context.metrics["fetched_bytes"] += total

@@ -18,6 +18,7 @@ from gateway.kafka.apis import ApiKey
 from gateway.kafka.codec import Request
 from gateway.kafka.context import Connection, Handler, KafkaContext, ResponseBody, ms
 from gateway.kafka.entities import build_response
+from gateway.kafka.tagfilters import group_tag_filters
 
 # Kafka's offset.metadata.max.bytes default: longer commit metadata is refused.
 MAX_METADATA_BYTES: Final = 4096
@@ -88,6 +89,9 @@ async def handle_sync_group(
         getattr(body, "protocol_type", None),
         getattr(body, "protocol_name", None),
     )
+    if int(result.error_code) == ErrorCode.none:
+        # Who fetches which partitions for the group: for its tag filter (tagfilters.py).
+        group_tag_filters(context.broker).on_sync(body.group_id)
     return _build(
         ApiKey.SYNC_GROUP,
         request,
@@ -120,6 +124,9 @@ async def handle_leave_group(
     else:
         members = [(body.member_id, None)]
     result = context.broker.groups.leave(body.group_id, members)
+    group_tag_filters(context.broker).on_leave(
+        body.group_id, {member.member_id for member in result.members if member.member_id}
+    )
     error = int(result.error_code)
     if request.api_version < 3 and error == ErrorCode.none and result.members:
         error = int(result.members[0].error_code)  # v0-2: the one member's error at the top
@@ -209,6 +216,7 @@ async def handle_delete_groups(
     for group_id, error in errors.items():
         if error == 0:
             broker.offsets.delete_group(group_id)
+            group_tag_filters(broker).on_delete(group_id)
     return _build(
         ApiKey.DELETE_GROUPS,
         request,

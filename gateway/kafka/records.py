@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import enum
 import struct
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Final, NamedTuple, TypeAlias
 
 from aiokafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
@@ -466,3 +466,85 @@ def control_type_of(batch: Buffer) -> ControlType | None:
         if record.key is not None and len(record.key) >= _CONTROL_KEY.size:
             return ControlType(_CONTROL_KEY.unpack_from(record.key)[1])
     return None
+
+
+# Offsets of the fields ``filter_batch`` and ``gap_batch`` set (see the module layout).
+_LAST_OFFSET_DELTA_OFFSET: Final = struct.calcsize(">qiibIh")  # 23
+_EMPTY_BATCH_LENGTH: Final = BATCH_HEADER_SIZE - LOG_OVERHEAD
+
+
+def _seal(batch: bytearray, base_offset: int, last_offset_delta: int, epoch: int) -> bytes:
+    """Set the base offset, leader epoch and last offset delta, then the CRC."""
+    _INT64.pack_into(batch, BASE_OFFSET_OFFSET, base_offset)
+    _INT32.pack_into(batch, PARTITION_LEADER_EPOCH_OFFSET, epoch)
+    _INT32.pack_into(batch, _LAST_OFFSET_DELTA_OFFSET, last_offset_delta)
+    _UINT32.pack_into(batch, CRC_OFFSET, crc32c(memoryview(batch)[ATTRIBUTES_OFFSET:]))
+    return bytes(batch)
+
+
+def gap_batch(base_offset: int, count: int, *, epoch: int = 0, timestamp_ms: int = 0) -> bytes:
+    """A batch of no records covering offsets ``base_offset .. base_offset + count - 1``:
+    what a compacted log serves for a batch whose records were all removed (message format v2
+    keeps the last offset delta), so a consumer moves on past offsets it is not sent."""
+    if count < 1:
+        raise ValueError("a gap covers at least one offset")
+    batch = bytearray(
+        BATCH_HEADER.pack(
+            base_offset,
+            _EMPTY_BATCH_LENGTH,
+            epoch,
+            CURRENT_MAGIC,
+            0,
+            0,
+            count - 1,
+            timestamp_ms,
+            timestamp_ms,
+            NO_PRODUCER_ID,
+            NO_PRODUCER_EPOCH,
+            NO_SEQUENCE,
+            0,
+        )
+    )
+    return _seal(batch, base_offset, count - 1, epoch)
+
+
+def filter_batch(
+    batch: Buffer,
+    keep: Callable[[Headers], bool],
+    *,
+    base_offset: int,
+    epoch: int = 0,
+) -> bytes | None:
+    """``batch`` with only the records whose headers ``keep`` takes, at their own offsets, with
+    the same base offset (``base_offset``) and last offset delta, so a consumer moves past the
+    records left out as it does past those compaction removed; ``None`` when it keeps them all.
+
+    The result is uncompressed (a batch is decoded to be filtered), with the original's
+    producer id, epoch, base sequence and transactional bit; a batch left with no record is a
+    ``gap_batch``. Raises ``RecordBatchError`` for a batch that cannot be decoded."""
+    header = read_batch_header(batch)
+    records = list(iter_records(batch))
+    kept = [record for record in records if keep(record.headers)]
+    if len(kept) == len(records):
+        return None
+    if not kept:
+        return gap_batch(
+            base_offset,
+            header.last_offset_delta + 1,
+            epoch=epoch,
+            timestamp_ms=header.max_timestamp,
+        )
+    builder = DefaultRecordBatchBuilder(
+        CURRENT_MAGIC,
+        int(Compression.NONE),
+        int(header.is_transactional),
+        header.producer_id,
+        header.producer_epoch,
+        header.base_sequence,
+        _UNLIMITED_BATCH_SIZE,
+    )
+    for record in kept:
+        builder.append(
+            record.offset_delta, record.timestamp, record.key, record.value, record.headers
+        )
+    return _seal(bytearray(builder.build()), base_offset, header.last_offset_delta, epoch)

@@ -45,6 +45,7 @@ from core.log import TagFilter
 from core.log import record as rec
 from core.log.names import SESSIONS_TOPIC
 from core.log.store import now_ms
+from core.log.tags import tags_from_headers
 from core.routing.errors import RoutingError
 from core.routing.mqtt_topic import parse_shared_subscription, validate_topic_filter
 from core.routing.trie import WildcardTrie
@@ -82,6 +83,7 @@ from gateway.mqtt.session import (
     Session,
     Sub,
     combine,
+    record_tags,
 )
 
 log = logging.getLogger(__name__)
@@ -163,11 +165,12 @@ class LiveRouter:
     matches of recent topics cached (devices publish to the same topics over and over;
     subscriptions change far less often than messages arrive, and any change clears it)."""
 
-    __slots__ = ("cache", "count", "first_levels", "trie", "wildcards")
+    __slots__ = ("cache", "count", "filtered", "first_levels", "trie", "wildcards")
 
     def __init__(self) -> None:
         self.trie: WildcardTrie[Sub, str] = WildcardTrie("+", "#", dollar_rule=True)
         self.count = 0
+        self.filtered = 0  # subscriptions with a tag filter (records' tags are looked at then)
         self.first_levels: dict[str, int] = {}  # log topic -> subscriptions bound to it
         self.wildcards = 0  # subscriptions whose first level is a wildcard
         self.cache: dict[str, tuple[Sub, ...]] = {}
@@ -176,6 +179,8 @@ class LiveRouter:
         self.cache.clear()
         self.trie.add(sub.levels, sub)
         self.count += 1
+        if sub.tag_filter is not None:
+            self.filtered += 1
         first = sub.levels[0]
         if first in ("+", "#"):
             self.wildcards += 1
@@ -188,6 +193,8 @@ class LiveRouter:
         if not self.trie.remove(sub.levels, sub):
             return
         self.count -= 1
+        if sub.tag_filter is not None:
+            self.filtered -= 1
         first = sub.levels[0]
         if first in ("+", "#"):
             self.wildcards -= 1
@@ -522,7 +529,8 @@ class MqttHub:
             )
             if retain:
                 self._retain(message)
-            self.deliver_live(message, publisher)
+            tags = tags_from_headers(headers) if self.live.filtered else None
+            self.deliver_live(message, publisher, tags)
         if self._own_entries:
             self._tap_foreign()
         return (0, started.appended.end, log_topic)
@@ -549,8 +557,11 @@ class MqttHub:
         self.retained.put(message)
         self.metrics["retained_stored"] += 1
 
-    def deliver_live(self, message: OutMessage, publisher: Connection | None) -> None:
-        """Hand a message to the clean sessions subscribed to its topic."""
+    def deliver_live(
+        self, message: OutMessage, publisher: Connection | None, tags: list[str] | None = None
+    ) -> None:
+        """Hand a message to the clean sessions subscribed to its topic (``tags``: the record's,
+        given when some live subscription has a tag filter)."""
         live = self.live
         if not live.count:
             return
@@ -562,6 +573,8 @@ class MqttHub:
             for sub in subs:
                 session = sub.session
                 if sub.no_local and origin == session.client_id:
+                    return
+                if sub.tag_filter is not None and not sub.takes(tags):
                     return
                 qos = sub.qos if sub.qos < message.qos else message.qos
                 ids: tuple[int, ...] = (sub.identifier,) if sub.identifier else ()
@@ -577,6 +590,8 @@ class MqttHub:
         for sub in subs:
             if sub.no_local and origin == sub.session.client_id:
                 continue
+            if sub.tag_filter is not None and not sub.takes(tags):
+                continue  # per subscription: another of the session's may still match
             by_session.setdefault(sub.session, []).append(sub)
         for session, matched in by_session.items():
             qos, retain, all_ids = combine(message, matched)
@@ -587,6 +602,8 @@ class MqttHub:
     def send_retained(self, session: Session, sub: Sub) -> None:
         for message in self.retained.matching(sub.levels, now_ms()):
             if sub.no_local and message.origin == session.client_id:
+                continue
+            if sub.tag_filter is not None and not sub.takes(_properties_tags(message)):
                 continue
             qos = sub.qos if sub.qos < message.qos else message.qos
             ids = (sub.identifier,) if sub.identifier else ()
@@ -671,7 +688,8 @@ class MqttHub:
                     ):
                         continue
                     self.metrics["tapped_records"] += 1
-                    self.deliver_live(out_message_of(message), None)
+                    tags = record_tags(message) if self.live.filtered else None
+                    self.deliver_live(out_message_of(message), None, tags)
 
     # -- subscriptions ---------------------------------------------------------------------
 
@@ -683,8 +701,9 @@ class MqttHub:
         tag_filter: TagFilter | None = None,
     ) -> tuple[int, Sub | None, bool]:
         """(reason code, subscription, whether it is new) for one SUBSCRIBE entry.
-        ``tag_filter`` (user property ``tag-filter``) applies to a shared subscription's group
-        queue when this subscription creates it."""
+        ``tag_filter`` (user property ``tag-filter``): a plain subscription takes only records
+        with one of its tags (a SUBSCRIBE replacing it replaces its filter too); a shared
+        subscription's applies to its group's queue when this subscription creates it."""
         topic_filter = request.topic_filter
         try:
             shared = parse_shared_subscription(topic_filter)
@@ -703,6 +722,8 @@ class MqttHub:
             existing.retain_as_published = request.retain_as_published
             existing.retain_handling = request.retain_handling
             existing.identifier = identifier
+            if existing.group is None and existing.tag_filter is not tag_filter:
+                self._set_tag_filter(session, existing, tag_filter)
             self.persist(session)
             return request.qos, existing, False
         sub = self._add_sub(
@@ -748,17 +769,53 @@ class MqttHub:
             retain_handling,
             identifier,
             group,
+            tag_filter,
         )
         if group is not None:
             group.members[session] = sub
-        elif session.queue_name is not None:
-            self._bind(plan, session.queue_name)
-            session.plain.append(sub)
         else:
-            self.live.add(sub)
+            if session.queue_name is not None:
+                self._bind(plan, session.queue_name)
+            else:
+                self.live.add(sub)
             session.plain.append(sub)
+            if tag_filter is not None:
+                session.filtered += 1
+            self._sync_queue_filter(session)
         session.subscriptions[topic_filter] = sub
         return sub
+
+    def _set_tag_filter(self, session: Session, sub: Sub, tag_filter: TagFilter | None) -> None:
+        """A plain subscription's tag filter replaced (a SUBSCRIBE to the same filter)."""
+        live = session.queue_name is None
+        if live:
+            self.live.remove(sub)
+        session.filtered += (tag_filter is not None) - (sub.tag_filter is not None)
+        sub.tag_filter = tag_filter
+        if live:
+            self.live.add(sub)
+        self._sync_queue_filter(session)
+
+    def _sync_queue_filter(self, session: Session) -> None:
+        """A persistent session's queue skips, by the index's tag mask and without reading
+        bodies, the records none of its plain subscriptions could take: when every one has a
+        tag filter, the queue's filter is the union of theirs (kept in memory: rebuilt from the
+        subscriptions on restart); else none. Each record read is still matched per
+        subscription (``Session._on_queue_delivery``)."""
+        if session.queue_name is None:
+            return
+        queue = self.broker.ack_queue(session.queue_name)
+        if queue is None:
+            return
+        plain = session.plain
+        union: TagFilter | None = None
+        if plain and session.filtered == len(plain):
+            union = TagFilter(tag for sub in plain if sub.tag_filter for tag in sub.tag_filter.tags)
+        current = queue.config.tag_filter
+        if (current is None) != (union is None) or (
+            current is not None and union is not None and current.tags != union.tags
+        ):
+            queue.config.tag_filter = union
 
     def unsubscribe(self, session: Session, topic_filter: str, *, persist: bool = True) -> bool:
         sub = session.subscriptions.pop(topic_filter, None)
@@ -772,6 +829,9 @@ class MqttHub:
                 self._drop_group(group)
         else:
             session.plain.remove(sub)
+            if sub.tag_filter is not None:
+                session.filtered -= 1
+            self._sync_queue_filter(session)
             if session.queue_name is not None:
                 inner = sub.filter
                 still = {
@@ -873,7 +933,10 @@ class MqttHub:
             queue, _ = self.broker.declare_ack_queue(name, 0)
             queue.purge()
         self.sessions[client_id] = session
-        for topic_filter, qos, no_local, rap, handling, identifier in data["subs"]:
+        for entry in data["subs"]:
+            topic_filter, qos, no_local, rap, handling, identifier = entry[:6]
+            # A 7th element: the subscription's tag filter expression (absent: none).
+            tag_filter = TagFilter.parse(entry[6]) if len(entry) > 6 and entry[6] else None
             shared = parse_shared_subscription(topic_filter)
             inner = shared.filter if shared is not None else topic_filter
             plan = binding_plan(inner)
@@ -890,6 +953,7 @@ class MqttHub:
                 bool(rap),
                 int(handling),
                 int(identifier),
+                tag_filter,
             )
         session.inbound_qos2 = {int(pid) for pid in data.get("qos2", ())}
         for pid in data.get("released", ()):
@@ -933,6 +997,16 @@ _PLACEHOLDER: Final = OutMessage("", b"", 2, False, "", 0, NO_PROPERTIES)
 
 async def _await(pending: Pending[Any]) -> None:
     await pending
+
+
+def _properties_tags(message: OutMessage) -> list[str]:
+    """The tags of a message kept as MQTT properties (a retained message): its
+    ``x-braid-tags`` user properties."""
+    return tags_from_headers(
+        [(name, value.encode()) for name, value in message.properties.user_properties]
+        if message.properties is not NO_PROPERTIES
+        else []
+    )
 
 
 def _is_utf8(payload: bytes | memoryview) -> bool:

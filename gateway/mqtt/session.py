@@ -37,9 +37,11 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
-from core.delivery import Consumer, Delivery
+from core.delivery import Consumer, Delivery, Message
 from core.log import TagFilter
+from core.log import record as rec
 from core.log.store import now_ms
+from core.log.tags import tags_from_headers
 from gateway.mqtt.addresses import filter_matches
 from gateway.mqtt.eager import Pending, run_eagerly
 from gateway.mqtt.encoder import encode, encode_ack, encode_publish
@@ -73,9 +75,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# Session Expiry Interval meaning "never" (5.0 §3.1.2.11.2); 3.1.1's Clean Session 0.
-# SUBSCRIBE user property: a tag filter (``TagA || TagB``) on a shared subscription's group.
+# SUBSCRIBE user property (5.0): a tag filter (``TagA || TagB``) on the subscription (a shared
+# subscription's: on its group's queue). See docs/mqtt.md, "Tag filters".
 TAG_FILTER_PROPERTY: Final = "tag-filter"
+# Session Expiry Interval meaning "never" (5.0 §3.1.2.11.2); 3.1.1's Clean Session 0.
 NEVER_EXPIRES: Final = 0xFFFF_FFFF
 MAX_PACKET_ID: Final = 0xFFFF
 # Receive Maximum when the client sends none (5.0 §3.1.2.11.3).
@@ -126,6 +129,7 @@ class Sub:
         "retain_as_published",
         "retain_handling",
         "session",
+        "tag_filter",
     )
 
     def __init__(
@@ -139,6 +143,7 @@ class Sub:
         retain_handling: int,
         identifier: int,
         group: SharedGroup | None,
+        tag_filter: TagFilter | None = None,
     ) -> None:
         self.session = session
         self.filter = topic_filter  # as subscribed, "$share/g/..." included
@@ -149,9 +154,17 @@ class Sub:
         self.retain_handling = retain_handling
         self.identifier = identifier  # 0: none
         self.group = group
+        # Tag filter (user property ``tag-filter``): a plain subscription matches only records
+        # carrying one of its tags; a shared one's is its group queue's (kept here to persist).
+        self.tag_filter = tag_filter
+
+    def takes(self, tags: list[str] | None) -> bool:
+        """Whether this subscription's tag filter lets a record with ``tags`` through."""
+        tag_filter = self.tag_filter
+        return tag_filter is None or (tags is not None and tag_filter.matches(tags))
 
     def to_json(self) -> list[Any]:
-        return [
+        data: list[Any] = [
             self.filter,
             self.qos,
             self.no_local,
@@ -159,6 +172,9 @@ class Sub:
             self.retain_handling,
             self.identifier,
         ]
+        if self.tag_filter is not None:
+            data.append(tag_expression(self.tag_filter))
+        return data
 
     def __repr__(self) -> str:
         return f"Sub({self.session.client_id!r}, {self.filter!r}, qos={self.qos})"
@@ -198,6 +214,7 @@ class Session:
         self.queue_name: str | None = None
         self.subscriptions: dict[str, Sub] = {}
         self.plain: list[Sub] = []  # non-shared subscriptions, for matching queue deliveries
+        self.filtered = 0  # plain subscriptions with a tag filter
         self.consumers: dict[str, Consumer] = {}  # ack-queue topic -> our consumer
         self.connection: Connection | None = None
         self.inflight: dict[int, Inflight] = {}
@@ -291,7 +308,8 @@ class Session:
     def _on_queue_delivery(self, delivery: Delivery) -> None:
         """A record from this session's own ack queue: match it against the plain subscriptions
         (bindings may match more than the filter does: see addresses.py)."""
-        message = out_message_of(delivery.message)
+        record = delivery.message
+        message = out_message_of(record)
         topic = message.topic
         origin = message.origin
         matched = [
@@ -299,6 +317,11 @@ class Session:
             for sub in self.plain
             if _matches(sub.levels, topic) and not (sub.no_local and origin == self.client_id)
         ]
+        if matched and self.filtered:
+            # Only the subscriptions whose tag filter takes the record match it (the queue's
+            # own filter, the union of them, already skipped most others by the index mask).
+            tags = record_tags(record)
+            matched = [sub for sub in matched if sub.takes(tags)]
         if not matched:
             delivery.ack()
             return
@@ -480,6 +503,22 @@ class _GroupDeliver:
 
 
 _matches = filter_matches
+
+
+def tag_expression(tag_filter: TagFilter) -> str:
+    """The filter as an expression ``TagFilter.parse`` reads back (``A || B``)."""
+    return " || ".join(sorted(tag_filter.tags))
+
+
+def record_tags(message: Message) -> list[str]:
+    """A record's own tags: a Kafka batch record's are the union of its records' (the log's
+    tags field), so each record of it is judged by its own ``x-braid-tags`` header."""
+    if message.protocol == rec.PROTOCOL_KAFKA:
+        headers = message.headers
+        if not headers:
+            return []
+        return tags_from_headers([(name, value) for name, value in headers if value is not None])
+    return message.tags
 
 
 def combine(message: OutMessage, subs: list[Sub]) -> tuple[int, bool, tuple[int, ...]]:

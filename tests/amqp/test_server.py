@@ -134,6 +134,7 @@ async def test_unknown_vhost_is_refused(server: AMQPServer) -> None:
     raw.send(0, commands.Connection.Open("/elsewhere"))
     close = await raw.expect(commands.Connection.Close)
     assert close.reply_code == 530
+    assert close.reply_text == "NOT_ALLOWED - vhost /elsewhere not found"
 
 
 async def test_malformed_frame_costs_only_its_connection(server: AMQPServer) -> None:
@@ -377,9 +378,10 @@ async def test_amqp_publish_leaves_documented_record_headers(server: AMQPServer)
             routing_key=queue.name,
         )
         assert (await queue.declare()).message_count == 1
+        # Read while the queue exists: deleting a topic deletes its index (core/broker).
+        records = server.broker.store.read(QUEUE_TOPIC_PREFIX + "inspect", 0, 0, max_records=1)
     ack_queue = server.broker.ack_queue(QUEUE_TOPIC_PREFIX + "inspect")
     assert ack_queue is None  # exclusive: gone with its connection
-    records = server.broker.store.read(QUEUE_TOPIC_PREFIX + "inspect", 0, 0, max_records=1)
     headers = dict(records[0].record().headers)
     assert headers["x-braid-content-type"] == b"application/json"
     assert headers["x-braid-correlation-id"] == b"c1"
