@@ -60,6 +60,20 @@ from core.routing.table import BindingTable, MatchKind
 from core.state import DurableTable
 from core.timers import TimerService
 from core.transactions import TransactionService
+from core.transactions.control import (
+    CONTROL_TOPICS,
+    RESULT_HEADER,
+    TXN_TOPIC,
+    HalfMessages,
+    batch_half_mark,
+    half_mark,
+    outcome_txn_id,
+)
+from core.transactions.service import (
+    DEFAULT_CHECK_CALL_TIMEOUT_MS,
+    DEFAULT_CHECK_TIMEOUT_MS,
+    DEFAULT_MAX_CHECKS,
+)
 
 log = logging.getLogger(__name__)
 
@@ -91,10 +105,20 @@ class BrokerConfig:
     mqtt_exchange: str | None = field(
         default_factory=lambda: os.environ.get("BRAID_MQTT_EXCHANGE") or None
     )
+    # Half messages with check-back (core/transactions/control.py; RocketMQ's
+    # transactionTimeOut, transactionCheckMax): ms before an undecided transaction is checked
+    # back, checks before the default outcome (rollback), ms a check waits for the answer.
+    txn_check_timeout_ms: int = int(DEFAULT_CHECK_TIMEOUT_MS)
+    txn_max_checks: int = DEFAULT_MAX_CHECKS
+    txn_check_call_timeout_ms: int = DEFAULT_CHECK_CALL_TIMEOUT_MS
 
     def __post_init__(self) -> None:
         if not self.mqtt_exchange:  # "" (a config file's "off") is None
             self.mqtt_exchange = None
+        if self.txn_check_timeout_ms <= 0 or self.txn_check_call_timeout_ms <= 0:
+            raise ValueError("txn_check_timeout_ms and txn_check_call_timeout_ms must be > 0")
+        if self.txn_max_checks < 0:
+            raise ValueError("txn_max_checks must be >= 0")
 
 
 @dataclass
@@ -103,11 +127,14 @@ class PublishResult:
     destinations: list[Destination]
     queue: int
     refused: list[Destination] = field(default_factory=list)
+    # Stored as a half message (header x-braid-txn-id): invisible until committed.
+    half: bool = False
 
     @property
     def offset(self) -> int:
-        """Offset of the record in the topic's own queue."""
-        return self.appended.offsets[0][2]
+        """Offset of the record in the topic's own queue (-1 for a half message: it gets
+        its offset when committed)."""
+        return -1 if self.half else self.appended.offsets[0][2]
 
 
 def _ack_queue_config_to_json(config: AckQueueConfig) -> dict[str, Any]:
@@ -159,7 +186,14 @@ class Broker:
         self.groups = GroupCoordinator()
         # Half messages and their commit/rollback (RocketMQ semantics): the base of Kafka
         # transactions and AMQP tx. Front ends register their check-back per producer group.
-        self.transactions = TransactionService(store)
+        self.transactions = TransactionService(
+            store,
+            check_timeout_ms=self.config.txn_check_timeout_ms,
+            max_checks=self.config.txn_max_checks,
+            check_call_timeout_ms=self.config.txn_check_call_timeout_ms,
+        )
+        # The same from every protocol: header x-braid-txn-id, topics braid.txn(.check).
+        self.half_messages = HalfMessages(self, self.transactions)
         # Delayed records (and retries with back-off) become visible at their time.
         self.timers = TimerService(store)
         for group in self.offsets.groups():
@@ -200,6 +234,7 @@ class Broker:
 
     async def start(self) -> None:
         await self.timers.start()
+        self.half_messages.declare_topics()
         await self.transactions.start()
         self._tasks = [
             asyncio.create_task(self._periodic(ACK_STATE_FLUSH_INTERVAL_S, self.flush_ack_states)),
@@ -597,6 +632,17 @@ class Broker:
         if not tags and headers:
             # Tags from any protocol: the ``x-braid-tags: A,B`` header (docs/mapping.md).
             tags = tags_from_headers(headers)
+        # Half messages from any protocol (core/transactions/control.py): header
+        # x-braid-txn-id makes a half message; a record to braid.txn decides one.
+        mark = None
+        outcome_ok = True
+        if topic in CONTROL_TOPICS:
+            if topic == TXN_TOPIC:
+                txn_id = outcome_txn_id(headers, subject, key)
+                result, outcome_ok = await self.half_messages.apply(txn_id, body)
+                headers = [*headers, (RESULT_HEADER, result.encode())]
+        elif headers:
+            mark = half_mark(headers)
         destinations, refused = self.prepare_destinations(
             topic,
             chosen,
@@ -607,6 +653,26 @@ class Broker:
             protocol=protocol,
             address=address,
         )
+        if not outcome_ok:
+            refused = [*refused, (topic, chosen)]  # the outcome was not applied: nack it
+        if mark is not None:
+            appended = self.half_messages.add_half(
+                mark,
+                topic,
+                chosen,
+                body,
+                key=key,
+                headers=headers,
+                tags=tags,
+                subject=subject,
+                client=client,
+                address=address,
+                destinations=destinations,
+                protocol=protocol,
+                born_ms=born_ms,
+            )
+            await self._after_half(appended, topic, wait_durable)
+            return PublishResult(appended, destinations, chosen, refused, half=True)
         appended = self.store.append(
             topic,
             chosen,
@@ -641,6 +707,13 @@ class Broker:
         if wait_durable:
             await self.store.wait_durable(appended.end, topic)
 
+    async def _after_half(self, appended: Appended, topic: str, wait_durable: bool) -> None:
+        """A half message is indexed only in ``__half`` (its commit's LINK is what indexes it
+        in its topic); a gateway that hands its own publishes to live subscribers checks
+        ``PublishResult.half`` first (the MQTT hub does)."""
+        if wait_durable:
+            await self.store.wait_durable(appended.end, topic)
+
     async def publish_batch(
         self,
         topic: str,
@@ -663,8 +736,39 @@ class Broker:
         info = self.topic(topic, create=False)
         if not 0 <= queue < info.queues:
             raise TopicError("unknown_queue", f"topic {topic!r} has no queue {queue}")
+        mark = None
+        outcome: tuple[str, bool] | None = None
+        if topic == TXN_TOPIC:
+            outcome = await self.half_messages.apply_batch(batch)
+        elif topic not in CONTROL_TOPICS:
+            mark = batch_half_mark(batch)
         destinations, headers = self.batch_destinations(topic, queue, batch)
         tags = batch_tags(batch) if batch_may_have_tags(batch) else []
+        if mark is not None:
+            appended = self.half_messages.add_half(
+                mark,
+                topic,
+                queue,
+                batch,
+                key=None,
+                headers=headers,
+                tags=tags,
+                subject="",
+                client=client,
+                address=address,
+                destinations=destinations,
+                protocol=rec.PROTOCOL_KAFKA,
+                born_ms=born_ms,
+                flags=flags | rec.FLAG_BATCH,
+                record_count=record_count,
+            )
+            await self._after_half(appended, topic, wait_durable)
+            return PublishResult(appended, destinations, queue, half=True)
+        refused: list[Destination] = []
+        if outcome is not None:
+            headers = [*headers, (RESULT_HEADER, outcome[0].encode())]
+            if not outcome[1]:
+                refused.append((topic, queue))
         appended = self.store.append_batch(
             topic,
             queue,
@@ -680,7 +784,7 @@ class Broker:
             deliver_at_ms=deliver_at_ms,
         )
         await self._after_append(appended, destinations, topic, wait_durable)
-        return PublishResult(appended, destinations, queue)
+        return PublishResult(appended, destinations, queue, refused)
 
     def batch_destinations(
         self, topic: str, queue: int, batch: bytes | memoryview

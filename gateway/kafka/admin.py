@@ -1,5 +1,12 @@
 """Cluster and topic APIs: ApiVersions, Metadata, FindCoordinator, DescribeCluster,
-CreateTopics, DeleteTopics, CreatePartitions, DescribeConfigs, and the SASL refusal.
+CreateTopics, DeleteTopics, CreatePartitions, DescribeConfigs, AlterConfigs,
+IncrementalAlterConfigs, and the SASL refusal.
+
+Configs: topics and the broker describe theirs (read-only: the config file sets them); a consumer
+group has one config, ``braid.tag.filter`` (its tag filter, ``tagfilters.py``), that
+DescribeConfigs reads and AlterConfigs/IncrementalAlterConfigs set, durably, on resource type
+GROUP (32; 3 from librdkafka < 2.10). Every resource gets its own answer, as Kafka gives it:
+altering a topic or the broker is refused with INVALID_REQUEST, other resource types too.
 
 The cluster is this broker alone: node ``NODE_ID`` at the advertised address, controller, and
 leader (epoch ``LEADER_EPOCH``) of every partition, with itself as the only replica and ISR. A
@@ -16,6 +23,7 @@ from kio.schema.errors import ErrorCode
 
 from core.broker.topics import TopicError, TopicInfo
 from core.log.names import is_system_topic
+from gateway.kafka import tagfilters
 from gateway.kafka.apis import ApiKey, api_versions_response
 from gateway.kafka.codec import Request
 from gateway.kafka.context import (
@@ -36,15 +44,24 @@ MAX_MESSAGE_BYTES: Final = 1_048_588
 # DescribeConfigs resource types (ConfigResource.Type) and config sources (ConfigSource).
 RESOURCE_TOPIC: Final = 2
 RESOURCE_BROKER: Final = 4
+RESOURCE_GROUP: Final = tagfilters.CONFIG_RESOURCE_GROUP
 SOURCE_DYNAMIC_TOPIC: Final = 1
 SOURCE_STATIC_BROKER: Final = 4
 SOURCE_DEFAULT: Final = 5
+SOURCE_DYNAMIC_GROUP: Final = 8  # ConfigSource.GROUP_CONFIG (KIP-848)
+# IncrementalAlterConfigs operations (AlterConfigOp.OpType).
+OP_SET: Final = 0
+OP_DELETE: Final = 1
+OP_APPEND: Final = 2
+OP_SUBTRACT: Final = 3
 # DescribeConfigs config types (ConfigEntry.ConfigType): what kafka-configs and UIs display.
 TYPE_BOOLEAN: Final = 1
 TYPE_STRING: Final = 2
 TYPE_INT: Final = 3
 TYPE_LONG: Final = 5
 TYPE_LIST: Final = 7
+# A DescribeConfigs entry: (name, value or None, config source, config type).
+ConfigRow = tuple[str, str | None, int, int]
 # FindCoordinator key types.
 COORDINATOR_GROUP: Final = 0
 COORDINATOR_TRANSACTION: Final = 1
@@ -286,7 +303,7 @@ async def handle_create_partitions(
     )
 
 
-def _topic_configs(context: KafkaContext, info: TopicInfo) -> list[tuple[str, str, int, int]]:
+def _topic_configs(context: KafkaContext, info: TopicInfo) -> list[ConfigRow]:
     """(name, value, source, type) of a topic's configs, the ones Kafka tools ask for."""
     log_config = context.broker.store.config
     retention_ms = log_config.retention_ms if log_config.retention_ms is not None else -1
@@ -305,12 +322,12 @@ def _topic_configs(context: KafkaContext, info: TopicInfo) -> list[tuple[str, st
         ("flush.messages", "1" if durability == "sync" else "9223372036854775807", 4, TYPE_LONG),
     ]
     given = info.config.get(KAFKA_CONFIGS_KEY) or {}
-    out = [c for c in configs if c[0] not in given]
+    out: list[ConfigRow] = [c for c in configs if c[0] not in given]
     out += [(name, str(value), SOURCE_DYNAMIC_TOPIC, TYPE_STRING) for name, value in given.items()]
     return out
 
 
-def _broker_configs(context: KafkaContext) -> list[tuple[str, str, int, int]]:
+def _broker_configs(context: KafkaContext) -> list[ConfigRow]:
     log_config = context.broker.store.config
     settings = context.settings
     retention_ms = log_config.retention_ms if log_config.retention_ms is not None else -1
@@ -333,6 +350,150 @@ def _broker_configs(context: KafkaContext) -> list[tuple[str, str, int, int]]:
     ]
 
 
+def _group_configs(context: KafkaContext, group_id: str) -> list[ConfigRow]:
+    """A group's one config: its tag filter, set by an admin client (GROUP_CONFIG), by the
+    config file (STATIC_BROKER_CONFIG) or not at all (DEFAULT_CONFIG, null: no filter)."""
+    value, origin = tagfilters.group_tag_filters(context.broker).setting(group_id)
+    source = {"runtime": SOURCE_DYNAMIC_GROUP, "file": SOURCE_STATIC_BROKER}.get(
+        origin, SOURCE_DEFAULT
+    )
+    return [(tagfilters.TAG_FILTER_CONFIG, value, source, TYPE_STRING)]
+
+
+# What a resource's alteration comes to: (error, message) or, for a group, the filter to store
+# (``None``: back to the config file's) when the request is not validate-only.
+_AlterResult = tuple[ErrorCode, str | None]
+
+
+def _alter_other(context: KafkaContext, resource_type: int, resource_name: str) -> _AlterResult:
+    """The answer to altering a resource that is not a group (nothing here is alterable)."""
+    if resource_type == RESOURCE_TOPIC:
+        if context.broker.topics.get(resource_name) is None or is_system_topic(resource_name):
+            return ErrorCode.unknown_topic_or_partition, f"topic {resource_name!r} not found"
+        return (
+            ErrorCode.invalid_request,
+            "topic configs cannot be altered here ([log] in the broker's config file sets "
+            "retention and durability)",
+        )
+    if resource_type == RESOURCE_BROKER:
+        return (
+            ErrorCode.invalid_request,
+            "broker configs cannot be altered at runtime (the broker's config file sets them)",
+        )
+    return ErrorCode.invalid_request, f"resource type {resource_type} is not supported"
+
+
+def _check_filter(value: str | None, *, null_deletes: bool) -> tuple[_AlterResult, str | None]:
+    """The expression to store for ``braid.tag.filter = value`` (``None``: delete)."""
+    if value is None:
+        if null_deletes:
+            return (ErrorCode.none, None), None
+        return (
+            ErrorCode.invalid_request,
+            f"Null value not supported for : {tagfilters.TAG_FILTER_CONFIG}",
+        ), None
+    problem = tagfilters.expression_error(value)
+    if problem is not None:
+        return (
+            ErrorCode.invalid_config,
+            f"Invalid value {value!r} for configuration {tagfilters.TAG_FILTER_CONFIG}: {problem}",
+        ), None
+    text = value.strip()
+    return (ErrorCode.none, None), text or "*"
+
+
+def _unknown_group_config(name: str) -> _AlterResult:
+    return (
+        ErrorCode.invalid_config,
+        f"Unknown group config name: {name} (a group has {tagfilters.TAG_FILTER_CONFIG})",
+    )
+
+
+async def _alter_configs(
+    context: KafkaContext, request: Request, *, incremental: bool
+) -> ResponseBody:
+    """AlterConfigs and IncrementalAlterConfigs: one answer per resource, in request order."""
+    body: Any = request.body
+    registry = tagfilters.group_tag_filters(context.broker)
+    seen: dict[tuple[bool, int, str], int] = {}
+    for resource in body.resources:
+        is_group = resource.resource_type in tagfilters.GROUP_RESOURCE_TYPES
+        key = (is_group, -1 if is_group else resource.resource_type, resource.resource_name)
+        seen[key] = seen.get(key, 0) + 1
+    responses = []
+    for resource in body.resources:
+        name = resource.resource_name
+        is_group = resource.resource_type in tagfilters.GROUP_RESOURCE_TYPES
+        key = (is_group, -1 if is_group else resource.resource_type, name)
+        result: _AlterResult = (ErrorCode.none, None)
+        if seen[key] > 1:
+            result = ErrorCode.invalid_request, f"resource {name!r} is named more than once"
+        elif not is_group:
+            result = _alter_other(context, resource.resource_type, name)
+        elif not name:
+            result = ErrorCode.invalid_request, "the group name must not be empty"
+        else:
+            names = [config.name for config in resource.configs]
+            change: str | None = None
+            changed = not incremental  # AlterConfigs replaces the whole set: absent = reset
+            for config in resource.configs:
+                if names.count(config.name) > 1:
+                    result = (
+                        ErrorCode.invalid_request,
+                        f"Error due to duplicate config keys: {config.name}",
+                    )
+                    break
+                if config.name != tagfilters.TAG_FILTER_CONFIG:
+                    result = _unknown_group_config(config.name)
+                    break
+                operation = config.config_operation if incremental else OP_SET
+                if operation == OP_DELETE:
+                    change, changed = None, True
+                elif operation == OP_SET:
+                    result, change = _check_filter(config.value, null_deletes=not incremental)
+                    changed = True
+                elif operation in (OP_APPEND, OP_SUBTRACT):
+                    verb = "append" if operation == OP_APPEND else "subtract"
+                    result = (
+                        ErrorCode.invalid_config,
+                        f"Config value {verb} is not allowed for config key: {config.name} "
+                        "(SET the whole expression, TagA || TagB)",
+                    )
+                else:
+                    result = ErrorCode.invalid_request, f"Unknown operation type {operation}"
+                if result[0] != ErrorCode.none:
+                    break
+            if result[0] == ErrorCode.none and changed and not body.validate_only:
+                await registry.store_filter(name, change)
+        responses.append(
+            {
+                "error_code": result[0],
+                "error_message": result[1],
+                # As sent: librdkafka matches answers to its resources by (type, name).
+                "resource_type": resource.resource_type,
+                "resource_name": name,
+            }
+        )
+    api_key = ApiKey.INCREMENTAL_ALTER_CONFIGS if incremental else ApiKey.ALTER_CONFIGS
+    return build_response(
+        api_key,
+        request.api_version,
+        {"throttle_time": context.throttle_ms(), "responses": responses},
+    )
+
+
+async def handle_alter_configs(
+    context: KafkaContext, connection: Connection, request: Request
+) -> ResponseBody:
+    return await _alter_configs(context, request, incremental=False)
+
+
+async def handle_incremental_alter_configs(
+    context: KafkaContext, connection: Connection, request: Request
+) -> ResponseBody:
+    return await _alter_configs(context, request, incremental=True)
+
+
 async def handle_describe_configs(
     context: KafkaContext, connection: Connection, request: Request
 ) -> ResponseBody:
@@ -341,7 +502,7 @@ async def handle_describe_configs(
     for resource in body.resources:
         error = ErrorCode.none
         message: str | None = None
-        entries: list[tuple[str, str, int, int]] = []
+        entries: list[ConfigRow] = []
         if resource.resource_type == RESOURCE_TOPIC:
             info = context.broker.topics.get(resource.resource_name)
             if info is None or is_system_topic(resource.resource_name):
@@ -353,12 +514,18 @@ async def handle_describe_configs(
                 error, message = ErrorCode.invalid_request, "the only broker is node 0"
             else:
                 entries = _broker_configs(context)
+        elif resource.resource_type in tagfilters.GROUP_RESOURCE_TYPES:
+            if not resource.resource_name:
+                error, message = ErrorCode.invalid_request, "the group name must not be empty"
+            else:
+                entries = _group_configs(context, resource.resource_name)
         else:
             error = ErrorCode.invalid_request
             message = f"resource type {resource.resource_type} is not supported"
         wanted = resource.configuration_keys
         if wanted is not None:
             entries = [entry for entry in entries if entry[0] in wanted]
+        writable = resource.resource_type in tagfilters.GROUP_RESOURCE_TYPES
         results.append(
             {
                 "error_code": error,
@@ -369,7 +536,7 @@ async def handle_describe_configs(
                     {
                         "name": name,
                         "value": value,
-                        "read_only": source != SOURCE_DYNAMIC_TOPIC,
+                        "read_only": not writable and source != SOURCE_DYNAMIC_TOPIC,
                         "config_source": source,
                         "is_sensitive": False,
                         "synonyms": [],
@@ -419,6 +586,8 @@ HANDLERS: dict[int, Handler] = {
     ApiKey.DELETE_TOPICS: handle_delete_topics,
     ApiKey.CREATE_PARTITIONS: handle_create_partitions,
     ApiKey.DESCRIBE_CONFIGS: handle_describe_configs,
+    ApiKey.ALTER_CONFIGS: handle_alter_configs,
+    ApiKey.INCREMENTAL_ALTER_CONFIGS: handle_incremental_alter_configs,
     ApiKey.SASL_HANDSHAKE: handle_sasl_handshake,
     ApiKey.SASL_AUTHENTICATE: handle_sasl_authenticate,
 }

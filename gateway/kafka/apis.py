@@ -34,9 +34,11 @@ AddOffsetsToTxn     0-4       0             3             0               0-3
 EndTxn (26)         0-5       0             3             1               0-3
 TxnOffsetCommit(28) 0-5       0             3             3               0-3
 DescribeConfigs(32) 1-4       2             4             1               1-4
+AlterConfigs (33)   0-2       1             2             2               0-2
 SaslAuthenticate    0-2       1             2             1               0-2
 CreatePartitions    0-3       1             3             2               0-3
 DeleteGroups (42)   0-2       1             2             2               0-2
+IncrAlterConfigs 44 0-1       -             1             1               0-1
 DescribeCluster(60) 0-2       -             2             (admin)         0-1
 ================== ======== ============ ============ ============== ==========
 
@@ -77,6 +79,9 @@ Rules that set the bounds:
   KIP-848 groups).
 - SaslHandshake is 1 only: v0 means the SASL tokens follow as raw size-prefixed frames without
   a request header, which ``KafkaDecoder`` does not decode; every client sends v1.
+- AlterConfigs 0-2 and IncrementalAlterConfigs 0-1: every version kio has, and each client's
+  max (the newer versions only changed encoding); they set a consumer group's tag filter
+  (resource type GROUP, ``admin.py``). librdkafka reads configs with DescribeConfigs v1.
 - ApiVersions 0-4 (v3 is flexible and carries the client software name; v4 only lifts the
   ban on a 0 feature min version). A newer ApiVersions gets the KIP-511 fallback in ``codec``.
 """
@@ -124,9 +129,11 @@ class ApiKey(enum.IntEnum):
     END_TXN = 26
     TXN_OFFSET_COMMIT = 28
     DESCRIBE_CONFIGS = 32
+    ALTER_CONFIGS = 33
     SASL_AUTHENTICATE = 36
     CREATE_PARTITIONS = 37
     DELETE_GROUPS = 42
+    INCREMENTAL_ALTER_CONFIGS = 44
     DESCRIBE_CLUSTER = 60
 
 
@@ -156,9 +163,11 @@ SUPPORTED_APIS: Final[dict[int, tuple[int, int]]] = {
     ApiKey.END_TXN: (0, 3),
     ApiKey.TXN_OFFSET_COMMIT: (0, 3),
     ApiKey.DESCRIBE_CONFIGS: (1, 4),
+    ApiKey.ALTER_CONFIGS: (0, 2),
     ApiKey.SASL_AUTHENTICATE: (0, 2),
     ApiKey.CREATE_PARTITIONS: (0, 3),
     ApiKey.DELETE_GROUPS: (0, 2),
+    ApiKey.INCREMENTAL_ALTER_CONFIGS: (0, 1),
     ApiKey.DESCRIBE_CLUSTER: (0, 1),
 }
 

@@ -46,10 +46,17 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# ConfigResource.Type.GROUP (KIP-848) and librdkafka's RD_KAFKA_RESOURCE_GROUP, which
-# confluent-kafka's ConfigResource(ResourceType.GROUP, ...) sends as the resource type.
-GROUP_RESOURCE_TYPES: Final = frozenset({32, 3})
+# The config resource type of a group: ConfigResource.Type.GROUP (KIP-848), what kafka-python
+# and librdkafka >= 2.10 send (librdkafka maps its ResourceType.GROUP, 3, to 32 on the wire:
+# ``rd_kafka_ResourceType_to_ConfigResourceType``). Older librdkafka (kcat) sent its enum value
+# 3 as is; Kafka has no config resource type 3, so it is taken as a group too.
+CONFIG_RESOURCE_GROUP: Final = 32
+LEGACY_RESOURCE_GROUP: Final = 3
+GROUP_RESOURCE_TYPES: Final = frozenset({CONFIG_RESOURCE_GROUP, LEGACY_RESOURCE_GROUP})
 TAG_FILTER_CONFIG: Final = "braid.tag.filter"
+# Characters a tag of a filter cannot hold: ``x-braid-tags`` separates tags with ``,`` (so such
+# a tag never matches), and ``|``/``&`` are a mistyped operator (only ``||`` exists).
+_TAG_FORBIDDEN: Final = frozenset(",|&")
 CONSUMER_PROTOCOL_TYPE: Final = "consumer"
 # Keys in the broker's ``__meta`` table (as ``kafka:txn:``): a group's filter set at runtime.
 _CONFIG_KEY: Final = "kafka:group-tag-filter:"
@@ -60,6 +67,28 @@ _INT16 = struct.Struct(">h")
 _INT32 = struct.Struct(">i")
 
 Partition = tuple[str, int]
+
+
+def expression_error(expression: str) -> str | None:
+    """Why ``expression`` is not a tag filter (``None``: it is). A filter is ``*`` or empty
+    (every record), or tags joined by ``||`` (RocketMQ's syntax): no empty alternative, no
+    ``*`` among tags, no ``,``, ``|`` or ``&`` and no control character inside a tag."""
+    text = expression.strip()
+    if text in ("", "*"):
+        return None
+    for part in text.split("||"):
+        tag = part.strip()
+        if not tag:
+            return f"empty tag in {expression!r} (write TagA || TagB)"
+        if tag == "*":
+            return f"'*' (every record) cannot be combined with tags in {expression!r}"
+        bad = sorted({c for c in tag if c in _TAG_FORBIDDEN or not c.isprintable()})
+        if bad:
+            return (
+                f"tag {tag!r} of {expression!r} holds {''.join(bad)!r}: tags are joined by "
+                "' || ' and cannot contain ',', '|', '&' or control characters"
+            )
+    return None
 
 
 def client_host(connection: Connection) -> str:
@@ -136,16 +165,37 @@ class GroupTagFilters:
             return self.runtime[group_id], False
         return self.configured.get(group_id), True
 
-    def set_filter(self, group_id: str, expression: str | None) -> None:
-        """Set (``None``: delete, back to the config file's) a group's filter, durably."""
+    def setting(self, group_id: str) -> tuple[str | None, str]:
+        """The group's filter expression as DescribeConfigs shows it (``None``: none) and where
+        it comes from: ``"runtime"`` (an admin client, in ``__meta``), ``"file"`` (the config
+        file) or ``"none"``."""
+        if group_id in self.runtime:
+            return self.runtime[group_id], "runtime"
+        if group_id in self.configured:
+            return self.configured[group_id], "file"
+        return None, "none"
+
+    def set_filter(self, group_id: str, expression: str | None) -> int | None:
+        """Set (``None``: delete, back to the config file's) a group's filter in ``__meta``.
+        Returns the log position after the record written (``None``: nothing written), which
+        ``store_filter`` waits to be durable."""
         table = self.broker.topics.table
+        end: int | None = None
         if expression is None:
             if self.runtime.pop(group_id, None) is not None:
-                table.delete(_CONFIG_KEY + group_id)
+                deleted = table.delete(_CONFIG_KEY + group_id)
+                end = deleted.end if deleted is not None else None
         else:
             self.runtime[group_id] = expression
-            table.put(_CONFIG_KEY + group_id, expression.encode())
+            end = table.put(_CONFIG_KEY + group_id, expression.encode()).end
         self._refresh()
+        return end
+
+    async def store_filter(self, group_id: str, expression: str | None) -> None:
+        """``set_filter``, returning once the change is durable (an admin client's answer)."""
+        end = self.set_filter(group_id, expression)
+        if end is not None:
+            await self.broker.store.wait_durable(end)
 
     def _refresh(self) -> None:
         merged = {**self.configured, **self.runtime}
@@ -224,7 +274,11 @@ class GroupTagFilters:
             self._claims[peer] = (owner.group_id, owner.member_id, now)
             tag_filter = self.filters.get(owner.group_id)
         else:
-            found = {self.filters.get(owner.group_id) for owner in candidates}
+            # Equal filters (same tags) of different groups are one filter.
+            found = {
+                None if (f := self.filters.get(owner.group_id)) is None else f.tags: f
+                for owner in candidates
+            }
             if len(found) != 1:
                 self.metrics["ambiguous_fetches"] += 1
                 if key not in self._warned:
@@ -238,7 +292,7 @@ class GroupTagFilters:
                         sorted({owner.group_id for owner in candidates}),
                     )
                 return None
-            tag_filter = found.pop()
+            (tag_filter,) = found.values()
         if tag_filter is not None:
             self.metrics["filtered_fetches"] += 1
         return tag_filter

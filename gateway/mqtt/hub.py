@@ -256,6 +256,7 @@ class MqttHub:
             "wills_published": 0,
             "retained_stored": 0,
             "delayed_published": 0,
+            "half_published": 0,
             "tapped_records": 0,
         }
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -514,9 +515,15 @@ class MqttHub:
         finally:
             self._own_topic = None
         if isinstance(started, Pending):  # flow control blocked after all: finish later
+            if self._own_entries:  # indexed before it suspended (e.g. a commit's records)
+                self._tap_foreign()
             return run_eagerly(self._publish_finish(started, client_id, target, packet))
         if deliver_at:
             self.metrics["delayed_published"] += 1
+        elif started.half:
+            # A transactional half message (x-braid-txn-id): invisible, and never retained,
+            # until its commit; the commit's LINK reaches live subscribers as an index entry.
+            self.metrics["half_published"] += 1
         elif retain or self.live.count:
             message = OutMessage(
                 target,
@@ -539,7 +546,7 @@ class MqttHub:
         self, started: Pending[Any], client_id: str, target: str, packet: Publish
     ) -> Outcome:
         result = await started  # the live router gets it through the index notification
-        if packet.retain:
+        if packet.retain and not result.half:
             self._retain(
                 OutMessage(
                     target,
