@@ -47,6 +47,9 @@ MAX_LOG_TOPIC_BYTES: Final = 255
 RESERVED_TOPIC_PREFIX: Final = "__"
 # EMQX's delayed publish: "$delayed/{DelayInterval}/{TopicName}", at most 4294967 seconds.
 DELAYED_PREFIX: Final = "$delayed/"
+# ``$half/<producer group>/<transaction id>/<topic>``: a transactional half message from a
+# client without user properties (MQTT 3.1.1), the x-braid-txn-id convention of docs/mapping.md.
+HALF_PREFIX: Final = "$half/"
 MAX_DELAY_S: Final = 4_294_967
 SHARE_PREFIX: Final = "$share/"
 # Ack queues of persistent sessions and of shared-subscription groups (system topics: hidden from
@@ -167,6 +170,21 @@ def parse_delayed(topic: str) -> DelayedTopic | None:
     if delay > MAX_DELAY_S:
         return None
     return DelayedTopic(delay, target)
+
+
+class HalfTopic(NamedTuple):
+    producer_group: str
+    txn_id: str
+    topic: str
+
+
+def parse_half(topic: str) -> HalfTopic | None:
+    """``$half/<producer group>/<transaction id>/<topic>`` -> its parts; None if malformed."""
+    group, slash, rest = topic[len(HALF_PREFIX) :].partition(LEVEL_SEPARATOR)
+    txn_id, slash_too, target = rest.partition(LEVEL_SEPARATOR)
+    if not (slash and slash_too and group and txn_id and target) or target[:1] == "$":
+        return None
+    return HalfTopic(group, txn_id, target)
 
 
 def _queue_name(prefix: str, name: str) -> str:

@@ -50,10 +50,13 @@ from core.routing.errors import RoutingError
 from core.routing.mqtt_topic import parse_shared_subscription, validate_topic_filter
 from core.routing.trie import WildcardTrie
 from core.state import DurableTable
+from core.transactions.control import GROUP_HEADER as PRODUCER_GROUP_HEADER
+from core.transactions.control import TXN_ID_HEADER
 from gateway.mqtt.addresses import (
     DELAYED_PREFIX,
     GLOBAL_SOURCE,
     GROUP_QUEUE_PREFIX,
+    HALF_PREFIX,
     SESSION_QUEUE_PREFIX,
     SHARE_PREFIX,
     BindingSpec,
@@ -61,6 +64,7 @@ from gateway.mqtt.addresses import (
     group_queue_name,
     mqtt_topic_of,
     parse_delayed,
+    parse_half,
     session_queue_name,
     to_log_address,
 )
@@ -465,6 +469,7 @@ class MqttHub:
         blocked: then it never suspends (else a Pending finishes it)."""
         deliver_at = 0
         target = topic
+        half = None
         if topic[:1] == "$":
             if topic.startswith(DELAYED_PREFIX):
                 delayed = parse_delayed(topic)
@@ -473,6 +478,11 @@ class MqttHub:
                 target = delayed.topic
                 if delayed.delay_s:
                     deliver_at = now_ms() + delayed.delay_s * 1000
+            elif topic.startswith(HALF_PREFIX):
+                half = parse_half(topic)
+                if half is None:
+                    return _REFUSED_TOPIC
+                target = half.topic
             elif topic.startswith(SHARE_PREFIX):
                 return _REFUSED_TOPIC
         address = to_log_address(target)
@@ -492,6 +502,12 @@ class MqttHub:
             if qos or retain or (props is not NO_PROPERTIES)
             else _NO_HEADERS
         )
+        if half is not None:  # the topic prefix says what 5.0 user properties would
+            headers = [
+                *headers,
+                (TXN_ID_HEADER, half.txn_id.encode()),
+                (PRODUCER_GROUP_HEADER, half.producer_group.encode()),
+            ]
         log_topic = address.topic
         self._own_topic = log_topic
         try:

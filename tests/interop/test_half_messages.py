@@ -325,6 +325,35 @@ async def test_mqtt_producer_answers_check_back(braid: BraidProcess) -> None:
         mqtt_stop(producer)
 
 
+async def test_mqtt_311_half_through_the_topic_prefix(braid: BraidProcess) -> None:
+    """MQTT 3.1.1 has no user properties: ``$half/<group>/<txn id>/<topic>`` says the same."""
+    topic, committed, rolled_back = unique("m311"), unique("t"), unique("t")
+    subscriber, seen = mqtt_client(braid)
+    old: list[mqtt.Client] = []
+    try:
+        await mqtt_subscribe(subscriber, f"{topic}/#")
+        for _ in range(2):
+            client = mqtt.Client(CallbackAPIVersion.VERSION2, protocol=mqtt.MQTTv311)
+            client.connect("127.0.0.1", braid.mqtt_port)
+            client.loop_start()
+            old.append(client)
+        producer, other = old
+        for txn, payload in ((committed, b"v311-commit"), (rolled_back, b"v311-rollback")):
+            info = producer.publish(f"$half/g311/{txn}/{topic}/a/b", payload, qos=1)
+            await asyncio.to_thread(info.wait_for_publish, TIMEOUT)
+            assert info.is_published()
+        await mqtt_nothing(seen, QUIET_S)
+        for txn, outcome in ((committed, b"commit"), (rolled_back, b"rollback")):
+            info = other.publish(f"braid.txn/{txn}", outcome, qos=1)
+            await asyncio.to_thread(info.wait_for_publish, TIMEOUT)
+        message = await asyncio.to_thread(seen.get, timeout=TIMEOUT)
+        assert (message.topic, bytes(message.payload)) == (f"{topic}/a/b", b"v311-commit")
+        await mqtt_nothing(seen, QUIET_S)
+    finally:
+        for client in (subscriber, *old):
+            mqtt_stop(client)
+
+
 # -- restart -------------------------------------------------------------------------------------
 
 
