@@ -60,6 +60,15 @@ class _VersionAction(argparse.Action):
         parser.exit()
 
 
+def _add_max_body(parser: argparse.ArgumentParser, default: int) -> None:
+    parser.add_argument(
+        "--max-body",
+        type=_non_negative,
+        metavar="BYTES",
+        help=f"show at most BYTES of each body (default: {default}; 0: whole body)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="braid",
@@ -142,13 +151,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     dump.add_argument("--limit", type=_non_negative, metavar="N", help="at most N records")
     dump.add_argument("--json", action="store_true", help="one JSON object per line")
-    dump.add_argument(
-        "--max-body",
-        type=_non_negative,
-        default=None,
-        metavar="BYTES",
-        help="show at most BYTES of each body (default: 100; 0: whole body)",
-    )
+    _add_max_body(dump, 100)
 
     verify = log_commands.add_parser(
         "verify",
@@ -181,17 +184,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     tail.add_argument("--limit", type=_non_negative, metavar="N", help="exit after N records")
     tail.add_argument("--json", action="store_true", help="one JSON object per line")
-    tail.add_argument(
-        "--max-body",
-        type=_non_negative,
-        default=None,
-        metavar="BYTES",
-        help="show at most BYTES of each body (default: 200; 0: whole body)",
-    )
+    _add_max_body(tail, 200)
     tail.add_argument(
         "--interval-ms",
         type=_non_negative,
-        default=None,
         metavar="MS",
         help="how often to look for new records (default: 100)",
     )
