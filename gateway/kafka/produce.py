@@ -26,6 +26,7 @@ from typing import Any, Final
 
 from kio.schema.errors import ErrorCode
 
+from core.broker.broker import may_carry_braid_headers
 from core.broker.topics import TopicError
 from core.log.batches import unpack_batch
 from core.log.names import is_system_topic
@@ -128,6 +129,7 @@ async def _store_batch(
     # these bytes in place instead of each copying the memoryview (it was 19% of the broker's
     # CPU producing 100-byte records), and the log copies them into the segment once more.
     batch = view.tobytes() if header.compression == 0 else view
+    braid_headers = header.compression == 0 and may_carry_braid_headers(batch)
     metrics = context.metrics
     producer_id = header.producer_id
     last = -1
@@ -162,7 +164,7 @@ async def _store_batch(
         )
         base_offset = NO_OFFSET
     else:
-        deliver_at = delivery_time(batch) if header.compression == 0 else 0
+        deliver_at = delivery_time(batch, braid_headers) if header.compression == 0 else 0
         result = await context.broker.publish_batch(
             topic,
             partition,
@@ -172,6 +174,7 @@ async def _store_batch(
             client=client,
             deliver_at_ms=deliver_at,
             wait_durable=False,
+            braid_headers=braid_headers,
         )
         appended = result.appended
         # A delayed batch gets its partition offset when it becomes visible.
@@ -194,12 +197,13 @@ _DELIVER_AT_BYTES = DELIVER_AT_HEADER.encode()
 _DELAY_BYTES = DELAY_HEADER.encode()
 
 
-def delivery_time(batch: bytes | memoryview) -> int:
+def delivery_time(batch: bytes | memoryview, braid_headers: bool = True) -> int:
     """Delay by record header (docs/mapping.md): ``x-braid-deliver-at`` (ms since the epoch) or
     ``x-delay`` (ms from now) on any record delays the whole batch to the latest such time; 0 if
     none. Uncompressed batches only; the bytes are searched before anything is decoded."""
     raw = batch if type(batch) is bytes else bytes(batch)
-    if _DELIVER_AT_BYTES not in raw and _DELAY_BYTES not in raw:
+    # braid_headers=False: the caller found no "x-braid-" in the batch, so no x-braid-deliver-at.
+    if (not braid_headers or _DELIVER_AT_BYTES not in raw) and _DELAY_BYTES not in raw:
         return 0
     now = now_ms()
     latest = 0
