@@ -277,6 +277,7 @@ def _tail(args: argparse.Namespace) -> int:
             max_body=tail.DEFAULT_MAX_BODY if args.max_body is None else args.max_body,
             interval_ms=tail.DEFAULT_INTERVAL_MS if args.interval_ms is None else args.interval_ms,
             out=sys.stdout,
+            err=sys.stderr,
         )
     except logtool.NotALogError as error:
         print(f"braid tail: error: {error}", file=sys.stderr)

@@ -179,8 +179,10 @@ def tail(
     max_body: int,
     interval_ms: int,
     out: TextIO,
+    err: TextIO | None = None,
 ) -> int:
-    """Follow ``topic`` until SIGINT/SIGTERM, or until ``limit`` records were printed."""
+    """Follow ``topic`` until SIGINT/SIGTERM, or until ``limit`` records were printed. Once it
+    knows where it starts in each queue, one line saying so goes to ``err``."""
     reader = open_reader(data_dir)
     stopping = False
 
@@ -192,8 +194,14 @@ def tail(
     printed = 0
     try:
         follower = Follower(reader, topic, last=last)
+        announced = False
         while not stopping:
             batch = follower.poll()
+            if not announced and err is not None:
+                announced = True
+                starts = ", ".join(f"{q}@{o}" for q, o in sorted(follower.positions.items()))
+                err.write(f"braid tail: following {topic} ({starts or 'no queues yet'})\n")
+                err.flush()
             for record, offset in batch:
                 for line in lines_of(record, offset):
                     out.write(
