@@ -23,9 +23,17 @@ from crc32c import crc32c
 
 from core.log import names
 from core.log import record as rec
-from core.log.segment import Segment
+from core.log.segment import Segment, preallocate
 
 log = logging.getLogger(__name__)
+
+_NO_SEGMENT = -(1 << 62)
+_PAGE = 4096
+# The writer reserves commit-log blocks this far ahead (see activate, segment.preallocate).
+PREALLOCATE_BYTES = 16 << 20
+# Writers start writeback every this many appended bytes (CommitLog.writeback_range).
+WRITEBACK_BYTES = 1 << 20
+_NEVER_TRUSTED = 1 << 62
 
 
 class CommitLog:
@@ -36,6 +44,22 @@ class CommitLog:
         self.segments: dict[int, Segment] = {}  # segment number -> segment
         self.write_position = 0
         self.flushed_position = 0
+        # The segment being appended to, cached for the store's in-place encoders: its base
+        # position and mapping. A base far below any position means "none" (so the offset
+        # ``write_position - active_base`` never looks like room in the segment).
+        self.active_base = _NO_SEGMENT
+        self.active_buf: memoryview | None = None
+        self.active_fd = -1
+        # In-place writers may fill the active segment up to this offset without calling
+        # activate(): the end of its preallocated stretch (or of the segment).
+        self.active_end = 0
+        # Appended bytes before this position have had their writeback started (see
+        # writeback_range): the writer asks every WRITEBACK_BYTES.
+        self.writeback_position = 0
+        # Frames in [trusted_start, write_position) were encoded by this process after
+        # recovery (see trust_from): the read path skips their CRC check. Everything written
+        # before this process opened the log, and everything a read-only reader sees, is checked.
+        self.trusted_start = _NEVER_TRUSTED
         self._sync_lock = threading.Lock()
         if writable:
             directory.mkdir(parents=True, exist_ok=True)
@@ -54,6 +78,8 @@ class CommitLog:
                 on_disk[base // self.segment_size] = path
         for number in list(self.segments):
             if number not in on_disk:
+                if number * self.segment_size == self.active_base:
+                    self._deactivate()
                 self.segments.pop(number).close()
         for number, path in sorted(on_disk.items()):
             if number not in self.segments:
@@ -105,6 +131,60 @@ class CommitLog:
         """The mapping of segment ``number`` (created if new), for a writer that encodes a frame
         in place; it must then advance ``write_position`` itself."""
         return self._segment(number).buf
+
+    def activate(self, size: int) -> bool:
+        """Point ``active_base``/``active_buf`` at the segment holding ``write_position`` if a
+        frame of ``size`` bytes fits there (else False: :meth:`append` rolls)."""
+        number, offset = divmod(self.write_position, self.segment_size)
+        remaining = self.segment_size - offset
+        if size != remaining and size + rec.PREFIX.size > remaining:
+            return False
+        segment = self._segment(number)
+        base = number * self.segment_size
+        if base != self.active_base:
+            self.active_end = offset
+        if offset + size > self.active_end or size == remaining:
+            # Blocks are reserved PREALLOCATE_BYTES ahead of the writer, not for the whole
+            # segment at creation: a 1 GiB segment per store would take 1 GiB of disk at once.
+            end = min(
+                self.segment_size, -(-(offset + size) // PREALLOCATE_BYTES) * PREALLOCATE_BYTES
+            )
+            preallocate(segment.fd, self.active_end, end - self.active_end)
+            self.active_end = end
+        self.active_buf = segment.buf
+        self.active_fd = segment.fd
+        self.active_base = base
+        return True
+
+    def writeback_range(self) -> tuple[int, int, int] | None:
+        """``(fd, offset, length)`` of the active segment's whole pages appended since the last
+        call, to hand to :func:`core.log.segment.start_writeback`; None if there are none."""
+        start = max(self.writeback_position, self.active_base)
+        end = self.write_position & ~(_PAGE - 1)
+        self.writeback_position = max(end, self.writeback_position)
+        if end <= start or self.active_fd < 0:
+            return None
+        return self.active_fd, start - self.active_base, end - start
+
+    def trust_from(self, position: int) -> None:
+        """Frames this writer appends from ``position`` on skip the CRC check on reads (called
+        once recovery has settled the end of the log, unless ``LogStore(check_own_writes=True)``).
+
+        Why that is safe enough: their CRC was computed moments before from the same bytes this
+        process copied into the shared mapping, so a check could only fail if memory were
+        corrupted. What a check on read catches is corruption on disk (bit rot, a torn write
+        before a crash), and that shows only when a page is read back from disk: always the
+        case for a reader in another process or after a restart, which check every frame (the
+        flipped-byte tests), and for this process only if the kernel evicted the page and read
+        it again. Kafka brokers do not check record CRCs on fetch at all; RocketMQ only on
+        recovery. ``braid log verify`` checks every frame of every segment."""
+        self.trusted_start = position
+
+    def _deactivate(self) -> None:
+        self.active_base = _NO_SEGMENT
+        self.active_buf = None
+        self.active_fd = -1
+        self.active_end = 0
 
     def append_frames(self, frames: list[bytes]) -> list[int]:
         """Write several frames with as few copies into the mapping as segment bounds allow."""
@@ -173,6 +253,14 @@ class CommitLog:
             raise rec.CorruptRecordError(position, error.reason) from None
         return segment.buf, offset, size
 
+    def segment_at(self, position: int) -> Segment | None:
+        """The segment holding ``position`` (a reader maps new files first), None if gone."""
+        segment = self.segments.get(position // self.segment_size)
+        if segment is None and not self.writable:
+            self.refresh()
+            segment = self.segments.get(position // self.segment_size)
+        return segment
+
     def frame_unchecked(self, position: int) -> tuple[memoryview, int]:
         """``(segment buffer, offset)`` of a frame this process already verified or wrote (no
         CRC check: for the dispatcher following a LINK). KeyError if its segment is gone."""
@@ -235,6 +323,8 @@ class CommitLog:
         """Erase everything from ``position`` on (torn tail); returns the bytes erased."""
         number, offset = divmod(position, self.segment_size)
         erased = 0
+        self._deactivate()
+        self.trusted_start = max(self.trusted_start, position)
         for later in [n for n in self.segments if n > number]:
             segment = self.segments.pop(later)
             erased += segment.scan_written_end(0)
@@ -247,11 +337,14 @@ class CommitLog:
         return erased
 
     def delete_segment(self, number: int) -> None:
+        if number * self.segment_size == self.active_base:
+            self._deactivate()
         segment = self.segments.pop(number)
         segment.close()
         segment.path.unlink(missing_ok=True)
 
     def close(self) -> None:
+        self._deactivate()
         for segment in self.segments.values():
             segment.close()
         self.segments.clear()

@@ -22,14 +22,31 @@ from __future__ import annotations
 import mmap
 import os
 import struct
+import sys
+from array import array
+from collections.abc import Iterator
 from pathlib import Path
 from typing import NamedTuple
 
 from core.log import names
+from core.log.segment import preallocate
 
 ENTRY = struct.Struct("<QIIQqQ")
 ENTRY_SIZE = ENTRY.size  # 40
 _SIZE_FIELD = struct.Struct("<I")
+# An entry seen as five little-endian u64 words (position, size + record_count, tag_mask,
+# store_ms, first_offset) or ten u32: append_run fills a whole run of entries with a few strided
+# C-level copies into a template instead of one ENTRY.pack_into per entry. Native order must be
+# little-endian for that (else: one pack per entry).
+_WORDS_PER_ENTRY = 5
+_HALVES_PER_ENTRY = 10
+_ARRAY_RUNS = sys.byteorder == "little" and array("Q").itemsize == 8 and array("I").itemsize == 4
+_run_templates: dict[int, bytes] = {}  # count -> that many entries of record_count 1, else 0
+_NO_BUFFER = memoryview(b"")
+_PWRITE_RUN_BYTES = 2048  # append_run writes runs this long with pwrite, shorter ones in place
+# Index files are created sparse (a queue may never fill its 10 MiB) and their blocks reserved
+# this many bytes at a time as the append cursor reaches them (see core.log.segment.preallocate).
+PREALLOCATE_BYTES = 256 * 1024
 
 
 class IndexEntry(NamedTuple):
@@ -83,6 +100,16 @@ class ConsumeQueue:
         self.next_entry = 0
         self.next_offset = 0
         self.dirty_files: set[int] = set()
+        # The append cursor: the mapping of the file holding entry ``next_entry`` and the byte
+        # offsets of that entry and of the file's end. ``tail_at == tail_end`` means "not set":
+        # the slow path in :meth:`append` finds (or creates) the file. The store's plain-append
+        # path writes entries through these fields directly (one pack_into, no method call).
+        self.tail_buf = _NO_BUFFER
+        self.tail_at = 0
+        self.tail_end = 0
+        self._tail_fd = -1
+        # Entries from here to next_entry were appended since take_dirty last reported them.
+        self._clean_entry = 0
         if writable:
             directory.mkdir(parents=True, exist_ok=True)
         self.refresh()
@@ -91,6 +118,7 @@ class ConsumeQueue:
 
     def refresh(self) -> None:
         """Map new files, drop deleted ones and find the end of written entries."""
+        self._drop_tail()
         numbers: set[int] = set()
         if self.directory.exists():
             for path in self.directory.glob(f"*{names.INDEX_SUFFIX}"):
@@ -132,10 +160,12 @@ class ConsumeQueue:
 
     # -- writing ---------------------------------------------------------------------------
 
-    def append(
-        self, position: int, size: int, record_count: int, tag_mask: int, store_ms: int
-    ) -> int:
-        """Add an entry; returns the queue offset of its first record."""
+    def _drop_tail(self) -> None:
+        self.tail_buf = _NO_BUFFER
+        self.tail_at = self.tail_end = 0
+
+    def _open_tail(self) -> None:
+        """Point the append cursor at entry ``next_entry`` (creating its file if needed)."""
         number, slot = divmod(self.next_entry, self.entries_per_file)
         index_file = self.files.get(number)
         if index_file is None:
@@ -147,26 +177,97 @@ class ConsumeQueue:
                 writable=True,
             )
             self.files[number] = index_file
+        self.tail_buf = index_file.buf
+        self.tail_at = self.tail_end = slot * ENTRY_SIZE
+        self._tail_fd = index_file.fd
+        self._grow_tail(self.tail_at + ENTRY_SIZE)
+
+    def _grow_tail(self, end: int) -> None:
+        """Preallocate the tail file up to ``end`` (rounded up to PREALLOCATE_BYTES, at most the
+        file's end) and let the cursor run that far. The cursor stops at the end of what is
+        preallocated, so the first append past it comes back here (the hot path only compares
+        ``tail_at`` with ``tail_end``)."""
+        chunk_end = min(self.file_bytes, -(-end // PREALLOCATE_BYTES) * PREALLOCATE_BYTES)
+        if chunk_end > self.tail_end:
+            preallocate(self._tail_fd, self.tail_end, chunk_end - self.tail_end)
+            self.tail_end = chunk_end
+
+    def append(
+        self, position: int, size: int, record_count: int, tag_mask: int, store_ms: int
+    ) -> int:
+        """Add an entry; returns the queue offset of its first record."""
+        at = self.tail_at
+        if at >= self.tail_end:
+            self._open_tail()
+            at = self.tail_at
         first_offset = self.next_offset
         ENTRY.pack_into(
-            index_file.buf,
-            slot * ENTRY_SIZE,
-            position,
-            size,
-            record_count,
-            tag_mask,
-            store_ms,
-            first_offset,
+            self.tail_buf, at, position, size, record_count, tag_mask, store_ms, first_offset
         )
-        self.dirty_files.add(number)
+        self.tail_at = at + ENTRY_SIZE
         self.next_entry += 1
         self.next_offset = first_offset + record_count
         return first_offset
+
+    def append_run(self, positions: list[int], sizes: list[int], store_ms: int) -> int:
+        """Add one entry per frame of a run of untagged single records (``append_many``);
+        returns the queue offset of the first. Written with one copy when the run fits in the
+        current file (measured: 60-70 ns per entry, against 200 for one ENTRY.pack_into each)."""
+        count = len(positions)
+        at = self.tail_at
+        if at >= self.tail_end:
+            self._open_tail()
+            at = self.tail_at
+        first_offset = self.next_offset
+        end = at + count * ENTRY_SIZE
+        if end > self.tail_end:
+            self._grow_tail(end)
+        if not _ARRAY_RUNS or end > self.tail_end:
+            for position, size in zip(positions, sizes, strict=True):
+                self.append(position, size, 1, 0, store_ms)
+            return first_offset
+        template = _run_templates.get(count)
+        if template is None:
+            template = ENTRY.pack(0, 0, 1, 0, 0, 0) * count
+            if len(_run_templates) < 256:
+                _run_templates[count] = template
+        run = bytearray(template)
+        words = memoryview(run).cast("Q")
+        words[0::_WORDS_PER_ENTRY] = array("Q", positions)
+        halves = memoryview(run).cast("I")
+        halves[2::_HALVES_PER_ENTRY] = array("I", sizes)  # the size field; record_count stays 1
+        words[3::_WORDS_PER_ENTRY] = array("Q", (store_ms,)) * count
+        words[4::_WORDS_PER_ENTRY] = array("Q", list(range(first_offset, first_offset + count)))
+        words.release()
+        halves.release()
+        if len(run) >= _PWRITE_RUN_BYTES:
+            # Like the commit log's staged batches: the kernel fills fresh page-cache pages
+            # without zeroing them first or taking a fault per page; same pages as the mapping.
+            if os.pwrite(self._tail_fd, run, at) != len(run):
+                self.tail_buf[at:end] = run  # a short write: the whole run again, in place
+        else:
+            self.tail_buf[at:end] = run
+        self.tail_at = end
+        self.next_entry += count
+        self.next_offset = first_offset + count
+        return first_offset
+
+    def take_dirty(self) -> set[int]:
+        """Numbers of the files written since the last call (for a checkpoint or a flush to
+        fdatasync), and forget them. The tail file counts when entries were appended to it."""
+        dirty = self.dirty_files
+        if self.next_entry > self._clean_entry:
+            first = self._clean_entry // self.entries_per_file
+            dirty.update(range(first, (self.next_entry - 1) // self.entries_per_file + 1))
+        self._clean_entry = self.next_entry
+        self.dirty_files = set()
+        return dirty
 
     def truncate(self, entry_count: int) -> None:
         """Keep the first ``entry_count`` entries (numbered globally) and erase the rest."""
         if entry_count >= self.next_entry:
             return
+        self._drop_tail()
         keep_number, keep_slot = divmod(entry_count, self.entries_per_file)
         for number in [n for n in self.files if n > keep_number]:
             removed = self.files.pop(number)
@@ -180,6 +281,7 @@ class ConsumeQueue:
                 index_file.buf[start:end] = bytes(end - start)
             self.dirty_files.add(keep_number)
         self.next_entry = entry_count
+        self._clean_entry = min(self._clean_entry, entry_count)
         if self.next_entry > self.start_entry:
             tail = self.entry(self.next_entry - 1)
             self.next_offset = tail.first_offset + tail.record_count
@@ -189,15 +291,15 @@ class ConsumeQueue:
                 self.next_offset = 0
 
     def sync(self) -> None:
-        for number in self.dirty_files:
+        for number in self.take_dirty():
             index_file = self.files.get(number)
             if index_file is not None:
                 os.fdatasync(index_file.fd)
-        self.dirty_files.clear()
 
     def delete_files_before(self, entry: int) -> int:
         """Delete index files whose entries all lie before ``entry``; returns files deleted."""
         deleted = 0
+        self._drop_tail()
         for number in sorted(self.files):
             if (number + 1) * self.entries_per_file > entry or number == max(self.files):
                 break
@@ -230,6 +332,14 @@ class ConsumeQueue:
             out.extend(ENTRY.iter_unpack(buf[slot * ENTRY_SIZE : (slot + stop) * ENTRY_SIZE]))
             number += stop
         return out
+
+    def iter_entries(self, first: int, count: int) -> Iterator[tuple[int, int, int, int, int, int]]:
+        """Like :meth:`raw_entries`, as an iterator (``count`` must not pass ``next_entry``)."""
+        file_number, slot = divmod(first, self.entries_per_file)
+        if slot + count <= self.entries_per_file:
+            buf = self.files[file_number].buf
+            return ENTRY.iter_unpack(buf[slot * ENTRY_SIZE : (slot + count) * ENTRY_SIZE])
+        return iter(self.raw_entries(first, count))
 
     @property
     def start_offset(self) -> int:
@@ -268,6 +378,7 @@ class ConsumeQueue:
         return low
 
     def close(self) -> None:
+        self._drop_tail()
         for index_file in self.files.values():
             index_file.close()
         self.files.clear()

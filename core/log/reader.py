@@ -11,7 +11,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
+from operator import itemgetter
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+from crc32c import crc32c
 
 from core.log import names
 from core.log import record as rec
@@ -26,51 +30,70 @@ log = logging.getLogger(__name__)
 MAX_LINK_DEPTH = 64
 # How many index entries one read looks at, at most, when a tag filter skips entries.
 MAX_ENTRIES_SCANNED_PER_READ = 65_536
+_NO_BUFFER = memoryview(b"")
+_new_tuple = tuple.__new__
 
 
-class QueueRecord:
-    """One entry of a queue read back: where it is, and its frame as a zero-copy view."""
+class QueueRecord(tuple):  # type: ignore[type-arg]
+    """One entry of a queue read back: where it is, and its frame as a zero-copy view.
 
-    __slots__ = (
-        "frame",
-        "link_headers",
-        "offset",
-        "position",
-        "queue",
-        "record_count",
-        "size",
-        "store_ms",
-        "tag_mask",
-        "topic",
-    )
+    A tuple subclass (index entry fields, topic, queue, then where the data frame lies: a
+    mapping, the frame's start and end in it, and the LINK headers) with read-only attributes,
+    like a NamedTuple: a read builds one per record, and building it from the index entry tuple
+    in one C call measured half the cost of setting ten slots in __init__. ``frame`` and ``body``
+    are sliced when asked for (a read no longer makes a memoryview per record: measured 20% of
+    a read, its share of garbage-collector passes included). Compared and hashed by identity, as
+    the slotted class it replaces was."""
 
-    def __init__(
-        self,
+    __slots__ = ()
+
+    if TYPE_CHECKING:
+        position: int
+        size: int
+        record_count: int
+        tag_mask: int
+        store_ms: int
+        offset: int
+        topic: str
+        queue: int
+        link_headers: list[tuple[str, bytes]] | None
+    else:
+        position = property(itemgetter(0))
+        size = property(itemgetter(1))
+        record_count = property(itemgetter(2))
+        tag_mask = property(itemgetter(3))
+        store_ms = property(itemgetter(4))
+        offset = property(itemgetter(5))
+        topic = property(itemgetter(6))
+        queue = property(itemgetter(7))
+        link_headers = property(itemgetter(11))
+
+    def __new__(
+        cls,
         topic: str,
         queue: int,
         entry: IndexEntry | tuple[int, int, int, int, int, int],
         frame: memoryview,
         link_headers: list[tuple[str, bytes]] | None = None,
-    ) -> None:
-        self.topic = topic
-        self.queue = queue
-        (
-            self.position,
-            self.size,
-            self.record_count,
-            self.tag_mask,
-            self.store_ms,
-            self.offset,
-        ) = entry
-        self.frame = frame  # the data frame (a LINK entry is followed to its target)
-        self.link_headers = link_headers
+    ) -> QueueRecord:
+        return _new_tuple(cls, (*entry, topic, queue, frame, 0, len(frame), link_headers))
+
+    __eq__ = object.__eq__  # type: ignore[assignment]
+    __ne__ = object.__ne__  # type: ignore[assignment]
+    __hash__ = object.__hash__  # type: ignore[assignment]
+
+    @property
+    def frame(self) -> memoryview:
+        """The data frame (a LINK entry is followed to its target), a new view at each call."""
+        buf: memoryview = self[8]
+        return buf[self[9] : self[10]]
 
     @property
     def next_offset(self) -> int:
         return self.offset + self.record_count
 
     def record(self) -> rec.Record:
-        record = rec.decode_record(self.frame, 0, self.position)
+        record = rec.decode_record(self[8], self[9], self.position)
         if self.link_headers:
             overridden = {name for name, _ in self.link_headers}
             record.headers[:] = [h for h in record.headers if h[0] not in overridden]
@@ -79,7 +102,7 @@ class QueueRecord:
 
     @property
     def body(self) -> memoryview:
-        return rec.body_slice(self.frame, 0)
+        return rec.body_slice(self[8], self[9])
 
     def batch_with_base_offset(self) -> bytes:
         """A stored Kafka RecordBatch with its base offset (first 8 bytes, big-endian, outside the
@@ -208,44 +231,85 @@ class LogReader:
         scanned = 0
         commitlog = self.commitlog
         # System queues (``__timers`` holds delayed LINKs) are read as stored.
-        follow_links = not names.is_system_topic(topic)
+        link_flag = 0 if names.is_system_topic(topic) else rec.FLAG_LINK
         masks = tag_filter.masks if tag_filter is not None else None
+        # CommitLog.read_frame, inlined (this loop runs once per record): the segment is looked
+        # up once per run of entries inside it, a frame's prefix is unpacked once and its CRC
+        # checked on a slice of the mapping, except for frames this process appended itself
+        # (CommitLog.trust_from). Anything unusual goes to read_frame, which
+        # raises (and logs) exactly as before.
+        trusted_start = commitlog.trusted_start
+        trusted_end = commitlog.write_position
+        unpack_prefix = rec.PREFIX.unpack_from
+        record_magic = rec.RECORD_MAGIC
+        header_size = rec.HEADER_SIZE
+        crc_start = rec.CRC_START
+        flags_at = rec.FLAGS_OFFSET
+        base = 0
+        buf = _NO_BUFFER
+        limit = 0  # bytes of ``buf``: positions [base, base + limit) are in it
         while entry_number < index.next_entry and scanned < MAX_ENTRIES_SCANNED_PER_READ:
-            batch = index.raw_entries(entry_number, min(1024, max_records - records + 1))
+            count = min(1024, max_records - records + 1, index.next_entry - entry_number)
+            # Unpacked as the loop goes, not into a list first: each entry tuple is freed as
+            # soon as its record is built, so fewer objects live at once for the garbage
+            # collector to walk (measured: its passes were 15-20% of a read).
+            batch = index.iter_entries(entry_number, count)
+            entry_number += count
+            scanned += count
             for entry in batch:
-                entry_number += 1
-                scanned += 1
                 # entry: (position, size, record_count, tag_mask, store_ms, first_offset)
                 if masks is not None:
-                    # TagFilter.may_match, inlined: this loop runs once per index entry.
+                    # TagFilter.may_match, inlined.
                     entry_mask = entry[3]
                     for mask in masks:
                         if entry_mask & mask == mask:
                             break
                     else:
                         continue
-                try:
-                    buf, start, size = commitlog.read_frame(entry[0])
-                except KeyError:
-                    continue  # deleted by retention while we read
-                frame = buf[start : start + size]
-                link_headers = None
-                if (
-                    follow_links
-                    and rec.FLAGS.unpack_from(frame, rec.FLAGS_OFFSET)[0] & rec.FLAG_LINK
-                ):
-                    frame, link_headers = self._follow_link(frame, entry[0])
-                if tag_filter is not None and not tag_filter.matches(rec.tags_slice(frame, 0)):
-                    continue
+                position = entry[0]
+                start = position - base
+                if not 0 <= start < limit:
+                    segment = commitlog.segment_at(position)
+                    if segment is None:
+                        continue  # deleted by retention while we read
+                    base = segment.base
+                    buf = segment.view
+                    limit = len(buf)
+                    start = position - base
+                if trusted_start <= position < trusted_end:
+                    size = entry[1]
+                else:
+                    size, magic, crc = (
+                        unpack_prefix(buf, start) if start <= limit - crc_start else (0, 0, 0)
+                    )
+                    if (
+                        magic != record_magic
+                        or size < header_size
+                        or start + size > limit
+                        or crc32c(buf[start + crc_start : start + size]) != crc
+                    ):
+                        _, _, size = commitlog.read_frame(position)  # raises if corrupt
+                # The QueueRecord's fields: tuple concatenation measured faster than
+                # star-unpacking or a call to QueueRecord here.
+                fields: tuple[object, ...]
+                if buf[start + flags_at] & link_flag:  # the low byte of flags holds FLAG_LINK
+                    frame, link_headers = self._follow_link(buf[start : start + size], position)
+                    if tag_filter is not None and not tag_filter.matches(rec.tags_slice(frame, 0)):
+                        continue
+                    fields = entry + (topic, queue, frame, 0, len(frame), link_headers)  # noqa: RUF005
+                else:
+                    if tag_filter is not None and not tag_filter.matches(
+                        rec.tags_slice(buf, start)
+                    ):
+                        continue
+                    fields = entry + (topic, queue, buf, start, start + size, None)  # noqa: RUF005
                 if max_bytes is not None and out and total_bytes + size > max_bytes:
                     return out
-                out.append(QueueRecord(topic, queue, entry, frame, link_headers))
+                out.append(_new_tuple(QueueRecord, fields))
                 records += entry[2]
                 total_bytes += size
                 if records >= max_records:
                     return out
-            if not batch:
-                break
         return out
 
     def _follow_link(

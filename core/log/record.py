@@ -38,6 +38,8 @@ LINK names none, all in one frame (so a multi-record transaction commits atomica
 record (commit of a half message, a timer firing, a dead-letter move) never copies its body. A
 LINK with headers has one target and is itself what gets indexed: readers follow it to the target
 and add the LINK's headers (e.g. AMQP's ``x-death``) to the target's.
+A LINK with ``FLAG_LINK_INDEXED`` is indexed in its own (topic, queue) too, read there as
+stored; its headers describe it and are never laid over its targets'.
 """
 
 from __future__ import annotations
@@ -61,6 +63,10 @@ FLAG_LINK = 0x0008  # body points at an earlier record to index into this record
 FLAG_NULL_KEY = 0x0010
 FLAG_NULL_BODY = 0x0020
 FLAG_TXN_CONTROL = 0x0040  # Kafka control batch (commit/abort marker)
+# A LINK that is also a record of its own (topic, queue), indexed there besides linking its
+# targets: a transaction's commit decision in ``__transactions/0`` (one frame decides and makes
+# the halves visible). Its key, tags and headers are its own, never laid over the targets'.
+FLAG_LINK_INDEXED = 0x0080
 
 PROTOCOL_INTERNAL = 0
 PROTOCOL_KAFKA = 1

@@ -11,17 +11,69 @@ itself: every frame carries its own CRC32C.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import ctypes.util
 import mmap
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 from core.log import record as rec
 
 
+def _load_libc_call(name: str, argtypes: list[type]) -> Callable[..., int] | None:
+    """A libc function through ctypes, or None off Linux/glibc (best-effort callers)."""
+    with contextlib.suppress(OSError, AttributeError, TypeError):
+        libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+        function = getattr(libc, name)
+        function.argtypes = argtypes
+        function.restype = ctypes.c_int
+        return function  # type: ignore[no-any-return]
+    return None
+
+
+# Not os.posix_fallocate: where the filesystem lacks fallocate, glibc emulates it by writing
+# every block, which for a 1 GiB segment is worse than not preallocating at all.
+_fallocate = _load_libc_call(
+    "fallocate", [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+)
+_sync_file_range = _load_libc_call(
+    "sync_file_range", [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+)
+_SYNC_FILE_RANGE_WRITE = 2
+
+
+def start_writeback(fd: int, offset: int, length: int) -> None:
+    """Start writing a range's dirty pages to disk without waiting (sync_file_range(2) with
+    SYNC_FILE_RANGE_WRITE, as RocksDB's ``bytes_per_sync``): not durable by itself, but the
+    next fdatasync finds little left to write, instead of every page dirtied since the last one
+    (measured: a 256 MiB batched test's final flush took 0.14 s of 0.64). Called inline: in a
+    thread of its own it cost the appending thread 2x CPU per record here (GIL handoffs), though
+    inline it can block while the disk's queue is full. Best effort."""
+    if _sync_file_range is not None:
+        _sync_file_range(fd, offset, length, _SYNC_FILE_RANGE_WRITE)
+
+
+def preallocate(fd: int, offset: int, length: int) -> None:
+    """Reserve the blocks of a file range (unwritten extents, still reading as zeros) before it
+    is written through a mapping, a stretch ahead of the writer at a time (not whole files:
+    disk use then follows the data, as with sparse files). Without
+    it every first write to a page of a sparse file makes the filesystem reserve a block inside
+    the page fault (ext4: a journal handle per fault); measured here: 0.5-1.9 ns of CPU per byte
+    appended, 0.4-0.5 with the blocks preallocated. Best effort: a filesystem without fallocate
+    keeps the file sparse."""
+    if _fallocate is not None:
+        _fallocate(fd, 0, offset, length)  # a failure (EOPNOTSUPP, ENOSPC): the file stays sparse
+
+
+_CLOSED = memoryview(b"")
+
+
 class Segment:
     """A mapped segment. ``write_offset`` is meaningful only for the writer."""
 
-    __slots__ = ("base", "buf", "fd", "mm", "path", "size", "writable", "write_offset")
+    __slots__ = ("base", "buf", "fd", "mm", "path", "size", "view", "writable", "write_offset")
 
     def __init__(self, path: Path, base: int, size: int, *, writable: bool) -> None:
         self.path = path
@@ -36,6 +88,10 @@ class Segment:
         access = mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ
         self.mm = mmap.mmap(self.fd, mapped, access=access)
         self.buf = memoryview(self.mm)
+        # What read results hold on to (QueueRecord): a view of its own that close() does not
+        # release, so a record read before the segment was closed (retention, shutdown) stays
+        # readable; the mapping goes with the last such record.
+        self.view = self.buf[:]
         self.write_offset = 0
 
     def write(self, offset: int, data: bytes | bytearray | memoryview) -> None:
@@ -74,6 +130,7 @@ class Segment:
         return int.from_bytes(self.buf[offset : offset + 4], "little")
 
     def close(self) -> None:
+        self.view = _CLOSED  # unmapped below unless read results still hold the old view
         try:
             self.buf.release()
             self.mm.close()

@@ -39,12 +39,18 @@ DEFAULT_VISIT_BUDGET = 2048
 
 
 class _OpenSlot:
-    __slots__ = ("fired_mark", "remaining", "walking")
+    __slots__ = ("fired_mark", "later", "remaining", "walked", "walking")
 
     def __init__(self, remaining: int, fired_mark: int, *, walking: bool = False) -> None:
         self.remaining = remaining  # loaded timers not fired yet
         self.fired_mark = fired_mark  # fired-queue length when the slot opened
         self.walking = walking  # its chain walk is not finished: it cannot close yet
+        # Entry numbers of the chain's later-round entries the walk passed, and how many chain
+        # entries it walked: the roll copies those (and whatever was appended since) instead of
+        # walking a dense chain again in one go, which stalled firing for tens of ms. None: the
+        # slot was opened without a walk (a late insert), the roll walks the chain.
+        self.later: list[int] | None = [] if walking else None
+        self.walked = 0
 
 
 class _Walk:
@@ -247,6 +253,8 @@ class TimerSchedule:
         steps = min(budget, walk.left)
         number = walk.next_entry
         loaded = 0
+        later = walk.state.later
+        assert later is not None
         for _ in range(steps):
             if not timerlog.start <= number < timerlog.end:
                 raise IndexError(f"timer-log entry {number} outside the log")
@@ -254,7 +262,9 @@ class TimerSchedule:
             deliver_at, position, size, _flags, prev = ENTRY.unpack_from(
                 timerlog.mapped(file_number), slot * ENTRY_SIZE
             )
-            if deliver_at // slot_ms <= slot_no and not (is_fired and is_fired(position)):
+            if deliver_at // slot_ms > slot_no:
+                later.append(number)
+            elif not (is_fired and is_fired(position)):
                 heapq.heappush(window, (deliver_at, position, size, slot_no))
                 loaded += 1
             number = prev
@@ -275,30 +285,50 @@ class TimerSchedule:
 
     def _finish(self, walk: _Walk) -> None:
         walk.state.walking = False
+        walk.state.walked = walk.seen
         if walk.state.remaining == 0:
             self._close(walk.slot_no)
 
     def _close(self, slot_no: int) -> None:
-        del self._open[slot_no]
+        state = self._open.pop(slot_no)
         index = self.wheel.index_of(slot_no)
         del self._open_index[index]
-        self._roll(index, slot_no)
+        self._roll(index, slot_no, state)
 
-    def _roll(self, index: int, slot_no: int) -> None:
+    def _entry(self, number: int) -> tuple[int, int, int, int, int]:
+        """The raw fields of timer-log entry ``number`` (no TimerEntry object)."""
+        timerlog = self.timerlog
+        if not timerlog.start <= number < timerlog.end:
+            raise IndexError(f"timer-log entry {number} outside the log")
+        file_number, slot = divmod(number, timerlog.entries_per_file)
+        fields: tuple[int, int, int, int, int] = ENTRY.unpack_from(
+            timerlog.mapped(file_number), slot * ENTRY_SIZE
+        )
+        return fields
+
+    def _roll(self, index: int, slot_no: int, state: _OpenSlot | None = None) -> None:
         """Replace the chain by copies of its entries due after ``slot_no``."""
-        slot_of = self.wheel.slot_of
-        later = [e for e in self._chain(index) if slot_of(e.deliver_at_ms) > slot_no]
+        slot_ms = self.wheel.slot_ms
+        _chain_slot, _first, number, entries = SLOT.unpack_from(self.wheel.buf, index * SLOT_SIZE)
+        if state is not None and state.later is not None:
+            # The walk listed the later-round entries it passed; only entries appended to the
+            # chain since (at its head) are read here.
+            numbers = list(state.later)
+            fresh = max(0, entries - state.walked)
+        else:
+            numbers = []
+            fresh = entries
+        for _ in range(fresh):
+            deliver_at, _position, _size, _flags, prev = self._entry(number)
+            if deliver_at // slot_ms > slot_no:
+                numbers.append(number)
+            number = prev
+        numbers.sort()  # oldest first (entry numbers grow along a chain): the copy keeps order
         self.wheel.clear(index)
-        for entry in reversed(later):  # oldest first, so the copy keeps the chain's order
-            self._append(
-                index,
-                slot_of(entry.deliver_at_ms),
-                entry.deliver_at_ms,
-                entry.position,
-                entry.size,
-                ENTRY_ROLLED,
-            )
-        self.metrics["rolled"] += len(later)
+        for number in numbers:
+            deliver_at, position, size, _flags, _prev = self._entry(number)
+            self._append(index, deliver_at // slot_ms, deliver_at, position, size, ENTRY_ROLLED)
+        self.metrics["rolled"] += len(numbers)
 
     # -- firing -----------------------------------------------------------------------------
 

@@ -15,7 +15,8 @@ own topic with ``FLAG_HALF``. It is durable but indexed only here, so no reader 
 The ``x-braid-`` prefix is the broker's: a committed record keeps these headers (it is the same
 frame), and a front end strips them before handing it to a client if it wants to.
 
-``__transactions/0`` (written by the service): one OPERATION record per decision::
+``__transactions/0`` (written by the service): one OPERATION record per decision (a commit's is
+also its LINK, below)::
 
     field     contents
     key       transaction id (UTF-8)
@@ -29,12 +30,19 @@ frame), and a front end strips them before handing it to a client if it wants to
     body      commit and rollback: the transaction's halves as repeated ``u64 position,
               u32 size`` -- exactly the body of the LINK that commits them; check: empty
 
-A COMMIT is the operation record immediately followed (same synchronous step, no await in
-between) by one LINK record naming every half of the transaction, with the same body. The LINK
-makes them visible at their destinations atomically (one frame). The LINK is what makes records
-visible; the op record is what tells replay the transaction is decided. Because the op record
-comes first, a crash can leave "op record, no LINK" but never "LINK, no op record"; replay then
-looks for the LINK right after the op record and writes it again only if it is missing.
+A COMMIT is ONE frame: a LINK record (``FLAG_LINK | FLAG_LINK_INDEXED``, topic
+``__transactions``, queue 0) whose body names every half of the transaction and whose key, client,
+tags and headers are the op record's fields above. The log's dispatcher indexes it in
+``__transactions/0`` (where replay reads it as the decision) and indexes each half at its own
+destinations (where readers see the half itself: the LINK's headers are not laid over it), all
+in one dispatch of one frame. A crash keeps the whole frame or none of it, so "decided but not
+visible" and "visible but not decided" cannot happen, and a commit costs one append.
+
+Logs written before that format hold, for a commit, a plain op record immediately followed by a
+separate LINK with the same body. Replay still reads them: an op record with no LINK after it is
+committed again (as one frame) at restart.
+
+A ROLLBACK and a CHECK are plain op records.
 
 Resume mark: every op record names the offsets in ``__half/0`` and ``__transactions/0`` from
 which a replay sees every transaction still open after that op record: the oldest open

@@ -8,9 +8,12 @@ Replay reads both queues from the resume mark of the last op record (see
 - a ``check`` op raises the transaction's durable check count;
 - a ``commit`` or ``rollback`` op decides it.
 
-Transactions with halves and no decision are open again. Every replayed ``commit`` op is then
-checked for its LINK: the frames after the op record are scanned for a LINK whose body equals the
-op's body. It is normally the very next frame (the service appends both in one synchronous step);
+Transactions with halves and no decision are open again. A ``commit`` is normally one frame,
+a LINK indexed in ``__transactions/0`` (``FLAG_LINK_INDEXED``): the log's recovery keeps or drops
+the whole frame, so the decision and the visibility of its halves come back together or not at
+all, and there is nothing to repair. Logs written before that hold a plain commit op record
+followed by a separate LINK; each such op is checked for its LINK: the frames after the op
+record are scanned for a LINK whose body equals the op's body. It is normally the very next frame;
 it is missing only when the process or the machine died between the two appends, or the LINK was
 in the torn tail that recovery of the log erased, and then it is the op record that ends the log,
 so the scan is short. Those commits are returned for the service to link again: visible exactly
@@ -53,7 +56,7 @@ class Replay:
     mark: ResumeMark
     open: list[Transaction]  # undecided, oldest first half first
     decided: dict[str, str]  # txn id -> COMMITTED / ROLLED_BACK, in decision order
-    unlinked: list[Operation]  # commit ops whose LINK is not in the log (one per body)
+    unlinked: list[Operation]  # old-format commit ops whose LINK is not in the log (one per body)
     halves_read: int = 0
     ops_read: int = 0
     foreign_halves: int = 0  # half messages without x-braid-txn (not ours)
@@ -132,8 +135,8 @@ def replay(store: LogStore, mark: ResumeMark | None = None) -> Replay:
         )
         if op is None:
             continue
-        if op.kind == OP_COMMIT:
-            commits.append(op)
+        if op.kind == OP_COMMIT and not record.flags & rec.FLAG_LINK:
+            commits.append(op)  # the old two-frame commit: is its LINK there?
         txn = current.get(op.txn_id)
         if txn is None or txn.state != OPEN:
             # Its halves are before the mark (or this repeats a decision): remember the outcome.

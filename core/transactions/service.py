@@ -15,10 +15,12 @@ Outcomes:
   callback (AMQP tx, Kafka transactions) gets ``default_outcome`` at the first timeout (Kafka
   aborts a transaction that outlives transaction.timeout.ms).
 
-Every decision is an op record in ``__transactions/0``, each check too (before the callback
-runs), so the bound on checks holds across restarts (RocketMQ's TRANSACTION_CHECK_TIMES). A
-commit appends its op record and then its LINK in one synchronous step; restart links again a
-commit whose LINK is missing, so committed records are visible exactly once.
+Every decision is a record in ``__transactions/0``, each check too (before the callback runs),
+so the bound on checks holds across restarts (RocketMQ's TRANSACTION_CHECK_TIMES). A commit is
+ONE frame, a LINK that is also the commit's op record (``FLAG_LINK_INDEXED``): one append, and no
+crash can separate the decision from the visibility. (Logs written before that hold an op record
+followed by a LINK; restart links again such a commit whose LINK is missing, so committed records
+are visible exactly once either way.)
 
 Not thread-safe: use from the event-loop thread that runs the store.
 """
@@ -37,7 +39,7 @@ from core.groups.clock import Clock, LoopClock, Timer
 from core.log import LogStore, Record
 from core.log import record as rec
 from core.log.names import HALF_TOPIC, TRANSACTIONS_TOPIC
-from core.log.store import Appended
+from core.log.store import Appended, LinkDecision
 from core.transactions.layout import (
     OP_CHECK,
     OP_COMMIT,
@@ -85,6 +87,7 @@ RECENT_OUTCOMES = 100_000
 _ALLOWED_HALF_FLAGS = rec.FLAG_BATCH | rec.FLAG_TXN_CONTROL
 
 _OUTCOME_STATE = {COMMIT: COMMITTED, ROLLBACK: ROLLED_BACK}
+_COMMIT_TAGS = (OP_COMMIT,)
 
 
 class TransactionService:
@@ -166,25 +169,16 @@ class TransactionService:
             self._open[txn.txn_id] = txn
             self._stored[txn.txn_id] = txn
         for op in result.unlinked:
-            # The op record made it, its LINK did not: link again, after a fresh op record so
-            # the pair is adjacent.
-            positions = [position for position, _ in rec.decode_link_body(op.body)]
+            # An old-format commit (op record, then LINK) whose LINK never made it: commit
+            # again as one frame, which replay reads as the decision and the LINK together.
+            halves = rec.decode_link_body(op.body)
             try:
-                for position in positions:
+                for position, _ in halves:
                     self.store.read_at(position)
             except (KeyError, rec.CorruptRecordError) as error:
                 log.error("transaction %s: committed halves are unreadable: %r", op.txn_id, error)
                 continue
-            self._append_op(
-                OP_COMMIT,
-                op.txn_id,
-                op.producer_group,
-                REASON_RECOVERED,
-                None,
-                op.body,
-                self._mark(),
-            )
-            self.store.link(positions)
+            self._append_commit(op.txn_id, op.producer_group, REASON_RECOVERED, halves)
             self.metrics["relinked"] += 1
             log.warning("transaction %s: commit LINK was missing after restart; linked", op.txn_id)
         if result.unlinked:
@@ -442,11 +436,13 @@ class TransactionService:
         self.metrics["pending"] = len(self._open)
         if not txn.halves:
             return None
-        # The mark no longer counts this transaction, yet replay still reads this op record (it
-        # is at or after the mark's op offset) and it names the halves itself: enough to find
-        # its LINK, or to write it again. (Should the append raise, the log decides at restart.)
+        # The mark no longer counts this transaction, yet replay still reads this record (it is
+        # at or after the mark's op offset). (Should the append raise, the log decides at
+        # restart: the halves are open again.)
+        if outcome == COMMIT:
+            return self._append_commit(txn.txn_id, txn.producer_group, reason, txn.halves).end
         op = self._append_op(
-            OP_COMMIT if outcome == COMMIT else OP_ROLLBACK,
+            OP_ROLLBACK,
             txn.txn_id,
             txn.producer_group,
             reason,
@@ -454,9 +450,7 @@ class TransactionService:
             rec.encode_link_body(txn.halves),
             self._mark(),
         )
-        if outcome == ROLLBACK:
-            return op.end
-        return self.store.link([position for position, _ in txn.halves]).end
+        return op.end
 
     def _remember(self, txn_id: str, state: str) -> None:
         self._recent[txn_id] = state
@@ -497,6 +491,21 @@ class TransactionService:
             client=producer_group,
             tags=(kind,),
             headers=op_headers(mark, reason, checks),
+        )
+
+    def _append_commit(
+        self, txn_id: str, producer_group: str, reason: str, halves: Sequence[tuple[int, int]]
+    ) -> Appended:
+        """The commit decision and the LINK making ``halves`` visible, as one frame indexed in
+        ``__transactions/0`` (see :mod:`core.transactions.layout`)."""
+        return self.store.link_frames(
+            halves,
+            decision=LinkDecision(
+                txn_id.encode(),
+                producer_group,
+                _COMMIT_TAGS,
+                op_headers(self._mark(), reason, None),
+            ),
         )
 
     # -- timers and check-back -------------------------------------------------------------

@@ -201,6 +201,32 @@ def test_a_dense_slot_is_walked_over_several_calls(tmp_path: Path):
     assert schedule.open_slots() == 0
 
 
+def test_the_roll_keeps_later_rounds_walked_and_appended_after_the_walk(tmp_path: Path):
+    # The roll copies the later-round entries the walk listed plus those appended to the open
+    # chain since, without walking the chain again: none may be lost or copied twice.
+    schedule = new_schedule(tmp_path, 0)
+    round_ms = SLOTS * SLOT_MS
+    for n in range(20):
+        schedule.insert(5, n, 1, 0)  # slot 0, due now
+    schedule.insert(5 + round_ms, 100, 1, 0)  # slot 8: same chain, walked as a later round
+    schedule.advance(0, 0, max_window=100)
+    assert not schedule.walking()
+    schedule.insert(6 + 2 * round_ms, 101, 1, 0)  # slot 16: appended to the open chain
+    due = schedule.pop_due(10, 100)
+    assert len(due) == 20
+    schedule.fired(due, 0)  # slot 0 closes: its chain rolls
+    assert schedule.open_slots() == 0
+    assert schedule.metrics["rolled"] == 2
+    fired: list[int] = []
+    for now in range(10, 3 * round_ms, SLOT_MS):
+        schedule.advance(now // SLOT_MS, 0, max_window=100)
+        items = schedule.pop_due(now, 100)
+        fired += [item[1] for item in items]
+        schedule.fired(items, 0)
+    assert fired == [100, 101]
+    assert schedule.open_slots() == 0
+
+
 def test_a_slot_open_for_a_whole_round_is_visited_when_it_closes(tmp_path: Path):
     schedule = new_schedule(tmp_path, 0)
     schedule.insert(5, 1, 1, 0)  # slot 0

@@ -8,6 +8,7 @@ import pytest
 from core.log import LogStore, Record
 from core.log import record as rec
 from core.transactions import COMMITTED, OPEN, ROLLED_BACK, TransactionService
+from core.transactions.layout import OP_COMMIT
 
 from .conftest import SMALL_SEGMENT, TIMEOUT_MS, Harness, bodies, crash, small_config
 
@@ -77,7 +78,51 @@ async def test_check_back_after_restart_commits(harness: Harness):
     assert bodies(store, "payments") == [b"b"]
 
 
-async def test_commit_interrupted_between_op_record_and_link_is_linked_on_restart(
+def write_old_format_commit(
+    store: LogStore, service: TransactionService, txn_id: str, *, link: bool
+) -> None:
+    """Commit ``txn_id`` as the previous on-disk format did: a plain op record, then (``link``)
+    a separate LINK. ``link=False`` is a crash between the two appends."""
+    halves = service._open[txn_id].halves
+    service._append_op(
+        OP_COMMIT, txn_id, "shop", None, None, rec.encode_link_body(halves), service._mark()
+    )
+    if link:
+        store.link([position for position, _ in halves])
+
+
+def commit_records(store: LogStore) -> list[rec.Record]:
+    return [
+        record
+        for record in store.scan()
+        if record.topic == "__transactions" and "commit" in record.tags
+    ]
+
+
+async def test_commit_is_one_frame_that_is_decision_and_link(harness: Harness):
+    store, service = harness.open()
+    txn = service.begin("shop")
+    await service.add(txn, "orders", 0, b"a", headers=[("h", b"1")])
+    await service.add(txn, "payments", 0, b"b")
+    await service.commit(txn)
+    (commit,) = commit_records(store)
+    assert commit.flags & rec.FLAG_LINK
+    assert commit.flags & rec.FLAG_LINK_INDEXED
+    assert commit.key == txn.encode()
+    assert commit.client == "shop"
+    # Replay reads it from __transactions/0, as stored.
+    (stored,) = store.read("__transactions", 0, 0, max_records=10)
+    assert stored.position == commit.position
+    # Readers of the destinations see the halves themselves: the decision's headers (the resume
+    # mark) are not laid over theirs.
+    (visible,) = store.read("orders", 0, 0, max_records=10)
+    assert [name for name, _ in visible.record().headers if not name.startswith("x-braid-")] == [
+        "h"
+    ]
+    assert all(name != "x-braid-txn-resume" for name, _ in visible.record().headers)
+
+
+async def test_commit_that_never_reached_the_log_leaves_the_transaction_open(
     harness: Harness, monkeypatch: pytest.MonkeyPatch
 ):
     store, service = harness.open()
@@ -88,9 +133,33 @@ async def test_commit_interrupted_between_op_record_and_link_is_linked_on_restar
     def die(*args: object, **kwargs: object) -> None:
         raise SimulatedCrash
 
-    monkeypatch.setattr(store, "link", die)
+    monkeypatch.setattr(store, "link_frames", die)
     with pytest.raises(SimulatedCrash):
         await service.commit(txn)
+    crash(store)
+
+    # Nothing was decided in the log: the transaction is open again, invisible, and the
+    # producer (or a check-back) decides it once more.
+    store, service = harness.open()
+    assert [p.txn_id for p in service.pending()] == [txn]
+    assert bodies(store, "orders") == []
+    await service.commit(txn)
+    crash(store)
+    for _ in range(2):
+        store, service = harness.open()
+        assert service.txn_state(txn) == COMMITTED
+        assert bodies(store, "orders") == [b"a"]
+        assert bodies(store, "audit") == [b"a"]
+        assert bodies(store, "payments") == [b"b"]
+        crash(store)
+
+
+async def test_old_format_commit_without_its_link_is_linked_on_restart(harness: Harness):
+    store, service = harness.open()
+    txn = service.begin("shop")
+    await service.add(txn, "orders", 0, b"a", destinations=[("orders", 0), ("audit", 0)])
+    await service.add(txn, "payments", 0, b"b")
+    write_old_format_commit(store, service, txn, link=False)
     assert bodies(store, "orders") == []
     crash(store)
 
@@ -105,6 +174,18 @@ async def test_commit_interrupted_between_op_record_and_link_is_linked_on_restar
         crash(store)
 
 
+async def test_old_format_commit_with_its_link_is_not_linked_again(harness: Harness):
+    store, service = harness.open()
+    txn = service.begin("shop")
+    await service.add(txn, "orders", 0, b"a")
+    write_old_format_commit(store, service, txn, link=True)
+    crash(store)
+    store, service = harness.open()
+    assert service.metrics["relinked"] == 0
+    assert service.txn_state(txn) == COMMITTED
+    assert bodies(store, "orders") == [b"a"]
+
+
 async def test_crash_while_recovery_links_again_still_links_once(
     harness: Harness, monkeypatch: pytest.MonkeyPatch
 ):
@@ -112,19 +193,16 @@ async def test_crash_while_recovery_links_again_still_links_once(
     txn = service.begin("shop")
     await service.add(txn, "orders", 0, b"a")
     await service.add(txn, "payments", 0, b"b")
+    write_old_format_commit(store, service, txn, link=False)
+    crash(store)
 
     def die(*args: object, **kwargs: object) -> None:
         raise SimulatedCrash
 
-    with monkeypatch.context() as patch:
-        patch.setattr(store, "link", die)
-        with pytest.raises(SimulatedCrash):
-            await service.commit(txn)
-    crash(store)
-    # Restart dies too, after its fresh op record and before its LINK.
+    # Restart dies too, before its commit frame.
     store = LogStore(small_config(harness.data_dir))
     with monkeypatch.context() as patch:
-        patch.setattr(store, "link", die)
+        patch.setattr(store, "link_frames", die)
         with pytest.raises(SimulatedCrash):
             TransactionService(store)
     crash(store)
@@ -139,32 +217,62 @@ async def test_crash_while_recovery_links_again_still_links_once(
     assert bodies(store, "orders") == [b"a"]
 
 
-async def test_crash_right_after_the_link_does_not_link_twice(harness: Harness):
+async def test_crash_right_after_the_commit_does_not_link_twice(harness: Harness):
     store, service = harness.open()
     txn = service.begin("shop")
     await service.add(txn, "orders", 0, b"a")
     await service.add(txn, "payments", 0, b"b")
     await service.commit(txn)
-    crash(store)  # recovery replays every frame, the LINK included
+    crash(store)  # recovery replays every frame, the commit's included
 
-    store, service = harness.open()
-    assert service.metrics["relinked"] == 0
-    assert service.txn_state(txn) == COMMITTED
-    assert bodies(store, "orders") == [b"a"]
-    assert bodies(store, "payments") == [b"b"]
+    for _ in range(2):
+        store, service = harness.open()
+        assert service.metrics["relinked"] == 0
+        assert service.pending() == []
+        assert service.txn_state(txn) == COMMITTED
+        assert bodies(store, "orders") == [b"a"]
+        assert bodies(store, "payments") == [b"b"]
+        crash(store)
 
 
-async def test_torn_link_at_the_tail_is_written_again(harness: Harness):
+def tear(store: LogStore, record: rec.Record) -> None:
+    """The frame's last bytes never reached the disk: its CRC fails, recovery erases it."""
+    segment = store.commitlog.segments[record.position // SMALL_SEGMENT]
+    offset = record.position % SMALL_SEGMENT
+    segment.buf[offset + record.size - 4 : offset + record.size] = bytes(4)
+
+
+async def test_torn_commit_at_the_tail_leaves_the_transaction_open(harness: Harness):
     store, service = harness.open()
     txn = service.begin("shop")
     await service.add(txn, "orders", 0, b"a")
     await service.add(txn, "payments", 0, b"b")
     await service.commit(txn)
+    (commit,) = commit_records(store)
+    tear(store, commit)
+    crash(store)
+
+    # The decision and the LINK were one frame: both are gone, nothing half-visible.
+    store, service = harness.open()
+    assert store.recovery.truncated_bytes > 0
+    assert [p.txn_id for p in service.pending()] == [txn]
+    assert bodies(store, "orders") == []
+    assert bodies(store, "payments") == []
+    await service.rollback(txn)
+    await harness.close(store, service)
+    store, service = harness.open()
+    assert service.txn_state(txn) == ROLLED_BACK
+    assert bodies(store, "orders") == []
+
+
+async def test_torn_old_format_link_at_the_tail_is_written_again(harness: Harness):
+    store, service = harness.open()
+    txn = service.begin("shop")
+    await service.add(txn, "orders", 0, b"a")
+    await service.add(txn, "payments", 0, b"b")
+    write_old_format_commit(store, service, txn, link=True)
     (link,) = [r for r in store.scan() if r.flags & rec.FLAG_LINK]
-    segment = store.commitlog.segments[link.position // SMALL_SEGMENT]
-    # The LINK's last bytes never reached the disk: its CRC fails, recovery erases it.
-    offset = link.position % SMALL_SEGMENT
-    segment.buf[offset + link.size - 4 : offset + link.size] = bytes(4)
+    tear(store, link)
     crash(store)
 
     store, service = harness.open()
