@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Awaitable, Coroutine
+from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any, Final
 
 from pamqp import commands
 
 from core.broker import PublishResult
+from core.broker.eager import Pending, run_eagerly
 from core.broker.topics import TopicError
 from core.delivery import Consumer, Delivery, Message
 from core.delivery.message import EXPIRES_AT_HEADER
@@ -45,7 +46,6 @@ from gateway.amqp.constants import (
     NOT_IMPLEMENTED,
     PRECONDITION_FAILED,
 )
-from gateway.amqp.eager import run_eagerly
 from gateway.amqp.errors import AmqpChannelError, AmqpConnectionError
 from gateway.amqp.events import Publish
 from gateway.amqp.messages import (
@@ -725,7 +725,7 @@ class Channel:
         if info.expiration_ms is not None:
             headers = [*headers, (EXPIRES_AT_HEADER, str(now_ms() + info.expiration_ms).encode())]
         try:
-            result, rest = run_eagerly(
+            started = run_eagerly(
                 self.broker.publish(
                     topic,
                     event.body,
@@ -743,15 +743,14 @@ class Channel:
             )
         except TopicError:
             raise self._no_exchange(exchange) from None
-        if rest is not None:
-            return self._publish_later(rest, event, properties_raw, info, topic, queue)
-        assert result is not None
-        self._published(event, result, properties_raw, info, topic, queue)
+        if isinstance(started, Pending):
+            return self._publish_later(started, event, properties_raw, info, topic, queue)
+        self._published(event, started, properties_raw, info, topic, queue)
         return None
 
     async def _publish_later(
         self,
-        rest: Coroutine[Any, Any, PublishResult],
+        rest: Pending[PublishResult],
         event: Publish,
         properties_raw: bytes,
         info: PublishInfo,

@@ -42,6 +42,7 @@ from typing import Any, Final, Protocol
 from pamqp import base, commands
 
 from core.broker import Broker
+from core.broker.eager import Pending, run_eagerly
 from core.delivery import AckQueue
 from gateway.amqp.channel import Channel
 from gateway.amqp.codec import AmqpDecoder, encode_ack, encode_heartbeat, encode_method, encode_nack
@@ -59,7 +60,6 @@ from gateway.amqp.constants import (
     NOT_ALLOWED,
     UNEXPECTED_FRAME,
 )
-from gateway.amqp.eager import run_eagerly
 from gateway.amqp.errors import AmqpChannelError, AmqpConnectionError, AmqpError
 from gateway.amqp.events import (
     Ack,
@@ -762,9 +762,9 @@ class Session:
         end, self._confirm_end = self._confirm_end, 0
         self._confirm_groups.append(group)
         if end:
-            _, rest = run_eagerly(self.broker.store.wait_durable(end))
-            if rest is not None:
-                task = self.loop.create_task(rest)
+            started = run_eagerly(self.broker.store.wait_durable(end))
+            if isinstance(started, Pending):
+                task = self.loop.create_task(started.finish())
                 self._confirm_tasks.add(task)
                 task.add_done_callback(lambda done: self._durable(group, done))
                 return

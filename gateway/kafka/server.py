@@ -32,12 +32,12 @@ import asyncio
 import contextlib
 import logging
 import socket
-import types
 from collections import deque
-from collections.abc import Coroutine, Generator, Iterator
+from collections.abc import Iterator
 from typing import Any, Final, cast
 
 from core.broker import Broker
+from core.broker.eager import Pending, run_eagerly
 from core.log import record as rec
 from gateway.kafka import admin, fetch, groups, produce, txn_handlers
 from gateway.kafka.apis import SUPPORTED_APIS
@@ -103,35 +103,6 @@ METRICS: Final = (
     "aborted",
     "expired",
 )
-
-
-# -- eager start ----------------------------------------------------------------------------
-
-
-@types.coroutine
-def _continue(coro: Coroutine[Any, Any, Any], suspended_on: Any) -> Generator[Any, Any, Any]:
-    """The rest of ``coro`` after its first step suspended on ``suspended_on``: what
-    ``yield from`` does, resumed by a task (values and exceptions passed through)."""
-    while True:
-        try:
-            sent = yield suspended_on
-        except GeneratorExit:
-            coro.close()
-            raise
-        except BaseException as exc:
-            try:
-                suspended_on = coro.throw(exc)
-            except StopIteration as stop:
-                return stop.value
-        else:
-            try:
-                suspended_on = coro.send(sent)
-            except StopIteration as stop:
-                return stop.value
-
-
-async def _finish(coro: Coroutine[Any, Any, Any], suspended_on: Any) -> Any:
-    return await _continue(coro, suspended_on)
 
 
 class _Slot:
@@ -285,12 +256,14 @@ class KafkaConnection(asyncio.Protocol):
         """Run the request's handler eagerly; queue its response in request order."""
         self.connection.client_id = request.client_id
         handler = HANDLERS[request.api_key]
-        coro = handler(self.context, self.connection, request)
         try:
-            suspended_on = coro.send(None)
-        except StopIteration as stop:
+            started = run_eagerly(handler(self.context, self.connection, request))
+        except Exception:
+            self._handler_failed(request)
+            return
+        if not isinstance(started, Pending):
             try:
-                reply = self._encode(request, stop.value)
+                reply = self._encode(request, started)
             except Exception:
                 self._handler_failed(request)
                 return
@@ -299,13 +272,10 @@ class KafkaConnection(asyncio.Protocol):
             elif reply is not None:
                 self.out.append(reply)
             return
-        except Exception:
-            self._handler_failed(request)
-            return
         slot = _Slot(request)
         self.pending.append(slot)
         self.pending_bytes += request.size
-        task = asyncio.get_running_loop().create_task(_finish(coro, suspended_on))
+        task = asyncio.get_running_loop().create_task(started.finish())
         self.tasks.add(task)
         task.add_done_callback(lambda done: self._finished(slot, done))
 

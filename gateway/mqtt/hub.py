@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from core.broker import Broker
+from core.broker.eager import Pending, run_eagerly
 from core.broker.topics import TopicError
 from core.deadletter.policy import DEAD_LETTER_TOPIC_HEADER
 from core.delivery import AckQueue, Message, messages_of
@@ -69,7 +70,6 @@ from gateway.mqtt.addresses import (
     to_log_address,
 )
 from gateway.mqtt.decoder import DEFAULT_MAX_PACKET_SIZE
-from gateway.mqtt.eager import Pending, run_eagerly
 from gateway.mqtt.messages import (
     OutMessage,
     forwarded_properties,

@@ -37,13 +37,13 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
+from core.broker.eager import Pending, run_eagerly
 from core.delivery import Consumer, Delivery, Message
 from core.log import TagFilter
 from core.log import record as rec
 from core.log.store import now_ms
 from core.log.tags import tags_from_headers
 from gateway.mqtt.addresses import filter_matches
-from gateway.mqtt.eager import Pending, run_eagerly
 from gateway.mqtt.encoder import encode, encode_ack, encode_publish
 from gateway.mqtt.errors import MqttProtocolError, protocol_error
 from gateway.mqtt.messages import OutMessage, out_message_of
