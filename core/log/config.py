@@ -37,6 +37,8 @@ class LogConfig:
     retention_ms: int | None = DEFAULT_RETENTION_MS
     retention_bytes: int | None = None
     retention_check_interval_ms: int = 60_000
+    # CRC-check on reads also the frames the running writer appended itself (docs/storage.md).
+    check_own_writes: bool = False
 
     def __post_init__(self) -> None:
         self.data_dir = Path(self.data_dir)

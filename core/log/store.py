@@ -176,10 +176,11 @@ class LogStore(LogReader):
     """Open (and recover) a data directory for writing. Use one per directory."""
 
     def __init__(self, config: LogConfig, *, check_own_writes: bool = False) -> None:
-        """``check_own_writes``: CRC-check on reads also the frames this store appended itself
-        (by default they are trusted; see CommitLog.trust_from and docs/storage.md)."""
+        """``check_own_writes`` (or ``config.check_own_writes``): CRC-check on reads also the
+        frames this store appended itself (by default they are trusted; see
+        CommitLog.trust_from and docs/storage.md)."""
         self.config = config
-        self.check_own_writes = check_own_writes
+        self.check_own_writes = check_own_writes or config.check_own_writes
         data_dir = config.data_dir
         data_dir.mkdir(parents=True, exist_ok=True)
         meta = LogMeta.load(data_dir)

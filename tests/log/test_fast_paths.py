@@ -6,6 +6,7 @@ the same) and the read path must still catch a corrupt frame wherever the engine
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 
@@ -152,13 +153,18 @@ def test_checkpoint_covers_entries_written_by_the_fast_paths(tmp_path: Path):
     reopened.close()
 
 
-@pytest.mark.parametrize("check_own_writes", [False, True])
-def test_a_flipped_byte_under_a_running_writer(tmp_path: Path, check_own_writes: bool):
+@pytest.mark.parametrize("how", ["trusted", "argument", "config"])
+def test_a_flipped_byte_under_a_running_writer(tmp_path: Path, how: str):
     """Frames this process appended skip the CRC check on its own reads unless
-    ``check_own_writes``; a reader in another process, or the writer after a restart, always
-    checks them (the flip happens on the file, i.e. as a disk would corrupt it)."""
+    ``check_own_writes`` (argument, or ``[log] check_own_writes``); a reader in another process,
+    or the writer after a restart, always checks them (the flip happens on the file, i.e. as a
+    disk would corrupt it)."""
     data_dir = tmp_path / "w"
-    store = LogStore(small_config(data_dir), check_own_writes=check_own_writes)
+    check_own_writes = how != "trusted"
+    if how == "config":
+        store = LogStore(dataclasses.replace(small_config(data_dir), check_own_writes=True))
+    else:
+        store = LogStore(small_config(data_dir), check_own_writes=check_own_writes)
     appended = [store.append("w", 0, b"%04d" % i * 40) for i in range(400)]
     assert len(store.commitlog.segments) > 1
     victim = appended[10]
