@@ -193,6 +193,18 @@ def broker_collector(broker: Broker) -> Collector:
                 "Ack queues (AMQP queues, MQTT session queues) the broker holds open.",
                 len(broker.ack_queues),
             ),
+            Family(
+                "braid_transactions_pending",
+                GAUGE,
+                "Open transactions (half messages neither committed nor rolled back).",
+                broker.transactions.metrics["pending"],
+            ),
+            Family(
+                "braid_timers_pending",
+                GAUGE,
+                "Delayed records (and delayed retries) waiting for their time.",
+                broker.timers.pending_count(),
+            ),
         ]
 
     return collect
@@ -235,6 +247,15 @@ class BraidServer:
             self.metrics.register("log", store_collector(self.store))
             self.metrics.register_counters("braid_broker_", lambda: broker.metrics, BROKER_METRICS)
             self.metrics.register("broker", broker_collector(self.broker))
+            transactions = broker.transactions
+            self.metrics.register_counters(
+                "braid_transactions_",
+                lambda: {k: v for k, v in transactions.metrics.items() if k != "pending"},
+            )
+            self.metrics.register_counters(
+                "braid_half_messages_", lambda: broker.half_messages.metrics
+            )
+            self.metrics.register_counters("braid_timers_", lambda: broker.timers.metrics)
             self.metrics.register("process", process_collector)
             context = ServerContext(self.settings, self.broker, self.metrics, self.health)
             for slot in self.slots:

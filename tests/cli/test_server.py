@@ -16,6 +16,7 @@ from braid.server import (
     format_address,
 )
 from core.broker import Broker
+from core.log.store import now_ms
 
 from .conftest import free_port
 
@@ -155,3 +156,27 @@ async def test_broker_metrics_are_exported(tmp_path):
     assert "# TYPE braid_log_appends_total counter" in text
     assert "braid_broker_flow_blocked 0\n" in text
     assert "braid_broker_ack_queues 0\n" in text
+
+
+async def test_transaction_and_timer_metrics_are_exported(tmp_path):
+    server = BraidServer(settings_for(tmp_path), ())
+    await server.start()
+    try:
+        broker = server.broker
+        assert broker is not None
+        broker.declare_topic("orders", 1)
+        # One half message left open, one committed through the braid.txn convention, one
+        # delayed record pending.
+        await broker.publish("orders", b"open", headers=[("x-braid-txn-id", b"t-open")])
+        await broker.publish("orders", b"done", headers=[("x-braid-txn-id", b"t-done")])
+        await broker.publish("braid.txn", b"commit", subject="t-done")
+        await broker.publish("orders", b"later", deliver_at_ms=now_ms() + 3_600_000)
+        text = server.metrics.render()
+    finally:
+        await server.stop()
+    assert "braid_transactions_pending 1\n" in text
+    assert "braid_transactions_committed_total 1\n" in text
+    assert "braid_half_messages_halves_total 2\n" in text
+    assert "braid_half_messages_outcomes_total 1\n" in text
+    assert "braid_timers_pending 1\n" in text
+    assert "# TYPE braid_timers_scheduled_total counter" in text
