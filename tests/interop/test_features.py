@@ -85,6 +85,11 @@ async def publish_tagged(braid: BraidProcess, topic: str) -> None:
             )
     finally:
         await producer.stop()
+    await publish_tagged_amqp_and_mqtt(braid, topic)
+
+
+async def publish_tagged_amqp_and_mqtt(braid: BraidProcess, topic: str) -> None:
+    """AMQP and MQTT 5 each publish the four records of TAGGED, payload ``<protocol>-<suffix>``."""
     connection = await aio_pika.connect(braid.amqp_url)
     try:
         channel = await connection.channel(publisher_confirms=True)

@@ -26,12 +26,11 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
 from tests.braid_process import BraidProcess
+from tests.interop.test_features import TAGGED, publish_tagged_amqp_and_mqtt
 
 TIMEOUT = 30.0
 QUIET_S = 1.0  # nothing more arrives within this after the expected records
 
-# payload suffix -> the x-braid-tags value it is published with (None: no tags)
-TAGGED = {"a": "TagA", "bc": "TagC,TagB", "c": "TagC", "none": None}
 PROTOCOLS = ("kafka", "amqp", "mqtt")
 RECORDS = len(TAGGED) * len(PROTOCOLS)
 # Groups with a filter in the config file (one per client library: groups are broker-wide).
@@ -93,29 +92,7 @@ async def publish_tagged(braid: BraidProcess, topic: str) -> None:
         assert offsets == list(range(offsets[0], offsets[0] + len(TAGGED)))
     finally:
         await producer.stop()
-    connection = await aio_pika.connect(braid.amqp_url)
-    try:
-        channel = await connection.channel(publisher_confirms=True)
-        exchange = await channel.get_exchange(topic)
-        for suffix, tags in TAGGED.items():
-            await exchange.publish(
-                aio_pika.Message(
-                    f"amqp-{suffix}".encode(), headers={"x-braid-tags": tags} if tags else {}
-                ),
-                routing_key="k.1",
-            )
-    finally:
-        await connection.close()
-    client, _ = mqtt_client(braid, unique("pub"))
-    try:
-        for suffix, tags in TAGGED.items():
-            props = Properties(PacketTypes.PUBLISH)  # type: ignore[no-untyped-call]
-            if tags:
-                props.UserProperty = [("x-braid-tags", tags)]
-            info = client.publish(f"{topic}/k/1", f"mqtt-{suffix}".encode(), 1, properties=props)
-            await asyncio.to_thread(info.wait_for_publish, TIMEOUT)
-    finally:
-        mqtt_stop(client)
+    await publish_tagged_amqp_and_mqtt(braid, topic)
 
 
 # -- MQTT ----------------------------------------------------------------------------------------
