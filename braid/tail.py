@@ -140,8 +140,7 @@ class Follower:
         self.positions: dict[int, int] = {}
         self._first_poll = True
 
-    def _start_offset(self, queue: int) -> int:
-        first, next_offset = self.reader.queue_bounds(self.topic, queue)
+    def _start_offset(self, first: int, next_offset: int) -> int:
         if not self._first_poll:
             return first  # a queue that appeared while tailing: all of it is new
         if self.last is None:
@@ -154,10 +153,10 @@ class Follower:
         for topic, queue in self.reader.queues():
             if topic != self.topic:
                 continue
+            first, next_offset = self.reader.queue_bounds(topic, queue)
             offset = self.positions.get(queue)
             if offset is None:
-                offset = self.positions[queue] = self._start_offset(queue)
-            first, _ = self.reader.queue_bounds(topic, queue)
+                offset = self.positions[queue] = self._start_offset(first, next_offset)
             offset = max(offset, first)  # retention may have removed what we had not read
             entries = self.reader.read(topic, queue, offset, max_records=READ_CHUNK)
             for entry in entries:
