@@ -323,8 +323,7 @@ class VirtualHost:
         name = str(config.get("name", self.queue_name(info.name)))
         if not config.get("durable") or config.get("exclusive"):
             log.info("amqp: transient queue %r removed on restart", name)
-            self.broker.delete_ack_queue(info.name)
-            self.broker.delete_topic(info.name)
+            self.broker.delete_topic(info.name)  # its ack queue and index go with it
             return
         arguments = dict(config.get("arguments") or {})
         ack = self.broker.ack_queue(info.name)
@@ -767,8 +766,7 @@ class VirtualHost:
         for consumer in list(queue.consumers):
             consumer.cancelled_by_server()
         queue.consumers.clear()
-        self.broker.delete_ack_queue(queue.topic)
-        self.broker.delete_topic(queue.topic)
+        self.broker.delete_topic(queue.topic)  # its ack queue and index go with it
         self._auto_delete_exchanges(sources)
 
     def owner_gone(self, owner: object) -> None:
