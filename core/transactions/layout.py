@@ -57,6 +57,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from core.log import record as rec
+
 TXN_HEADER = "x-braid-txn"
 PRODUCER_GROUP_HEADER = "x-braid-producer-group"
 TIMEOUT_HEADER = "x-braid-txn-timeout-ms"
@@ -114,6 +116,40 @@ def half_headers(
     if timeout_ms is not None:
         headers.append((TIMEOUT_HEADER, str(int(timeout_ms)).encode()))
     return headers
+
+
+def _encoded_name(name: str) -> bytes:
+    """A header's name as :func:`core.log.record.encode_headers` writes it (its value follows)."""
+    raw = name.encode()
+    return len(raw).to_bytes(2, "little") + raw
+
+
+_TXN_NAME = _encoded_name(TXN_HEADER)
+_RESUME_NAME = _encoded_name(RESUME_HEADER)
+
+
+def _encoded_value(value: bytes) -> bytes:
+    return len(value).to_bytes(4, "little") + value
+
+
+def encode_half_headers(txn_id: str, encoded_group: bytes) -> bytes:
+    """:func:`half_headers`, encoded: the transaction id header, then ``encoded_group`` (the
+    rest, see :func:`encode_group_headers`), which a producer group's transactions share."""
+    return _TXN_NAME + _encoded_value(txn_id.encode()) + encoded_group
+
+
+def encode_group_headers(producer_group: str, timeout_ms: float | None) -> bytes:
+    """The half headers after the transaction id, encoded (computed once per group)."""
+    return rec.encode_headers(half_headers("", producer_group, timeout_ms)[1:])
+
+
+def encode_op_headers(mark: tuple[int, int], reason: str | None, checks: int | None) -> bytes:
+    """:func:`op_headers`, encoded, from the mark's ``(half offset, op offset)``: a commit
+    writes one per transaction."""
+    encoded = _RESUME_NAME + _encoded_value(b"%d %d" % mark)
+    if (reason is not None and reason != REASON_CLIENT) or checks is not None:
+        encoded += rec.encode_headers(op_headers(ResumeMark(0, 0), reason, checks)[1:])
+    return encoded
 
 
 def half_info(headers: list[tuple[str, bytes]]) -> HalfInfo | None:

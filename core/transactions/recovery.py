@@ -40,7 +40,8 @@ from core.transactions.layout import (
     Operation,
     ResumeMark,
     decode_operation,
-    half_headers,
+    encode_group_headers,
+    encode_half_headers,
     half_info,
 )
 from core.transactions.state import COMMITTED, OPEN, ROLLED_BACK, Transaction
@@ -115,7 +116,9 @@ def replay(store: LogStore, mark: ResumeMark | None = None) -> Replay:
             txn = current.get(info.txn_id)
             if txn is None or txn.state != OPEN:
                 txn = Transaction(info.txn_id, info.producer_group, info.timeout_ms)
-                txn.half_headers = half_headers(info.txn_id, info.producer_group, info.timeout_ms)
+                txn.half_headers = encode_half_headers(
+                    info.txn_id, encode_group_headers(info.producer_group, info.timeout_ms)
+                )
                 txn.first_half_offset = queued.offset
                 txn.first_op_offset = mark.op_offset
                 current[info.txn_id] = txn

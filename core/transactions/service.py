@@ -38,8 +38,10 @@ from collections.abc import Awaitable, Callable, Sequence
 from core.groups.clock import Clock, LoopClock, Timer
 from core.log import LogStore, Record
 from core.log import record as rec
+from core.log.consumequeue import ConsumeQueue
 from core.log.names import HALF_TOPIC, TRANSACTIONS_TOPIC
-from core.log.store import Appended, LinkDecision
+from core.log.store import Appended, LinkDecision, TargetIndex
+from core.log.tags import tags_mask
 from core.transactions.layout import (
     OP_CHECK,
     OP_COMMIT,
@@ -50,7 +52,9 @@ from core.transactions.layout import (
     REASON_RECOVERED,
     REASON_TIMEOUT,
     ResumeMark,
-    half_headers,
+    encode_group_headers,
+    encode_half_headers,
+    encode_op_headers,
     op_headers,
 )
 from core.transactions.recovery import Replay, replay
@@ -148,6 +152,12 @@ class TransactionService:
         # retention guard come from the head.
         self._stored: OrderedDict[str, Transaction] = OrderedDict()
         self._recent: OrderedDict[str, str] = OrderedDict()
+        # The encoded half headers after the txn id, per (producer group, timeout).
+        self._group_headers: dict[tuple[str, float | None], bytes] = {}
+        self._plain_targets: dict[tuple[str, int], TargetIndex] = {}
+        # Whether a topic's durability is sync (the store's configuration does not change).
+        self._sync_topics: dict[str, bool] = {}
+        self._ops_index: ConsumeQueue | None = None  # __transactions/0, once it exists
         self._tasks: set[asyncio.Task[None]] = set()
         self._sweeper: Timer | None = None
         # Generated ids: random per service instance (so unique across restarts), then a counter.
@@ -256,13 +266,26 @@ class TransactionService:
         if timeout_ms is not None and timeout_ms <= 0:
             raise ValueError("timeout_ms must be positive")
         txn = Transaction(txn_id, producer_group, timeout_ms)
-        txn.half_headers = half_headers(txn_id, producer_group, timeout_ms)
-        self._open[txn_id] = txn
-        self._recent.pop(txn_id, None)
-        self.metrics["pending"] = len(self._open)
+        opened = self._open
+        opened[txn_id] = txn
+        if txn_id in self._recent:
+            del self._recent[txn_id]
+        self.metrics["pending"] = len(opened)
         if self._started:
-            txn.deadline_ms = self.clock.now_ms() + self._timeout(txn)
+            txn.deadline_ms = self.clock.now_ms() + (
+                self.check_timeout_ms if timeout_ms is None else timeout_ms
+            )
         return txn_id
+
+    def _half_headers(self, txn: Transaction) -> bytes:
+        group_key = (txn.producer_group, txn.timeout_ms)
+        encoded_group = self._group_headers.get(group_key)
+        if encoded_group is None:
+            encoded_group = encode_group_headers(txn.producer_group, txn.timeout_ms)
+            if len(self._group_headers) < 10_000:  # groups are few; ids with timeouts are not
+                self._group_headers[group_key] = encoded_group
+        txn.half_headers = encode_half_headers(txn.txn_id, encoded_group)
+        return txn.half_headers
 
     def add_nowait(
         self,
@@ -292,32 +315,68 @@ class TransactionService:
             raise TransactionError(self._not_open(txn_id))
         if flags & ~_ALLOWED_HALF_FLAGS:
             raise ValueError("a half message may only add FLAG_BATCH or FLAG_TXN_CONTROL")
-        appended = self.store.append(
-            topic,
-            queue,
-            body,
-            key=key,
-            headers=[*headers, *txn.half_headers] if headers else txn.half_headers,
-            tags=tags,
-            subject=subject,
-            client=client,
-            address=address,
-            destinations=destinations,
-            protocol=protocol,
-            born_ms=born_ms,
-            flags=flags | rec.FLAG_HALF,
-            record_count=record_count,
-        )
-        if not txn.halves:
+        own_headers = txn.half_headers or self._half_headers(txn)
+        appended: Appended | None = None
+        if (
+            type(body) is bytes
+            and type(key) is bytes
+            and record_count == 1
+            and not (headers or tags or subject or client or address or destinations or flags)
+        ):
+            # The common half (a producer's one record): encoded in place, see append_half.
+            appended = self.store.append_half(
+                topic, queue, body, key, own_headers, protocol, born_ms
+            )
+        if appended is None:
+            appended = self.store.append(
+                topic,
+                queue,
+                body,
+                key=key,
+                # Encoded headers concatenate: the producer's, then the transaction's.
+                headers=rec.encode_headers(headers) + own_headers if headers else own_headers,
+                tags=tags,
+                subject=subject,
+                client=client,
+                address=address,
+                destinations=destinations,
+                protocol=protocol,
+                born_ms=born_ms,
+                flags=flags | rec.FLAG_HALF,
+                record_count=record_count,
+            )
+            known = TargetIndex(
+                tags_mask(tags) if tags else 0, record_count, destinations or ((topic, queue),)
+            )
+        else:
+            known = self._plain_targets.get((topic, queue)) or self._plain_target(topic, queue)
+        position, end, _ = appended
+        halves = txn.halves
+        if not halves:
             txn.first_half_offset = appended.offsets[0][2]
             txn.first_op_offset = self._op_next_offset()
             self._stored[txn_id] = txn
-        txn.halves.append((appended.position, appended.end - appended.position))
-        if not txn.sync and self.store.is_sync(topic):
-            txn.sync = True
+        halves.append((position, end - position))
+        if len(txn.half_index) == len(halves) - 1:
+            txn.half_index.append(known)
+        if not txn.sync:
+            sync = self._sync_topics.get(topic)
+            if sync is None:
+                sync = self._sync_topics[topic] = self.store.is_sync(topic)
+            txn.sync = sync
         if self._started:
-            txn.deadline_ms = self.clock.now_ms() + self._timeout(txn)
+            txn.deadline_ms = self.clock.now_ms() + (
+                self.check_timeout_ms if txn.timeout_ms is None else txn.timeout_ms
+            )
         return appended
+
+    def _plain_target(self, topic: str, queue: int) -> TargetIndex:
+        """How a half without tags or destinations is indexed once committed (one per queue,
+        shared by every such half)."""
+        if len(self._plain_targets) >= 100_000:
+            self._plain_targets.clear()  # queues come and go; keep the cache bounded
+        known = self._plain_targets[(topic, queue)] = TargetIndex(0, 1, ((topic, queue),))
+        return known
 
     async def add(
         self,
@@ -440,7 +499,13 @@ class TransactionService:
         # at or after the mark's op offset). (Should the append raise, the log decides at
         # restart: the halves are open again.)
         if outcome == COMMIT:
-            return self._append_commit(txn.txn_id, txn.producer_group, reason, txn.halves).end
+            return self._append_commit(
+                txn.txn_id,
+                txn.producer_group,
+                reason,
+                txn.halves,
+                txn.half_index if len(txn.half_index) == len(txn.halves) else None,
+            ).end
         op = self._append_op(
             OP_ROLLBACK,
             txn.txn_id,
@@ -453,25 +518,33 @@ class TransactionService:
         return op.end
 
     def _remember(self, txn_id: str, state: str) -> None:
-        self._recent[txn_id] = state
-        self._recent.move_to_end(txn_id)
-        while len(self._recent) > RECENT_OUTCOMES:
-            self._recent.popitem(last=False)
+        recent = self._recent
+        if txn_id in recent:
+            recent.move_to_end(txn_id)
+        recent[txn_id] = state
+        if len(recent) > RECENT_OUTCOMES:
+            # An OrderedDict: a plain dict's first key costs a scan past every deleted slot.
+            recent.popitem(last=False)
 
     # -- op records ------------------------------------------------------------------------
 
     def _op_next_offset(self) -> int:
-        index = self.store.queue_index(TRANSACTIONS_TOPIC, 0)
-        return 0 if index is None else index.next_offset
+        index = self._ops_index
+        if index is None:
+            index = self._ops_index = self.store.queue_index(TRANSACTIONS_TOPIC, 0)
+            if index is None:
+                return 0
+        return index.next_offset
 
     def _mark(self) -> ResumeMark:
+        return ResumeMark(*self._mark_offsets())
+
+    def _mark_offsets(self) -> tuple[int, int]:
         if self._stored:
             oldest = next(iter(self._stored.values()))
-            return ResumeMark(oldest.first_half_offset, oldest.first_op_offset)
+            return oldest.first_half_offset, oldest.first_op_offset
         half_index = self.store.queue_index(HALF_TOPIC, 0)
-        return ResumeMark(
-            0 if half_index is None else half_index.next_offset, self._op_next_offset()
-        )
+        return 0 if half_index is None else half_index.next_offset, self._op_next_offset()
 
     def _append_op(
         self,
@@ -494,18 +567,25 @@ class TransactionService:
         )
 
     def _append_commit(
-        self, txn_id: str, producer_group: str, reason: str, halves: Sequence[tuple[int, int]]
+        self,
+        txn_id: str,
+        producer_group: str,
+        reason: str,
+        halves: Sequence[tuple[int, int]],
+        half_index: Sequence[TargetIndex] | None = None,
     ) -> Appended:
         """The commit decision and the LINK making ``halves`` visible, as one frame indexed in
-        ``__transactions/0`` (see :mod:`core.transactions.layout`)."""
+        ``__transactions/0`` (see :mod:`core.transactions.layout`). ``half_index``: how each
+        half is indexed, when this service appended them (no need to read their frames)."""
         return self.store.link_frames(
             halves,
             decision=LinkDecision(
                 txn_id.encode(),
                 producer_group,
                 _COMMIT_TAGS,
-                op_headers(self._mark(), reason, None),
+                encode_op_headers(self._mark_offsets(), reason, None),
             ),
+            known_targets=half_index,
         )
 
     # -- timers and check-back -------------------------------------------------------------

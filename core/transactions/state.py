@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from core.log.store import TargetIndex
+
 # Transaction states (``TransactionService.txn_state``).
 OPEN = "open"  # halves stored and invisible; outcome unknown
 COMMITTED = "committed"  # op record and LINK appended: visible at every destination
@@ -42,8 +44,12 @@ class Transaction:
     checks: int = 0  # check-backs asked so far, durable (op records of kind "check")
     checking: bool = False  # a check-back or the default outcome is under way
     deadline_ms: float = 0.0  # clock time after which the outcome is overdue
-    # The headers added to each half (encoded once per transaction).
-    half_headers: list[tuple[str, bytes]] = field(default_factory=list)
+    # The headers added to each half, encoded (core.transactions.layout.encode_half_headers);
+    # empty until the first half.
+    half_headers: bytes = b""
+    # How each half is indexed once committed, parallel to ``halves`` (shorter for halves
+    # found by restart: their commit reads it from their frames).
+    half_index: list[TargetIndex] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
