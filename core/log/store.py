@@ -154,11 +154,19 @@ def _decision_head(
         )
         + _TRANSACTIONS_TOPIC_BYTES
     )
-    frame = struct.Struct(
-        f"{rec.PREFIX.format}{len(head)}s{key_len}s{headers_len}s{tags_len}s{client_len}s"
-        f"{dests_len}s{body_len}s"
-    )
+    lengths = layout[1:]
+    frame = _decision_structs.get(lengths)
+    if frame is None:
+        if len(_decision_structs) >= 4096:
+            _decision_structs.clear()  # id and group lengths vary without bound
+        frame = _decision_structs[lengths] = struct.Struct(
+            f"{rec.PREFIX.format}{len(head)}s{key_len}s{headers_len}s{tags_len}s{client_len}s"
+            f"{dests_len}s{body_len}s"
+        )
     return layout, head, crc32c(head), frame
+
+
+_decision_structs: dict[tuple[int, ...], struct.Struct] = {}
 
 
 class _QueueWriter:

@@ -34,6 +34,7 @@ import logging
 import os
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, TypedDict
 
 from core.groups.clock import Clock, LoopClock, Timer
 from core.log import LogStore, Record
@@ -70,7 +71,27 @@ from core.transactions.state import (
     TransactionError,
 )
 
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
 log = logging.getLogger(__name__)
+
+
+class HalfFields(TypedDict, total=False):
+    """The record fields :meth:`TransactionService.add_nowait` takes after the body."""
+
+    key: bytes | None
+    headers: rec.Headers
+    tags: Sequence[str]
+    subject: str
+    client: str
+    address: str
+    destinations: Sequence[tuple[str, int]] | None
+    protocol: int
+    born_ms: int
+    flags: int
+    record_count: int
+
 
 # check_back(producer_group, txn_id, first half record) -> "commit" | "rollback" | "unknown".
 CheckBack = Callable[[str, str, Record], Awaitable[str]]
@@ -158,6 +179,7 @@ class TransactionService:
         # Whether a topic's durability is sync (the store's configuration does not change).
         self._sync_topics: dict[str, bool] = {}
         self._ops_index: ConsumeQueue | None = None  # __transactions/0, once it exists
+        self._half_index: ConsumeQueue | None = None  # __half/0, once it exists
         self._tasks: set[asyncio.Task[None]] = set()
         self._sweeper: Timer | None = None
         # Generated ids: random per service instance (so unique across restarts), then a counter.
@@ -284,8 +306,8 @@ class TransactionService:
             encoded_group = encode_group_headers(txn.producer_group, txn.timeout_ms)
             if len(self._group_headers) < 10_000:  # groups are few; ids with timeouts are not
                 self._group_headers[group_key] = encoded_group
-        txn.half_headers = encode_half_headers(txn.txn_id, encoded_group)
-        return txn.half_headers
+        encoded = txn.half_headers = encode_half_headers(txn.txn_id, encoded_group)
+        return encoded
 
     def add_nowait(
         self,
@@ -384,38 +406,12 @@ class TransactionService:
         topic: str,
         queue: int,
         body: bytes | memoryview | None,
-        *,
-        key: bytes | None = b"",
-        headers: rec.Headers = (),
-        tags: Sequence[str] = (),
-        subject: str = "",
-        client: str = "",
-        address: str = "",
-        destinations: Sequence[tuple[str, int]] | None = None,
-        protocol: int = rec.PROTOCOL_INTERNAL,
-        born_ms: int = 0,
-        flags: int = 0,
-        record_count: int = 1,
+        **fields: Unpack[HalfFields],
     ) -> int:
-        """Append a half message and return its commit-log position once it is durable (at
-        ``topic``'s durability): only then may the producer run its local transaction."""
-        appended = self.add_nowait(
-            txn_id,
-            topic,
-            queue,
-            body,
-            key=key,
-            headers=headers,
-            tags=tags,
-            subject=subject,
-            client=client,
-            address=address,
-            destinations=destinations,
-            protocol=protocol,
-            born_ms=born_ms,
-            flags=flags,
-            record_count=record_count,
-        )
+        """Append a half message (the fields as for :meth:`add_nowait`) and return its
+        commit-log position once it is durable (at ``topic``'s durability): only then may the
+        producer run its local transaction."""
+        appended = self.add_nowait(txn_id, topic, queue, body, **fields)
         await self.store.wait_durable(appended.end, topic)
         return appended.position
 
@@ -427,12 +423,16 @@ class TransactionService:
         EndTransaction): it survives a process crash (the segments are shared memory maps) but
         an OS crash before the next fsync may lose it, and then the transaction is open again
         after restart, to be checked back. Only for producer groups with a check-back."""
-        await self._decide(txn_id, COMMIT, REASON_CLIENT, durable)
+        wait = self._decide(txn_id, COMMIT)
+        if wait is not None and durable:
+            await self.store.wait_durable(*wait)
 
     async def rollback(self, txn_id: str, *, durable: bool = True) -> None:
         """Discard every half of ``txn_id``: they are never indexed anywhere visible. Rolling
         back a rolled-back transaction does nothing. ``durable`` as for :meth:`commit`."""
-        await self._decide(txn_id, ROLLBACK, REASON_CLIENT, durable)
+        wait = self._decide(txn_id, ROLLBACK)
+        if wait is not None and durable:
+            await self.store.wait_durable(*wait)
 
     # -- state -----------------------------------------------------------------------------
 
@@ -474,15 +474,19 @@ class TransactionService:
             return f"unknown transaction {txn_id!r}"
         return f"transaction {txn_id!r} is already {state.replace('_', ' ')}"
 
-    async def _decide(self, txn_id: str, outcome: str, reason: str, durable: bool) -> None:
+    def _decide(self, txn_id: str, outcome: str) -> tuple[int, str | None] | None:
+        """The client's decision, written now; returns what :meth:`LogStore.wait_durable`
+        must wait for to make it durable, None when nothing was stored. (Not a coroutine: a
+        commit is as hot as a publish, and each coroutine level costs.)"""
         txn = self._open.get(txn_id)
         if txn is None:
             if self._recent.get(txn_id) == _OUTCOME_STATE[outcome]:
-                return
+                return None
             raise TransactionError(self._not_open(txn_id))
-        end = self._decide_now(txn, outcome, reason)
-        if end is not None and durable:
-            await self.store.wait_durable(end, None if txn.sync else TRANSACTIONS_TOPIC)
+        end = self._decide_now(txn, outcome, REASON_CLIENT)
+        if end is None:
+            return None
+        return end, None if txn.sync else TRANSACTIONS_TOPIC
 
     def _decide_now(self, txn: Transaction, outcome: str, reason: str) -> int | None:
         """Write the decision (synchronously: nothing else runs in between) and forget the
@@ -543,7 +547,9 @@ class TransactionService:
         if self._stored:
             oldest = next(iter(self._stored.values()))
             return oldest.first_half_offset, oldest.first_op_offset
-        half_index = self.store.queue_index(HALF_TOPIC, 0)
+        half_index = self._half_index
+        if half_index is None:
+            half_index = self._half_index = self.store.queue_index(HALF_TOPIC, 0)
         return 0 if half_index is None else half_index.next_offset, self._op_next_offset()
 
     def _append_op(
