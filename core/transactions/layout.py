@@ -135,7 +135,8 @@ def _encoded_value(value: bytes) -> bytes:
 def encode_half_headers(txn_id: str, encoded_group: bytes) -> bytes:
     """:func:`half_headers`, encoded: the transaction id header, then ``encoded_group`` (the
     rest, see :func:`encode_group_headers`), which a producer group's transactions share."""
-    return _TXN_NAME + _encoded_value(txn_id.encode()) + encoded_group
+    raw = txn_id.encode()
+    return _TXN_NAME + len(raw).to_bytes(4, "little") + raw + encoded_group
 
 
 def encode_group_headers(producer_group: str, timeout_ms: float | None) -> bytes:
@@ -146,7 +147,8 @@ def encode_group_headers(producer_group: str, timeout_ms: float | None) -> bytes
 def encode_op_headers(mark: tuple[int, int], reason: str | None, checks: int | None) -> bytes:
     """:func:`op_headers`, encoded, from the mark's ``(half offset, op offset)``: a commit
     writes one per transaction."""
-    encoded = _RESUME_NAME + _encoded_value(b"%d %d" % mark)
+    value = b"%d %d" % mark
+    encoded = _RESUME_NAME + len(value).to_bytes(4, "little") + value
     if (reason is not None and reason != REASON_CLIENT) or checks is not None:
         encoded += rec.encode_headers(op_headers(ResumeMark(0, 0), reason, checks)[1:])
     return encoded

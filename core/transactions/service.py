@@ -112,6 +112,8 @@ RECENT_OUTCOMES = 100_000
 _ALLOWED_HALF_FLAGS = rec.FLAG_BATCH | rec.FLAG_TXN_CONTROL
 
 _OUTCOME_STATE = {COMMIT: COMMITTED, ROLLBACK: ROLLED_BACK}
+# NamedTuple construction without its Python-level __new__ (a decision per commit).
+_new_tuple = tuple.__new__
 _COMMIT_TAGS = (OP_COMMIT,)
 
 
@@ -583,13 +585,21 @@ class TransactionService:
         """The commit decision and the LINK making ``halves`` visible, as one frame indexed in
         ``__transactions/0`` (see :mod:`core.transactions.layout`). ``half_index``: how each
         half is indexed, when this service appended them (no need to read their frames)."""
+        if self._stored:  # the mark (see _mark_offsets), inlined: a commit per transaction
+            oldest = next(iter(self._stored.values()))
+            mark = (oldest.first_half_offset, oldest.first_op_offset)
+        else:
+            mark = self._mark_offsets()
         return self.store.link_frames(
             halves,
-            decision=LinkDecision(
-                txn_id.encode(),
-                producer_group,
-                _COMMIT_TAGS,
-                encode_op_headers(self._mark_offsets(), reason, None),
+            decision=_new_tuple(
+                LinkDecision,
+                (
+                    txn_id.encode(),
+                    producer_group,
+                    _COMMIT_TAGS,
+                    encode_op_headers(mark, reason, None),
+                ),
             ),
             known_targets=half_index,
         )
