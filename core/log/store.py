@@ -213,6 +213,17 @@ class _QueueWriter:
         self.frame_head = struct.Struct(f"{rec.PREFIX.format}{self.head_end - rec.CRC_START}s")
         self.frame = self.frame_head
 
+    def refresh(self, store_ms: int, protocol: int, key_len: int, body_len: int) -> None:
+        """Make the head fit a frame of this millisecond and these lengths (no born_ms)."""
+        if (
+            store_ms != self.store_ms
+            or body_len != self.body_len
+            or key_len != self.key_len
+            or self.born_ms
+            or protocol != self.protocol
+        ):
+            self.set_head(store_ms, 0, protocol, key_len, body_len)
+
     def set_head(
         self,
         store_ms: int,
@@ -604,8 +615,19 @@ class LogStore(LogReader):
         key_len = len(key)
         head_end = writer.head_end
         fixed = head_end + key_len
-        sizes = [fixed + len(body) for body in bodies]
-        need = sum(sizes)
+        whole_key = type(key) is bytes
+        lengths = list(map(len, bodies))
+        count = len(lengths)
+        # Every frame the same size (a producer's batch usually is): one head for all, frame
+        # positions as a range, and a loop of one CRC and one pack per frame.
+        uniform = whole_key and lengths.count(lengths[0]) == count
+        sizes: list[int]
+        if uniform:
+            sizes = [fixed + lengths[0]] * count
+            need = sizes[0] * count
+        else:
+            sizes = [fixed + length for length in lengths]
+            need = sum(sizes)
         commitlog = self.commitlog
         position = commitlog.write_position
         room = commitlog.active_end - (position - commitlog.active_base) - need
@@ -627,35 +649,46 @@ class LogStore(LogReader):
         head = writer.head
         crc = writer.crc
         pack_frame = writer.frame.pack_into
-        whole_key = type(key) is bytes
         head_total = -1  # frame size the current head and crc were made for
-        for body, total in zip(bodies, sizes, strict=True):
-            if total != head_total:
-                head_total = total
-                body_len = total - fixed
-                if (
-                    store_ms != writer.store_ms
-                    or body_len != writer.body_len
-                    or key_len != writer.key_len
-                    or writer.born_ms
-                    or protocol != writer.protocol
-                ):
-                    writer.set_head(store_ms, 0, protocol, key_len, body_len)
-                head = writer.head
-                crc = writer.crc
-                pack_frame = writer.frame.pack_into
-                if key_len:
-                    crc = crc32c(key, crc)
-            end = cursor + total
-            if whole_key and type(body) is bytes:
-                pack_frame(buf, cursor, total, magic, crc32c(body, crc), head, key, body)
-            else:  # struct packs bytes only: a memoryview body is copied on its own
-                if key_len:
-                    at = cursor + head_end
-                    buf[at : at + key_len] = key
-                buf[end - body_len : end] = body
-                pack_frame_head(buf, cursor, total, magic, crc32c(body, crc), head)
-            cursor = end
+        if uniform:
+            total = sizes[0]
+            body_len = total - fixed
+            writer.refresh(store_ms, protocol, key_len, body_len)
+            head = writer.head
+            crc = crc32c(key, writer.crc) if key_len else writer.crc
+            pack_frame = writer.frame.pack_into
+            for body in bodies:
+                if type(body) is bytes:
+                    pack_frame(buf, cursor, total, magic, crc32c(body, crc), head, key, body)
+                else:  # struct packs bytes only: a memoryview body is copied on its own
+                    end = cursor + total
+                    if key_len:
+                        at = cursor + head_end
+                        buf[at : at + key_len] = key
+                    buf[end - body_len : end] = body
+                    pack_frame_head(buf, cursor, total, magic, crc32c(body, crc), head)
+                cursor += total
+        else:
+            for body, total in zip(bodies, sizes, strict=True):
+                if total != head_total:
+                    head_total = total
+                    body_len = total - fixed
+                    writer.refresh(store_ms, protocol, key_len, body_len)
+                    head = writer.head
+                    crc = writer.crc
+                    pack_frame = writer.frame.pack_into
+                    if key_len:
+                        crc = crc32c(key, crc)
+                end = cursor + total
+                if whole_key and type(body) is bytes:
+                    pack_frame(buf, cursor, total, magic, crc32c(body, crc), head, key, body)
+                else:  # struct packs bytes only: a memoryview body is copied on its own
+                    if key_len:
+                        at = cursor + head_end
+                        buf[at : at + key_len] = key
+                    buf[end - body_len : end] = body
+                    pack_frame_head(buf, cursor, total, magic, crc32c(body, crc), head)
+                cursor = end
         if buf is self._staging:
             _pwrite_all(commitlog.active_fd, buf[:need], offset)
         commitlog.write_position = position + need
@@ -663,9 +696,13 @@ class LogStore(LogReader):
             found = commitlog.writeback_range()
             if found is not None:
                 start_writeback(*found)
-        positions = list(accumulate(sizes, initial=position))
-        end = positions.pop()
-        count = len(sizes)
+        end = position + need
+        positions: Sequence[int]
+        if uniform:
+            positions = range(position, end, sizes[0])
+        else:
+            positions = list(accumulate(sizes, initial=position))
+            positions.pop()
         first = writer.index.append_run(positions, sizes, store_ms)
         metrics = self.metrics
         metrics["appends"] += count
