@@ -56,7 +56,14 @@ def _general_frame(store: LogStore, position: int) -> bytes:
     st.lists(
         st.tuples(
             st.integers(0, 2),  # queue
-            st.lists(st.binary(max_size=700), min_size=1, max_size=30),  # bodies
+            st.one_of(  # bodies: of any sizes, or all of one size (append_many's uniform path)
+                st.lists(st.binary(max_size=700), min_size=1, max_size=30),
+                st.integers(0, 700).flatmap(
+                    lambda size: st.lists(
+                        st.binary(min_size=size, max_size=size), min_size=2, max_size=30
+                    )
+                ),
+            ),
             st.sampled_from([b"", b"k", b"key-" * 9]),
             st.sampled_from([rec.PROTOCOL_INTERNAL, rec.PROTOCOL_AMQP, rec.PROTOCOL_MQTT]),
             st.booleans(),  # append_many, or single appends
@@ -266,11 +273,19 @@ def test_memoryview_and_bytearray_bodies_take_the_copying_path(store: LogStore):
     expected = [bytes(body) for body in bodies]
     many = store.append_many("v", 0, bodies, key=b"key")
     single = [store.append("v", 0, body, key=b"k") for body in (bytearray(b"ba"), bodies[3])]
+    # All of one size, views and bytes mixed (append_many's uniform path).
+    same_size = [memoryview(raw)[i : i + 20] if i % 2 else bytes(raw[i : i + 20]) for i in range(6)]
+    uniform = store.append_many("v", 0, same_size, key=b"")
     got = store.read("v", 0, 0)
-    assert [bytes(r.body) for r in got] == [*expected, b"ba", expected[3]]
-    assert [r.record().key for r in got] == [b"key"] * 10 + [b"k", b"k"]
+    assert [bytes(r.body) for r in got] == [
+        *expected,
+        b"ba",
+        expected[3],
+        *(bytes(body) for body in same_size),
+    ]
+    assert [r.record().key for r in got] == [b"key"] * 10 + [b"k", b"k"] + [b""] * 6
     assert store.verify() == []
-    for appended in (many, *single):
+    for appended in (many, *single, uniform):
         buf, start, size = store.commitlog.read_frame(appended.position)
         assert bytes(buf[start : start + size]) == _general_frame(store, appended.position)
 
