@@ -15,6 +15,7 @@ Readers (this process or another, read-only) use :meth:`read_frame`, which verif
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,7 +24,7 @@ from crc32c import crc32c
 
 from core.log import names
 from core.log import record as rec
-from core.log.segment import Segment, preallocate
+from core.log.segment import Segment, preallocate, pwrite_all, start_writeback
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +34,8 @@ _PAGE = 4096
 PREALLOCATE_BYTES = 16 << 20
 # Writers start writeback every this many appended bytes (CommitLog.writeback_range).
 WRITEBACK_BYTES = 1 << 20
+# Frames of at least this many bytes are written with pwrite, not through the mapping (append).
+PWRITE_BYTES = 32 * 1024
 _NEVER_TRUSTED = 1 << 62
 
 
@@ -108,8 +111,22 @@ class CommitLog:
         return self.segment_size
 
     def append(self, frame: bytes | bytearray | memoryview) -> int:
-        """Write one frame and return its position. Rolls to a new segment when needed."""
+        """Write one frame and return its position. Rolls to a new segment when needed.
+
+        A large frame (a Kafka batch, a big message) is written with pwrite rather than through
+        the mapping, as append_many's staged batches are: the kernel then fills page-cache pages
+        without zeroing each one in a page fault first (measured with a Kafka producer of 1 MB
+        batches: that zeroing was 45% of the broker's CPU). Same pages as the mapping."""
         size = len(frame)
+        if size >= PWRITE_BYTES and self.activate(size):
+            position = self.write_position
+            pwrite_all(self.active_fd, frame, position - self.active_base)
+            self.write_position = position + size
+            if position + size - self.writeback_position >= WRITEBACK_BYTES:
+                found = self.writeback_range()
+                if found is not None:
+                    start_writeback(*found)
+            return position
         position = self.write_position
         number, offset = divmod(position, self.segment_size)
         remaining = self.segment_size - offset
@@ -125,6 +142,24 @@ class CommitLog:
             position = number * self.segment_size
         self._segment(number).write(offset, frame)
         self.write_position = position + size
+        return position
+
+    def append_parts(self, head: bytes, body: bytes | memoryview) -> int:
+        """:meth:`append` of the frame ``head + body`` (core.log.record.encode_record_parts): a
+        large one goes to the file with one pwritev, never joined in memory."""
+        size = len(head) + len(body)
+        if size < PWRITE_BYTES or not self.activate(size):
+            return self.append(head + body if body else head)
+        position = self.write_position
+        offset = position - self.active_base
+        written = os.pwritev(self.active_fd, (head, body), offset)
+        if written < size:  # a short write: the rest with pwrite
+            pwrite_all(self.active_fd, (head + body)[written:], offset + written)
+        self.write_position = position + size
+        if position + size - self.writeback_position >= WRITEBACK_BYTES:
+            found = self.writeback_range()
+            if found is not None:
+                start_writeback(*found)
         return position
 
     def writable_buffer(self, number: int) -> memoryview:

@@ -84,6 +84,8 @@ HEADER_SIZE = HEADER.size  # 72
 # The prefix every frame starts with, including a BLANK filler: total_size, magic, crc32c.
 PREFIX = struct.Struct("<III")
 CRC_START = PREFIX.size  # the checksum covers everything after the prefix
+# The header after the prefix: flags through body_len.
+_HEADER_TAIL = struct.Struct("<" + HEADER.format[4:])
 FLAGS = struct.Struct("<H")
 FLAGS_OFFSET = 12
 _NULL_LEN = 0xFFFFFFFF
@@ -207,6 +209,49 @@ def encode_record(
 ) -> bytes:
     """Encode one frame. Variable fields arrive already encoded (see ``encode_*``) so callers
     that publish the same headers repeatedly encode them once."""
+    head, body_bytes = encode_record_parts(
+        topic,
+        queue,
+        body,
+        store_ms=store_ms,
+        key=key,
+        headers=headers,
+        tags=tags,
+        subject=subject,
+        client=client,
+        address=address,
+        destinations=destinations,
+        flags=flags,
+        protocol=protocol,
+        born_ms=born_ms,
+        deliver_at_ms=deliver_at_ms,
+        record_count=record_count,
+    )
+    return head + body_bytes if body_bytes else head
+
+
+def encode_record_parts(
+    topic: bytes,
+    queue: int,
+    body: bytes | memoryview | None,
+    *,
+    store_ms: int,
+    key: bytes | None = b"",
+    headers: bytes = b"",
+    tags: bytes = b"",
+    subject: bytes = b"",
+    client: bytes = b"",
+    address: bytes = b"",
+    destinations: bytes = b"",
+    flags: int = 0,
+    protocol: int = PROTOCOL_INTERNAL,
+    born_ms: int = 0,
+    deliver_at_ms: int = 0,
+    record_count: int = 1,
+) -> tuple[bytes, bytes | memoryview]:
+    """:func:`encode_record` as two parts, the frame without its body and the body (not
+    copied): a large body (a Kafka batch) is then written to the log straight from the buffer
+    it arrived in (``CommitLog.append_parts``)."""
     if key is None:
         flags |= FLAG_NULL_KEY
         key = b""
@@ -219,22 +264,9 @@ def encode_record(
         body_len = _NULL_LEN
     else:
         body_len = len(body)
-    total = (
-        HEADER_SIZE
-        + len(topic)
-        + len(subject)
-        + len(key)
-        + len(headers)
-        + len(tags)
-        + len(client)
-        + len(address)
-        + len(destinations)
-        + len(body)
-    )
-    head = HEADER.pack(
-        total,
-        RECORD_MAGIC,
-        0,
+    fields = b"".join((topic, subject, key, headers, tags, client, address, destinations))
+    total = HEADER_SIZE + len(fields) + len(body)
+    tail = _HEADER_TAIL.pack(
         flags,
         protocol,
         store_ms,
@@ -252,12 +284,9 @@ def encode_record(
         len(destinations),
         body_len,
     )
-    # The CRC covers everything after the prefix: checksum the header tail, then continue the
-    # CRC over the fields as they are joined (one copy, no bytearray round trip).
-    rest = b"".join((topic, subject, key, headers, tags, client, address, destinations, body))
-    tail = head[CRC_START:]
-    crc = crc32c(rest, crc32c(tail))
-    return b"".join((PREFIX.pack(total, RECORD_MAGIC, crc), tail, rest))
+    # The CRC covers everything after the prefix: the header tail, the fields, the body.
+    crc = crc32c(body, crc32c(fields, crc32c(tail)))
+    return b"".join((PREFIX.pack(total, RECORD_MAGIC, crc), tail, fields)), body
 
 
 def blank_frame(size: int) -> bytes:

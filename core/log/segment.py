@@ -67,6 +67,15 @@ def preallocate(fd: int, offset: int, length: int) -> None:
         _fallocate(fd, 0, offset, length)  # a failure (EOPNOTSUPP, ENOSPC): the file stays sparse
 
 
+def pwrite_all(fd: int, data: bytes | bytearray | memoryview, offset: int) -> None:
+    """Write all of ``data`` at ``offset`` (pwrite may write less than asked)."""
+    view = memoryview(data)
+    while view:
+        written = os.pwrite(fd, view, offset)
+        view = view[written:]
+        offset += written
+
+
 _CLOSED = memoryview(b"")
 
 

@@ -36,7 +36,7 @@ from core.log.commitlog import WRITEBACK_BYTES
 from core.log.config import DURABILITY_SYNC, LogConfig, LogMeta, write_atomically
 from core.log.consumequeue import ENTRY, ENTRY_SIZE, ConsumeQueue
 from core.log.reader import LogReader
-from core.log.segment import start_writeback
+from core.log.segment import pwrite_all, start_writeback
 from core.log.tags import tags_mask
 
 log = logging.getLogger(__name__)
@@ -87,13 +87,6 @@ def _encoded_headers(headers: rec.Headers | bytes) -> bytes:
 _time_ns = time.time_ns
 # append_many batches of at least this many bytes are written with pwrite, not the mapping.
 _STAGE_BYTES = 32 * 1024
-
-
-def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
-    while data:
-        written = os.pwrite(fd, data, offset)
-        data = data[written:]
-        offset += written
 
 
 _new_tuple = tuple.__new__
@@ -433,7 +426,7 @@ class LogStore(LogReader):
         store_ms = now_ms()
         if deliver_at_ms > store_ms:
             flags |= rec.FLAG_DELAYED
-        frame = rec.encode_record(
+        head, body_part = rec.encode_record_parts(
             self._topic_bytes(topic),
             queue,
             body,
@@ -451,8 +444,8 @@ class LogStore(LogReader):
             deliver_at_ms=deliver_at_ms,
             record_count=record_count,
         )
-        position = self.commitlog.append(frame)
-        size = len(frame)
+        position = self.commitlog.append_parts(head, body_part)
+        size = len(head) + len(body_part)
         self.metrics["appends"] += 1
         self.metrics["appended_bytes"] += size
         targets = destinations or (None if flags & rec.FLAG_LINK else ((topic, queue),))
@@ -690,7 +683,7 @@ class LogStore(LogReader):
                     pack_frame_head(buf, cursor, total, magic, crc32c(body, crc), head)
                 cursor = end
         if buf is self._staging:
-            _pwrite_all(commitlog.active_fd, buf[:need], offset)
+            pwrite_all(commitlog.active_fd, buf[:need], offset)
         commitlog.write_position = position + need
         if position + need - commitlog.writeback_position >= WRITEBACK_BYTES:
             found = commitlog.writeback_range()
