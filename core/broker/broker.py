@@ -219,6 +219,7 @@ class Broker:
         self.dead_letter_hook: DeadLetterHook | None = None
         self.metrics: dict[str, int] = {"retried": 0, "dead_lettered": 0, "dropped": 0}
         self.route_hooks: list[RouteHook] = []
+        self._hook_filters: dict[RouteHook, Callable[[str], bool]] = {}
         self._load_bindings_and_queues()
         store.index_listeners.append(self._on_index)
         store.retention_guards.append(self._segment_is_owed)
@@ -405,13 +406,29 @@ class Broker:
             frontier = next_frontier
         return found
 
-    def add_route_hook(self, hook: RouteHook) -> None:
-        """Every publish (any protocol, plain or Kafka batch) also goes to what ``hook`` returns."""
+    def add_route_hook(
+        self, hook: RouteHook, *, may_route: Callable[[str], bool] | None = None
+    ) -> None:
+        """Every publish (any protocol, plain or Kafka batch) also goes to what ``hook`` returns.
+        ``may_route(topic)`` False promises that ``hook`` returns nothing for any record of
+        ``topic`` right now: a Kafka batch to such a topic is then stored without decoding its
+        records to route each one (most of a produce's cost otherwise)."""
         self.route_hooks.append(hook)
+        if may_route is not None:
+            self._hook_filters[hook] = may_route
 
     def remove_route_hook(self, hook: RouteHook) -> None:
         if hook in self.route_hooks:
             self.route_hooks.remove(hook)
+        self._hook_filters.pop(hook, None)
+
+    def _hooks_may_route(self, topic: str) -> bool:
+        filters = self._hook_filters
+        for hook in self.route_hooks:
+            may_route = filters.get(hook)
+            if may_route is None or may_route(topic):
+                return True
+        return False
 
     def _hooked(
         self, topic: str, subject: str, key: bytes | None, protocol: int, address: str
@@ -809,7 +826,7 @@ class Broker:
         record, the ``x-braid-batch-select`` header saying which records each one takes. The
         batch is decoded only when the topic has bindings or route hooks; it is stored once."""
         own = (topic, queue)
-        if not self.route_hooks and not self.bindings.has_source(topic):
+        if not self.bindings.has_source(topic) and not self._hooks_may_route(topic):
             return [own], []
         if batch_is_control(batch):
             return [own], []

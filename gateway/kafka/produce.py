@@ -22,11 +22,12 @@ fsync is shared by every batch in it and by every other request appended meanwhi
 from __future__ import annotations
 
 import logging
+import re
 from typing import Any, Final
 
 from kio.schema.errors import ErrorCode
 
-from core.broker.broker import may_carry_braid_headers
+from core.broker.broker import BRAID_HEADER_PREFIX, may_carry_braid_headers
 from core.broker.topics import TopicError
 from core.log.batches import unpack_batch
 from core.log.names import is_system_topic
@@ -124,12 +125,13 @@ async def _store_batch(
     client: str,
 ) -> tuple[ErrorCode, int, int]:
     """Validate, deduplicate and append one partition's batch: (error, base offset, end)."""
-    view, header = validate_produce_records(records, version)
-    # One copy out of the request buffer: the header searches below (delay, tags) then read
-    # these bytes in place instead of each copying the memoryview (it was 19% of the broker's
-    # CPU producing 100-byte records), and the log copies them into the segment once more.
-    batch = view.tobytes() if header.compression == 0 else view
-    braid_headers = header.compression == 0 and may_carry_braid_headers(batch)
+    batch, header = validate_produce_records(records, version)
+    # No copy out of the request buffer: the header hint below searches the view in place, and
+    # the log writes the batch to the segment file straight from it (CommitLog.append_parts).
+    # One search for either header family first: most batches carry neither, and two
+    # searches of a 1 MB batch cost as much as storing it.
+    hinted = header.compression == 0 and _HEADER_HINT.search(batch) is not None
+    braid_headers = hinted and may_carry_braid_headers(batch)
     metrics = context.metrics
     producer_id = header.producer_id
     last = -1
@@ -164,7 +166,7 @@ async def _store_batch(
         )
         base_offset = NO_OFFSET
     else:
-        deliver_at = delivery_time(batch, braid_headers) if header.compression == 0 else 0
+        deliver_at = delivery_time(batch, braid_headers) if hinted else 0
         result = await context.broker.publish_batch(
             topic,
             partition,
@@ -195,6 +197,9 @@ async def _store_batch(
 
 _DELIVER_AT_BYTES = DELIVER_AT_HEADER.encode()
 _DELAY_BYTES = DELAY_HEADER.encode()
+# Any x-braid-* header (tags, transactions, x-braid-deliver-at) or x-delay: the regex engine
+# scans for both at once, 2-3x faster than two ``in`` searches (CPython's two-way search).
+_HEADER_HINT = re.compile(re.escape(BRAID_HEADER_PREFIX) + b"|" + re.escape(_DELAY_BYTES))
 
 
 def delivery_time(batch: bytes | memoryview, braid_headers: bool = True) -> int:

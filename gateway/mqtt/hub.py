@@ -275,7 +275,7 @@ class MqttHub:
         self.amqp_exchange = options.amqp_exchange or broker.config.mqtt_exchange
         broker.store.index_listeners.append(self._on_index)
         broker.store.retention_guards.append(self._segment_is_owed)
-        broker.add_route_hook(self._route_hook)
+        broker.add_route_hook(self._route_hook, may_route=self._may_route)
         self._load()
 
     def close(self) -> None:
@@ -633,6 +633,10 @@ class MqttHub:
             session.offer(message, qos, True, ids, None)  # RETAIN 1 [MQTT-3.3.1-9]
 
     # -- routing of every protocol's publishes to MQTT subscriptions ----------------------
+
+    def _may_route(self, topic: str) -> bool:
+        """Whether :meth:`_route_hook` can return anything for a record of ``topic``."""
+        return topic[:2] != "__" and (self.global_bindings > 0 or bool(self.amqp_exchange))
 
     def _route_hook(
         self, topic: str, subject: str, key: bytes | None, protocol: int, address: str
