@@ -244,6 +244,14 @@ class Result:
         return None if self.client_cpu is None else 100 * self.client_cpu / self.wall
 
 
+def alternating(running: list[Broker], rounds: int) -> Iterator[tuple[int, Broker]]:
+    """``(round number, broker)`` for ``rounds`` rounds, the brokers' order flipped every round
+    (the first broker of a round is the last of the next), so drift hits each alike."""
+    for round_number in range(rounds):
+        for broker in running if round_number % 2 == 0 else reversed(running):
+            yield round_number, broker
+
+
 def create_topic(broker: Broker, topic: str) -> None:
     admin = AdminClient({"bootstrap.servers": broker.bootstrap})
     for future in admin.create_topics([NewTopic(topic, 1, 1)]).values():
@@ -555,53 +563,49 @@ def main(argv: list[str]) -> int:
             batch_records: dict[int, float] = {}
             for size in SIZES:
                 records = options.records[size]
-                for round_number in range(options.rounds):
-                    order = running if round_number % 2 == 0 else list(reversed(running))
-                    for broker in order:
-                        topic = f"bench-{size}-{round_number}-{broker.name.lower()}"
-                        create_topic(broker, topic)
-                        before = braid.counters() if broker is braid else {}
-                        produced = produce(broker, topic, records, size)
-                        if broker is braid:
-                            after = braid.counters()
-                            batches = after["produced_batches"] - before["produced_batches"]
-                            batch_records[size] = (
-                                after["produced_records"] - before["produced_records"]
-                            ) / max(batches, 1)
-                        consumed = consume(broker, topic, records, size)
-                        for kind, result in (("produce", produced), ("consume", consumed)):
-                            key = (broker.name, kind, size)
-                            if key not in best or result.per_second > best[key].per_second:
-                                best[key] = result
-                        print(
-                            f"{broker.name:8} {size:5} B round {round_number + 1}: produce "
-                            f"{produced.per_second:>10,.0f}/s, consume "
-                            f"{consumed.per_second:>10,.0f}/s",
-                            file=sys.stderr,
-                        )
+                for round_number, broker in alternating(running, options.rounds):
+                    topic = f"bench-{size}-{round_number}-{broker.name.lower()}"
+                    create_topic(broker, topic)
+                    before = braid.counters() if broker is braid else {}
+                    produced = produce(broker, topic, records, size)
+                    if broker is braid:
+                        after = braid.counters()
+                        batches = after["produced_batches"] - before["produced_batches"]
+                        batch_records[size] = (
+                            after["produced_records"] - before["produced_records"]
+                        ) / max(batches, 1)
+                    consumed = consume(broker, topic, records, size)
+                    for kind, result in (("produce", produced), ("consume", consumed)):
+                        key = (broker.name, kind, size)
+                        if key not in best or result.per_second > best[key].per_second:
+                            best[key] = result
+                    print(
+                        f"{broker.name:8} {size:5} B round {round_number + 1}: produce "
+                        f"{produced.per_second:>10,.0f}/s, consume "
+                        f"{consumed.per_second:>10,.0f}/s",
+                        file=sys.stderr,
+                    )
                 # The lean producer, batches as large as BraidMQ got from librdkafka above.
                 per_batch = round(batch_records[size])
-                for round_number in range(options.rounds):
-                    order = running if round_number % 2 == 0 else list(reversed(running))
-                    for broker in order:
-                        topic = f"lean-{size}-{round_number}-{broker.name.lower()}"
-                        create_topic(broker, topic)
-                        before = braid.counters() if broker is braid else {}
-                        produced = lean_produce(broker, topic, records, size, per_batch)
-                        if broker is braid:
-                            check_lean_counters(before, braid.counters(), records, per_batch)
-                            # Every record is there (raises if not).
-                            consume(broker, topic, records, size, warmup=0)
-                        key = (broker.name, "lean", size)
-                        if key not in best or produced.per_second > best[key].per_second:
-                            best[key] = produced
-                        print(
-                            f"{broker.name:8} {size:5} B round {round_number + 1}: lean produce "
-                            f"{produced.per_second:>10,.0f}/s ({per_batch} per batch), broker "
-                            f"CPU {produced.cpu_percent:.0f}%, client CPU "
-                            f"{produced.client_cpu_percent or 0:.0f}%",
-                            file=sys.stderr,
-                        )
+                for round_number, broker in alternating(running, options.rounds):
+                    topic = f"lean-{size}-{round_number}-{broker.name.lower()}"
+                    create_topic(broker, topic)
+                    before = braid.counters() if broker is braid else {}
+                    produced = lean_produce(broker, topic, records, size, per_batch)
+                    if broker is braid:
+                        check_lean_counters(before, braid.counters(), records, per_batch)
+                        # Every record is there (raises if not).
+                        consume(broker, topic, records, size, warmup=0)
+                    key = (broker.name, "lean", size)
+                    if key not in best or produced.per_second > best[key].per_second:
+                        best[key] = produced
+                    print(
+                        f"{broker.name:8} {size:5} B round {round_number + 1}: lean produce "
+                        f"{produced.per_second:>10,.0f}/s ({per_batch} per batch), broker "
+                        f"CPU {produced.cpu_percent:.0f}%, client CPU "
+                        f"{produced.client_cpu_percent or 0:.0f}%",
+                        file=sys.stderr,
+                    )
             latencies = {}
             for broker in running:
                 topic = f"latency-{broker.name.lower()}"

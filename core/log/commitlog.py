@@ -121,11 +121,7 @@ class CommitLog:
         if size >= PWRITE_BYTES and self.activate(size):
             position = self.write_position
             pwrite_all(self.active_fd, frame, position - self.active_base)
-            self.write_position = position + size
-            if position + size - self.writeback_position >= WRITEBACK_BYTES:
-                found = self.writeback_range()
-                if found is not None:
-                    start_writeback(*found)
+            self._written_to_file(position + size)
             return position
         position = self.write_position
         number, offset = divmod(position, self.segment_size)
@@ -155,12 +151,17 @@ class CommitLog:
         written = os.pwritev(self.active_fd, (head, body), offset)
         if written < size:  # a short write: the rest with pwrite
             pwrite_all(self.active_fd, (head + body)[written:], offset + written)
-        self.write_position = position + size
-        if position + size - self.writeback_position >= WRITEBACK_BYTES:
+        self._written_to_file(position + size)
+        return position
+
+    def _written_to_file(self, end: int) -> None:
+        """Advance to ``end`` after a pwrite, starting writeback every WRITEBACK_BYTES (as
+        append_many does; see core.log.segment.start_writeback)."""
+        self.write_position = end
+        if end - self.writeback_position >= WRITEBACK_BYTES:
             found = self.writeback_range()
             if found is not None:
                 start_writeback(*found)
-        return position
 
     def writable_buffer(self, number: int) -> memoryview:
         """The mapping of segment ``number`` (created if new), for a writer that encodes a frame

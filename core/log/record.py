@@ -46,9 +46,12 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Iterable, Sequence
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple, Required, TypedDict
 
 from crc32c import crc32c
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 RECORD_MAGIC = 0xB4A1D001
 # Closes a segment whose remaining space cannot hold the next record (RocketMQ's BLANK_MAGIC_CODE):
@@ -188,45 +191,30 @@ def decode_link_body(body: bytes | memoryview) -> list[tuple[int, int]]:
     return [(int(p), int(s)) for p, s in _LINK_BODY.iter_unpack(body)]
 
 
+class FrameFields(TypedDict, total=False):
+    """The keyword fields of :func:`encode_record_parts` (and :func:`encode_record`)."""
+
+    store_ms: Required[int]
+    key: bytes | None
+    headers: bytes
+    tags: bytes
+    subject: bytes
+    client: bytes
+    address: bytes
+    destinations: bytes
+    flags: int
+    protocol: int
+    born_ms: int
+    deliver_at_ms: int
+    record_count: int
+
+
 def encode_record(
-    topic: bytes,
-    queue: int,
-    body: bytes | memoryview | None,
-    *,
-    store_ms: int,
-    key: bytes | None = b"",
-    headers: bytes = b"",
-    tags: bytes = b"",
-    subject: bytes = b"",
-    client: bytes = b"",
-    address: bytes = b"",
-    destinations: bytes = b"",
-    flags: int = 0,
-    protocol: int = PROTOCOL_INTERNAL,
-    born_ms: int = 0,
-    deliver_at_ms: int = 0,
-    record_count: int = 1,
+    topic: bytes, queue: int, body: bytes | memoryview | None, **fields: Unpack[FrameFields]
 ) -> bytes:
     """Encode one frame. Variable fields arrive already encoded (see ``encode_*``) so callers
     that publish the same headers repeatedly encode them once."""
-    head, body_bytes = encode_record_parts(
-        topic,
-        queue,
-        body,
-        store_ms=store_ms,
-        key=key,
-        headers=headers,
-        tags=tags,
-        subject=subject,
-        client=client,
-        address=address,
-        destinations=destinations,
-        flags=flags,
-        protocol=protocol,
-        born_ms=born_ms,
-        deliver_at_ms=deliver_at_ms,
-        record_count=record_count,
-    )
+    head, body_bytes = encode_record_parts(topic, queue, body, **fields)
     return head + body_bytes if body_bytes else head
 
 

@@ -512,17 +512,7 @@ class LogStore(LogReader):
             body,
         )
         commitlog.write_position = position + total
-        # ConsumeQueue.append, inlined as in append().
-        index = writer.index
-        at = index.tail_at
-        if at < index.tail_end:
-            first = index.next_offset
-            ENTRY.pack_into(index.tail_buf, at, position, total, 1, 0, store_ms, first)
-            index.tail_at = at + ENTRY_SIZE
-            index.next_entry += 1
-            index.next_offset = first + 1
-        else:
-            first = index.append(position, total, 1, 0, store_ms)
+        first = writer.index.append(position, total, 1, 0, store_ms)
         metrics = self.metrics
         metrics["appends"] += 1
         metrics["appended_bytes"] += total
@@ -908,54 +898,21 @@ class LogStore(LogReader):
         commitlog = self.commitlog
         position = commitlog.write_position
         room = commitlog.active_end - (position - commitlog.active_base) - size
+        fields = (size, rec.RECORD_MAGIC, crc, head_bytes, key, headers, tag_bytes, client, dests)
         if room >= rec.PREFIX.size or room == 0 or commitlog.activate(size):
             buf = commitlog.active_buf
             assert buf is not None
-            frame_struct.pack_into(
-                buf,
-                position - commitlog.active_base,
-                size,
-                rec.RECORD_MAGIC,
-                crc,
-                head_bytes,
-                key,
-                headers,
-                tag_bytes,
-                client,
-                dests,
-                body,
-            )
+            frame_struct.pack_into(buf, position - commitlog.active_base, *fields, body)
             commitlog.write_position = position + size
         else:  # the frame rolls the segment: append() writes the BLANK and rolls
-            frame = frame_struct.pack(
-                size,
-                rec.RECORD_MAGIC,
-                crc,
-                head_bytes,
-                key,
-                headers,
-                tag_bytes,
-                client,
-                dests,
-                body,
-            )
-            position = commitlog.append(frame)
+            position = commitlog.append(frame_struct.pack(*fields, body))
         metrics = self.metrics
         metrics["appends"] += 1
         metrics["appended_bytes"] += size
         listeners = self.index_listeners
         queues = self._queues
         own = queues.get((_TRANSACTIONS_TOPIC, 0)) or self._queue_for_write(_TRANSACTIONS_TOPIC, 0)
-        # ConsumeQueue.append, inlined as in append() (here and below).
-        at = own.tail_at
-        if at < own.tail_end:
-            first = own.next_offset
-            ENTRY.pack_into(own.tail_buf, at, position, size, 1, own_mask, store_ms, first)
-            own.tail_at = at + ENTRY_SIZE
-            own.next_entry += 1
-            own.next_offset = first + 1
-        else:
-            first = own.append(position, size, 1, own_mask, store_ms)
+        first = own.append(position, size, 1, own_mask, store_ms)
         offsets = [(_TRANSACTIONS_TOPIC, 0, first)]
         for listener in listeners:
             listener(_TRANSACTIONS_TOPIC, 0, first)
@@ -969,27 +926,9 @@ class LogStore(LogReader):
         for (target_position, target_size), known in zip(targets, known_targets, strict=True):
             for topic_name, queue in destinations or known.destinations:
                 index = queues.get((topic_name, queue)) or self._queue_for_write(topic_name, queue)
-                count = known.record_count
-                at = index.tail_at
-                if at < index.tail_end:
-                    offset = index.next_offset
-                    ENTRY.pack_into(
-                        index.tail_buf,
-                        at,
-                        target_position,
-                        target_size,
-                        count,
-                        known.tag_mask,
-                        store_ms,
-                        offset,
-                    )
-                    index.tail_at = at + ENTRY_SIZE
-                    index.next_entry += 1
-                    index.next_offset = offset + count
-                else:
-                    offset = index.append(
-                        target_position, target_size, count, known.tag_mask, store_ms
-                    )
+                offset = index.append(
+                    target_position, target_size, known.record_count, known.tag_mask, store_ms
+                )
                 offsets.append((topic_name, queue, offset))
                 for listener in listeners:
                     listener(topic_name, queue, offset)

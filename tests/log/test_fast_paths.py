@@ -35,8 +35,9 @@ def _flip_byte(data_dir: Path, position: int, segment_size: int = SMALL_SEGMENT)
         os.close(fd)
 
 
-def _general_frame(store: LogStore, position: int) -> bytes:
-    """The frame at ``position`` encoded again by the general encoder, from its decoded fields."""
+def _reencoded(store: LogStore, position: int) -> bytes:
+    """The frame at ``position`` encoded again by the general encoder from its decoded fields
+    (every field a half or a decision LINK may carry)."""
     record = store.read_at(position)
     return rec.encode_record(
         record.topic.encode(),
@@ -44,6 +45,11 @@ def _general_frame(store: LogStore, position: int) -> bytes:
         record.body,
         store_ms=record.store_ms,
         key=record.key,
+        headers=rec.encode_headers(record.headers),
+        tags=rec.encode_tags(record.tags),
+        client=record.client.encode(),
+        destinations=rec.encode_destinations(record.destinations),
+        flags=record.flags,
         protocol=record.protocol,
         born_ms=record.born_ms,
     )
@@ -97,7 +103,7 @@ def test_in_place_frames_equal_the_general_encoder(tmp_path_factory, calls):
     assert store.verify() == []
     for position in positions:
         buf, start, size = store.commitlog.read_frame(position)
-        assert bytes(buf[start : start + size]) == _general_frame(store, position)
+        assert bytes(buf[start : start + size]) == _reencoded(store, position)
     for queue, bodies in expected.items():
         got = store.read("f", queue, 0, max_records=100_000)
         assert [bytes(r.body) for r in got] == bodies
@@ -287,7 +293,7 @@ def test_memoryview_and_bytearray_bodies_take_the_copying_path(store: LogStore):
     assert store.verify() == []
     for appended in (many, *single, uniform):
         buf, start, size = store.commitlog.read_frame(appended.position)
-        assert bytes(buf[start : start + size]) == _general_frame(store, appended.position)
+        assert bytes(buf[start : start + size]) == _reencoded(store, appended.position)
 
 
 def test_disk_use_follows_the_data_not_the_segment_size(tmp_path: Path):
@@ -308,26 +314,6 @@ def _queue_entries(store: LogReader, topic: str, queue: int) -> list[tuple[int, 
     if index is None:
         return []
     return [tuple(entry) for entry in index.raw_entries(0, index.next_entry)]
-
-
-def _reencoded(store: LogStore, position: int) -> bytes:
-    """The frame at ``position`` encoded again by the general encoder from its decoded fields
-    (every field a half or a decision LINK may carry)."""
-    record = store.read_at(position)
-    return rec.encode_record(
-        record.topic.encode(),
-        record.queue,
-        record.body,
-        store_ms=record.store_ms,
-        key=record.key,
-        headers=rec.encode_headers(record.headers),
-        tags=rec.encode_tags(record.tags),
-        client=record.client.encode(),
-        destinations=rec.encode_destinations(record.destinations),
-        flags=record.flags,
-        protocol=record.protocol,
-        born_ms=record.born_ms,
-    )
 
 
 @settings(
