@@ -122,7 +122,7 @@ def _frame_struct(
 def _decision_head(
     layout: tuple[int, int, int, int, int, int, int],
 ) -> tuple[tuple[int, int, int, int, int, int, int], bytes, int, struct.Struct]:
-    """The head of a decision LINK frame (see LogStore._append_decision) for ``layout``:
+    """The head of a decision LINK frame (see LogStore.append_decision) for ``layout``:
     (store_ms, then the lengths of key, headers, tags, client, destinations and body), its
     CRC32C, and the Struct packing the whole frame."""
     store_ms, key_len, headers_len, tags_len, client_len, dests_len, body_len = layout
@@ -282,7 +282,7 @@ class LogStore(LogReader):
         # Decision LINK tags -> (encoded, index mask): a commit's tags never change.
         self._decision_tags: dict[Sequence[str], tuple[bytes, int]] = {}
         self._writers: dict[tuple[str, int], _QueueWriter] = {}
-        # The last decision LINK head (see _append_decision).
+        # The last decision LINK head (see append_decision).
         self._decision_head: tuple[tuple[int, ...], bytes, int, struct.Struct] | None = None
         self._half_writers: dict[tuple[str, int], _QueueWriter] = {}
         self._staging = memoryview(bytearray())  # see _append_many_in_place
@@ -810,7 +810,7 @@ class LogStore(LogReader):
             )
         if known_targets is not None and len(known_targets) != len(targets):
             raise ValueError("known_targets must describe every target")
-        return self._append_decision(targets, destinations, decision, known_targets)
+        return self.append_decision(targets, decision, known_targets, destinations)
 
     def _append_link_known(
         self,
@@ -847,14 +847,18 @@ class LogStore(LogReader):
         self.metrics["index_entries"] += len(offsets)
         return Appended(position, position + size, offsets)
 
-    def _append_decision(
+    def append_decision(
         self,
         targets: Sequence[tuple[int, int]],
-        destinations: Sequence[tuple[str, int]] | None,
         decision: LinkDecision,
         known_targets: Sequence[TargetIndex] | None = None,
+        destinations: Sequence[tuple[str, int]] | None = None,
     ) -> Appended:
-        """Append a decision LINK and index it without parsing back the frame just encoded
+        """``link_frames(targets, destinations, decision=decision, known_targets=...)`` without
+        its argument checks (``known_targets``, when given, describes every target): a
+        transaction's commit, as hot as a publish.
+
+        Appends a decision LINK and indexes it without parsing back the frame just encoded
         (the general path re-reads it: about a third of a transaction's commit cost). The index
         entries are the ones :meth:`_dispatch_link` writes when recovery replays the frame.
 

@@ -159,7 +159,7 @@ class TransactionService:
             else sweep_interval_ms
         )
         self.clock: Clock = clock or LoopClock()
-        self.metrics: dict[str, int] = {
+        self._metrics: dict[str, int] = {
             "pending": 0,
             "committed": 0,
             "rolled_back": 0,
@@ -174,7 +174,9 @@ class TransactionService:
         # Open transactions that stored a half, oldest first half first: the resume mark and the
         # retention guard come from the head.
         self._stored: OrderedDict[str, Transaction] = OrderedDict()
-        self._recent: OrderedDict[str, str] = OrderedDict()
+        # Insertion-ordered; trimmed in bulk to the newest RECENT_OUTCOMES when it holds twice
+        # that (deleting its first key one at a time would rescan deleted slots each time).
+        self._recent: dict[str, str] = {}
         # The encoded half headers after the txn id, per (producer group, timeout).
         self._group_headers: dict[tuple[str, float | None], bytes] = {}
         self._plain_targets: dict[tuple[str, int], TargetIndex] = {}
@@ -192,6 +194,12 @@ class TransactionService:
         self.replay: Replay = self._recover()
         # Stays registered after aclose(): open halves are owed until decided, service or not.
         store.retention_guards.append(self.owes_segment)
+
+    @property
+    def metrics(self) -> dict[str, int]:
+        """Counters (``pending``: open transactions now, filled in when read)."""
+        self._metrics["pending"] = len(self._open)
+        return self._metrics
 
     # -- restart ---------------------------------------------------------------------------
 
@@ -213,12 +221,11 @@ class TransactionService:
                 log.error("transaction %s: committed halves are unreadable: %r", op.txn_id, error)
                 continue
             self._append_commit(op.txn_id, op.producer_group, REASON_RECOVERED, halves)
-            self.metrics["relinked"] += 1
+            self._metrics["relinked"] += 1
             log.warning("transaction %s: commit LINK was missing after restart; linked", op.txn_id)
         if result.unlinked:
             self.store.flush()
-        self.metrics["recovered_pending"] = len(result.open)
-        self.metrics["pending"] = len(self._open)
+        self._metrics["recovered_pending"] = len(result.open)
         if result.open or result.unlinked:
             log.info(
                 "transactions: %d pending again, %d commits relinked (replayed %d halves, %d ops)",
@@ -294,7 +301,6 @@ class TransactionService:
         opened[txn_id] = txn
         if txn_id in self._recent:
             del self._recent[txn_id]
-        self.metrics["pending"] = len(opened)
         if self._started:
             txn.deadline_ms = self.clock.now_ms() + (
                 self.check_timeout_ms if timeout_ms is None else timeout_ms
@@ -497,8 +503,7 @@ class TransactionService:
         del self._open[txn.txn_id]
         self._stored.pop(txn.txn_id, None)
         self._remember(txn.txn_id, txn.state)
-        self.metrics["committed" if outcome == COMMIT else "rolled_back"] += 1
-        self.metrics["pending"] = len(self._open)
+        self._metrics["committed" if outcome == COMMIT else "rolled_back"] += 1
         if not txn.halves:
             return None
         # The mark no longer counts this transaction, yet replay still reads this record (it is
@@ -526,11 +531,11 @@ class TransactionService:
     def _remember(self, txn_id: str, state: str) -> None:
         recent = self._recent
         if txn_id in recent:
-            recent.move_to_end(txn_id)
+            del recent[txn_id]  # inserted again below: the newest
         recent[txn_id] = state
-        if len(recent) > RECENT_OUTCOMES:
-            # An OrderedDict: a plain dict's first key costs a scan past every deleted slot.
-            recent.popitem(last=False)
+        if len(recent) > 2 * RECENT_OUTCOMES:
+            newest = list(recent.items())[-RECENT_OUTCOMES:]
+            self._recent = dict(newest)
 
     # -- op records ------------------------------------------------------------------------
 
@@ -590,19 +595,13 @@ class TransactionService:
             mark = (oldest.first_half_offset, oldest.first_op_offset)
         else:
             mark = self._mark_offsets()
-        return self.store.link_frames(
-            halves,
-            decision=_new_tuple(
-                LinkDecision,
-                (
-                    txn_id.encode(),
-                    producer_group,
-                    _COMMIT_TAGS,
-                    encode_op_headers(mark, reason, None),
-                ),
-            ),
-            known_targets=half_index,
+        decision = (
+            txn_id.encode(),
+            producer_group,
+            _COMMIT_TAGS,
+            encode_op_headers(mark, reason, None),
         )
+        return self.store.append_decision(halves, _new_tuple(LinkDecision, decision), half_index)
 
     # -- timers and check-back -------------------------------------------------------------
 
@@ -649,7 +648,7 @@ class TransactionService:
             )
             return
         txn.checks += 1
-        self.metrics["checks"] += 1
+        self._metrics["checks"] += 1
         # The count is durable before the producer is asked: the bound holds across crashes.
         op = self._append_op(
             OP_CHECK, txn.txn_id, txn.producer_group, None, txn.checks, b"", self._mark()
@@ -665,7 +664,7 @@ class TransactionService:
             if end is not None:
                 await self.store.wait_durable(end)
             return
-        self.metrics["checks_unknown"] += 1
+        self._metrics["checks_unknown"] += 1
         if txn.checks >= self.max_checks:
             await self._apply_default(txn, REASON_MAX_CHECKS)
             return
@@ -681,14 +680,14 @@ class TransactionService:
         except asyncio.CancelledError:
             raise
         except Exception as error:  # the producer failed to answer: as good as "unknown"
-            self.metrics["checks_failed"] += 1
+            self._metrics["checks_failed"] += 1
             log.info("transaction %s: check-back failed: %r", txn.txn_id, error)
             return UNKNOWN
         normalized = str(answer).lower()
         return normalized if normalized in (COMMIT, ROLLBACK) else UNKNOWN
 
     async def _apply_default(self, txn: Transaction, reason: str) -> None:
-        self.metrics["default_outcomes"] += 1
+        self._metrics["default_outcomes"] += 1
         log.info("transaction %s: %s after %s", txn.txn_id, self.default_outcome, reason)
         end = self._decide_now(txn, self.default_outcome, reason)
         if end is not None:

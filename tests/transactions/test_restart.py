@@ -133,7 +133,7 @@ async def test_commit_that_never_reached_the_log_leaves_the_transaction_open(
     def die(*args: object, **kwargs: object) -> None:
         raise SimulatedCrash
 
-    monkeypatch.setattr(store, "link_frames", die)
+    monkeypatch.setattr(store, "append_decision", die)
     with pytest.raises(SimulatedCrash):
         await service.commit(txn)
     crash(store)
@@ -202,7 +202,7 @@ async def test_crash_while_recovery_links_again_still_links_once(
     # Restart dies too, before its commit frame.
     store = LogStore(small_config(harness.data_dir))
     with monkeypatch.context() as patch:
-        patch.setattr(store, "link_frames", die)
+        patch.setattr(store, "append_decision", die)
         with pytest.raises(SimulatedCrash):
             TransactionService(store)
     crash(store)
