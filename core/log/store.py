@@ -206,16 +206,26 @@ class _QueueWriter:
         self.frame_head = struct.Struct(f"{rec.PREFIX.format}{self.head_end - rec.CRC_START}s")
         self.frame = self.frame_head
 
-    def refresh(self, store_ms: int, protocol: int, key_len: int, body_len: int) -> None:
-        """Make the head fit a frame of this millisecond and these lengths (no born_ms)."""
+    def refresh(
+        self,
+        store_ms: int,
+        born_ms: int,
+        protocol: int,
+        key_len: int,
+        body_len: int,
+        headers_len: int = -1,
+    ) -> None:
+        """Make the head fit a frame of this millisecond and these fields (LogStore.append
+        inlines this test for a plain record, its hottest path)."""
         if (
             store_ms != self.store_ms
             or body_len != self.body_len
             or key_len != self.key_len
-            or self.born_ms
+            or headers_len != self.headers_len
+            or born_ms != self.born_ms
             or protocol != self.protocol
         ):
-            self.set_head(store_ms, 0, protocol, key_len, body_len)
+            self.set_head(store_ms, born_ms, protocol, key_len, body_len, headers_len)
 
     def set_head(
         self,
@@ -481,15 +491,7 @@ class LogStore(LogReader):
         key_len = len(key)
         headers_len = len(headers)
         body_len = len(body)
-        if (
-            store_ms != writer.store_ms
-            or body_len != writer.body_len
-            or key_len != writer.key_len
-            or headers_len != writer.headers_len
-            or born_ms != writer.born_ms
-            or protocol != writer.protocol
-        ):
-            writer.set_head(store_ms, born_ms, protocol, key_len, body_len, headers_len)
+        writer.refresh(store_ms, born_ms, protocol, key_len, body_len, headers_len)
         total = writer.head_end + key_len + headers_len + body_len
         commitlog = self.commitlog
         position = commitlog.write_position
@@ -636,7 +638,7 @@ class LogStore(LogReader):
         if uniform:
             total = sizes[0]
             body_len = total - fixed
-            writer.refresh(store_ms, protocol, key_len, body_len)
+            writer.refresh(store_ms, 0, protocol, key_len, body_len)
             head = writer.head
             crc = crc32c(key, writer.crc) if key_len else writer.crc
             pack_frame = writer.frame.pack_into
@@ -656,7 +658,7 @@ class LogStore(LogReader):
                 if total != head_total:
                     head_total = total
                     body_len = total - fixed
-                    writer.refresh(store_ms, protocol, key_len, body_len)
+                    writer.refresh(store_ms, 0, protocol, key_len, body_len)
                     head = writer.head
                     crc = writer.crc
                     pack_frame = writer.frame.pack_into
