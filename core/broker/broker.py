@@ -562,6 +562,15 @@ class Broker:
         self._ack_states.delete(self._ack_state_key(destination))
         return removed
 
+    def discard_ack_queue(self, topic: str, queue: int = 0) -> AckQueue | None:
+        """:meth:`delete_ack_queue` for an ack queue that is not a topic of its own (an MQTT
+        session's or shared group's), its index deleted with it: nothing of it stays on disk,
+        and a queue declared again under that name starts empty at offset 0."""
+        removed = self.delete_ack_queue(topic, queue)
+        if removed is not None and topic not in self.topics:
+            self.store.drop_queues(topic)
+        return removed
+
     def _persist_ack_state(self, queue: AckQueue) -> None:
         """Append one queue's state now (not awaiting fsync: the record is in the shared page
         cache, which a process crash does not lose; the next group commit makes it durable)."""

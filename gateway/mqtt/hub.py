@@ -378,7 +378,7 @@ class MqttHub:
         for topic_filter in list(session.subscriptions):
             self.unsubscribe(session, topic_filter, persist=False)
         if session.queue_name is not None:
-            self.broker.delete_ack_queue(session.queue_name)
+            self.broker.discard_ack_queue(session.queue_name)
         if session.persistent:
             self.session_table.delete(session.client_id)
         if self.sessions.get(session.client_id) is session:
@@ -909,7 +909,7 @@ class MqttHub:
     def _drop_group(self, group: SharedGroup) -> None:
         self.groups.pop(group.name, None)
         global_specs = sum(1 for spec in group.plan if spec.source == GLOBAL_SOURCE)
-        if self.broker.delete_ack_queue(group.name) is not None:
+        if self.broker.discard_ack_queue(group.name) is not None:
             self.global_bindings -= global_specs
 
     # -- restart ---------------------------------------------------------------------------
@@ -928,7 +928,7 @@ class MqttHub:
             if topic.startswith((SESSION_QUEUE_PREFIX, GROUP_QUEUE_PREFIX)) and (
                 topic not in expected_queues
             ):
-                self.broker.delete_ack_queue(topic)
+                self.broker.discard_ack_queue(topic)
         expected: set[tuple[str, str, str, str]] = set()
         for session in self.sessions.values():
             if session.queue_name is not None:

@@ -15,8 +15,9 @@ from paho.mqtt.properties import Properties as PahoProperties
 
 from core.broker import Broker
 from core.delivery import Delivery
-from core.log import LogConfig, LogStore
+from core.log import LogConfig, LogStore, names
 from core.log import record as rec
+from gateway.mqtt.addresses import session_queue_name
 from gateway.mqtt.codec import (
     Connack,
     Connect,
@@ -115,11 +116,11 @@ class AsyncRaw:
         self.writer.close()
 
 
-def aio(server: MQTTServer, **kwargs: object) -> aiomqtt.Client:
+def aio(server: MQTTServer, identifier: str | None = None, **kwargs: object) -> aiomqtt.Client:
     return aiomqtt.Client(
         "127.0.0.1",
         port_of(server),
-        identifier=unique("aio"),
+        identifier=identifier or unique("aio"),
         protocol=aiomqtt.ProtocolVersion.V5,
         **kwargs,  # type: ignore[arg-type]
     )
@@ -323,3 +324,33 @@ async def test_kafka_record_batches_reach_clean_subscribers(
             (f"{topic}/dev/1", b"vdev.1"),
             (f"{topic}/dev/2", b"vdev.2"),
         ]
+
+
+async def test_an_ended_persistent_session_leaves_no_queue_on_disk(
+    broker: Broker, server: MQTTServer
+) -> None:
+    """A persistent session's queue, index included, goes when the session ends (here: the
+    client comes back with Clean Start); a new session under the same id starts empty."""
+    base = unique("gone")
+    client_id = unique("sess")
+    expiry = PahoProperties(PacketTypes.CONNECT)
+    expiry.SessionExpiryInterval = 600
+    queue_name = session_queue_name(client_id)
+    queue_dir = names.queue_dir(broker.store.data_dir, queue_name, 0)
+    async with aio(server, identifier=client_id, clean_start=False, properties=expiry) as sub:
+        await sub.subscribe(f"{base}/#", qos=1)
+        async with aio(server) as pub:
+            await pub.publish(f"{base}/a", b"kept", qos=1)
+        message = await first(sub)
+        assert message.payload == b"kept"
+    assert queue_dir.is_dir()  # the offline session keeps its queue
+    async with aio(server, identifier=client_id, clean_start=True, properties=expiry) as again:
+        assert not queue_dir.exists()  # the old session ended: its index went with it
+        await again.subscribe(f"{base}/#", qos=1)
+        async with aio(server) as pub:
+            await pub.publish(f"{base}/b", b"new", qos=1)
+        message = await first(again)
+        assert message.payload == b"new"
+    queue = broker.ack_queue(queue_name)
+    assert queue is not None
+    assert broker.store.queue_bounds(queue_name, 0) == (0, 1)  # the new queue starts at 0
