@@ -17,6 +17,7 @@ must not block. A failing collector is logged and counted, never fails the scrap
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import math
 import os
@@ -308,6 +309,12 @@ def process_collector() -> list[Family]:
             GAUGE,
             "Start time of the process since unix epoch in seconds.",
             _STARTED,
+        ),
+        Family(
+            "braid_gc_frozen_objects",
+            GAUGE,
+            "Objects loaded at start-up that the garbage collector's passes skip (gc.freeze).",
+            gc.get_freeze_count(),
         ),
     ]
     try:
