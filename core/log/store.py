@@ -147,19 +147,20 @@ def _decision_head(
         )
         + _TRANSACTIONS_TOPIC_BYTES
     )
-    lengths = layout[1:]
-    frame = _decision_structs.get(lengths)
+    # The fields after the head go in as one string (joined, then checksummed in one call).
+    rest_len = key_len + headers_len + tags_len + client_len + dests_len + body_len
+    frame = _decision_structs.get(rest_len)
     if frame is None:
         if len(_decision_structs) >= 4096:
             _decision_structs.clear()  # id and group lengths vary without bound
-        frame = _decision_structs[lengths] = struct.Struct(
-            f"{rec.PREFIX.format}{len(head)}s{key_len}s{headers_len}s{tags_len}s{client_len}s"
-            f"{dests_len}s{body_len}s"
+        frame = _decision_structs[rest_len] = struct.Struct(
+            f"{rec.PREFIX.format}{len(head)}s{rest_len}s"
         )
     return layout, head, crc32c(head), frame
 
 
-_decision_structs: dict[tuple[int, ...], struct.Struct] = {}
+# Decision frame Structs by the length of what follows the head (the head's length is fixed).
+_decision_structs: dict[int, struct.Struct] = {}
 
 
 class _QueueWriter:
@@ -895,23 +896,21 @@ class LogStore(LogReader):
             head = self._decision_head = _decision_head(layout)
         _, head_bytes, head_crc, frame_struct = head
         size = frame_struct.size
-        crc = crc32c(key, head_crc)
-        crc = crc32c(headers, crc)
-        crc = crc32c(tag_bytes, crc)
-        crc = crc32c(client, crc)
-        crc = crc32c(dests, crc)
-        crc = crc32c(body, crc)
+        rest = b"".join((key, headers, tag_bytes, client, dests, body))
+        crc = crc32c(rest, head_crc)
         commitlog = self.commitlog
         position = commitlog.write_position
         room = commitlog.active_end - (position - commitlog.active_base) - size
-        fields = (size, rec.RECORD_MAGIC, crc, head_bytes, key, headers, tag_bytes, client, dests)
         if room >= rec.PREFIX.size or room == 0 or commitlog.activate(size):
             buf = commitlog.active_buf
             assert buf is not None
-            frame_struct.pack_into(buf, position - commitlog.active_base, *fields, body)
+            frame_struct.pack_into(
+                buf, position - commitlog.active_base, size, rec.RECORD_MAGIC, crc, head_bytes, rest
+            )
             commitlog.write_position = position + size
         else:  # the frame rolls the segment: append() writes the BLANK and rolls
-            position = commitlog.append(frame_struct.pack(*fields, body))
+            frame = frame_struct.pack(size, rec.RECORD_MAGIC, crc, head_bytes, rest)
+            position = commitlog.append(frame)
         metrics = self.metrics
         metrics["appends"] += 1
         metrics["appended_bytes"] += size

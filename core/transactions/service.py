@@ -299,8 +299,8 @@ class TransactionService:
         txn = Transaction(txn_id, producer_group, timeout_ms)
         opened = self._open
         opened[txn_id] = txn
-        if txn_id in self._recent:
-            del self._recent[txn_id]
+        if transaction_id is not None and txn_id in self._recent:
+            del self._recent[txn_id]  # a front end's id used again: open, not decided
         if self._started:
             txn.deadline_ms = self.clock.now_ms() + (
                 self.check_timeout_ms if timeout_ms is None else timeout_ms
