@@ -73,6 +73,7 @@ from core.transactions.service import (
     DEFAULT_CHECK_CALL_TIMEOUT_MS,
     DEFAULT_CHECK_TIMEOUT_MS,
     DEFAULT_MAX_CHECKS,
+    RecordFields,
 )
 
 log = logging.getLogger(__name__)
@@ -691,21 +692,20 @@ class Broker:
         )
         if not outcome_ok:
             refused = [*refused, (topic, chosen)]  # the outcome was not applied: nack it
+        # The record's fields, whether it is stored as a half or as a plain record.
+        fields: RecordFields = {
+            "key": key,
+            "headers": headers,
+            "tags": tags,
+            "subject": subject,
+            "client": client,
+            "address": address,
+            "protocol": protocol,
+            "born_ms": born_ms,
+        }
         if mark is not None:
             appended = self.half_messages.add_half(
-                mark,
-                topic,
-                chosen,
-                body,
-                key=key,
-                headers=headers,
-                tags=tags,
-                subject=subject,
-                client=client,
-                address=address,
-                destinations=destinations,
-                protocol=protocol,
-                born_ms=born_ms,
+                mark, topic, chosen, body, destinations=destinations, **fields
             )
             await self._after_half(appended, topic, wait_durable)
             return PublishResult(appended, destinations, chosen, refused, half=True)
@@ -713,16 +713,9 @@ class Broker:
             topic,
             chosen,
             body,
-            key=key,
-            headers=headers,
-            tags=tags,
-            subject=subject,
-            client=client,
-            address=address,
             destinations=destinations if len(destinations) > 1 else None,
-            protocol=protocol,
-            born_ms=born_ms,
             deliver_at_ms=deliver_at_ms,
+            **fields,
         )
         await self._after_append(appended, destinations, topic, wait_durable)
         return PublishResult(appended, destinations, chosen, refused)

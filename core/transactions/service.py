@@ -77,8 +77,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-class HalfFields(TypedDict, total=False):
-    """The record fields :meth:`TransactionService.add_nowait` takes after the body."""
+class RecordFields(TypedDict, total=False):
+    """A published record's own fields, as ``LogStore.append`` and the half-message paths take
+    them after the body (``Broker.publish`` hands the same ones to either)."""
 
     key: bytes | None
     headers: rec.Headers
@@ -86,9 +87,14 @@ class HalfFields(TypedDict, total=False):
     subject: str
     client: str
     address: str
-    destinations: Sequence[tuple[str, int]] | None
     protocol: int
     born_ms: int
+
+
+class HalfFields(RecordFields, total=False):
+    """The record fields :meth:`TransactionService.add_nowait` takes after the body."""
+
+    destinations: Sequence[tuple[str, int]] | None
     flags: int
     record_count: int
 
