@@ -17,6 +17,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -147,3 +148,14 @@ class BraidProcess:
     def __exit__(self, *exc_info: Any) -> None:
         self.kill9() if exc_info[0] is not None else self.stop()
         self.kill9()
+
+
+def interop_braid(path: Path, config: str) -> Iterator[BraidProcess]:
+    """A module fixture's body: ``braid serve`` with AMQP, MQTT and Kafka listeners and
+    ``config`` as its ``--config`` file (written into ``path``)."""
+    config_file = path / "braid.toml"
+    config_file.write_text(config)
+    with BraidProcess(
+        path, listeners=("amqp", "mqtt", "kafka"), extra_args=("--config", str(config_file))
+    ) as process:
+        yield process

@@ -23,7 +23,7 @@ from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
-from tests.braid_process import BraidProcess
+from tests.braid_process import BraidProcess, interop_braid
 
 TIMEOUT = 30.0
 QUIET_S = 1.0  # a half stays invisible at least this long
@@ -38,13 +38,7 @@ txn_check_call_timeout_ms = 4000
 
 @pytest.fixture(scope="module")
 def braid(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BraidProcess]:
-    path: Path = tmp_path_factory.mktemp("braid-half")
-    config = path / "braid.toml"
-    config.write_text(CONFIG)
-    with BraidProcess(
-        path, listeners=("amqp", "mqtt", "kafka"), extra_args=("--config", str(config))
-    ) as process:
-        yield process
+    yield from interop_braid(tmp_path_factory.mktemp("braid-half"), CONFIG)
 
 
 def unique(prefix: str) -> str:

@@ -25,7 +25,7 @@ from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
-from tests.braid_process import BraidProcess
+from tests.braid_process import BraidProcess, interop_braid
 from tests.interop.test_features import TAGGED, publish_tagged_amqp_and_mqtt
 
 TIMEOUT = 30.0
@@ -45,13 +45,7 @@ CONFIG = f"""
 
 @pytest.fixture(scope="module")
 def braid(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BraidProcess]:
-    path: Path = tmp_path_factory.mktemp("braid-tag-filters")
-    config = path / "braid.toml"
-    config.write_text(CONFIG)
-    with BraidProcess(
-        path, listeners=("amqp", "mqtt", "kafka"), extra_args=("--config", str(config))
-    ) as process:
-        yield process
+    yield from interop_braid(tmp_path_factory.mktemp("braid-tag-filters"), CONFIG)
 
 
 def unique(prefix: str) -> str:
