@@ -299,6 +299,10 @@ class LogStore(LogReader):
         self._staging = memoryview(bytearray())  # see _append_many_in_place
         self.index_listeners: list[IndexListener] = []
         self.retention_guards: list[RetentionGuard] = []
+        # Called before each group commit picks the position it syncs to: appends a caller
+        # holds back until the end of a loop turn (coalesced transaction commits) get written
+        # first, so they share that fsync.
+        self.before_sync: list[Callable[[], None]] = []
         self.metrics: dict[str, int] = {
             "appends": 0,
             "appended_bytes": 0,
@@ -1090,10 +1094,23 @@ class LogStore(LogReader):
             self._group_commit_task = asyncio.get_running_loop().create_task(self._group_commit())
         await future
 
+    def add_durable_waiter(self, end: int, future: asyncio.Future[None]) -> None:
+        """Resolve ``future`` once everything before ``end`` is durable (what
+        :meth:`wait_durable` awaits, for a caller that hands one future to another task)."""
+        if self.commitlog.flushed_position >= end:
+            if not future.done():
+                future.set_result(None)
+            return
+        self._waiters.append((end, future))
+        if self._group_commit_task is None:
+            self._group_commit_task = asyncio.get_running_loop().create_task(self._group_commit())
+
     async def _group_commit(self) -> None:
         loop = asyncio.get_running_loop()
         try:
             while self._waiters:
+                for write_held_back in self.before_sync:
+                    write_held_back()
                 target = self.commitlog.write_position
                 await loop.run_in_executor(self._executor, self.commitlog.sync_to, target)
                 self.metrics["fsyncs"] += 1
@@ -1299,7 +1316,13 @@ class LogStore(LogReader):
         if self.closed:
             return
         self.closed = True
+        for write_held_back in self.before_sync:
+            write_held_back()
         self.flush()
+        while self._waiters:  # durable now (waiters of a group commit that never ran)
+            _, future = self._waiters.popleft()
+            if not future.done():
+                future.set_result(None)
         self.checkpoint()
         (self.data_dir / names.CLEAN_SHUTDOWN_FILE).touch()
         self._executor.shutdown(wait=True)

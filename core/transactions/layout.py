@@ -42,6 +42,12 @@ Logs written before that format hold, for a commit, a plain op record immediatel
 separate LINK with the same body. Replay still reads them: an op record with no LINK after it is
 committed again (as one frame) at restart.
 
+Commits of several transactions in one event-loop turn (many producers committing at once)
+share ONE such frame: its body names the halves of all of them, its key is empty, its client
+is empty, and header ``x-braid-txn-ids`` lists the transactions it decides (each id as ``u16
+length`` + UTF-8). One append, one index entry and one checksum then serve them all, and they
+become visible together. A frame deciding one transaction keeps the layout above.
+
 A ROLLBACK and a CHECK are plain op records.
 
 Resume mark: every op record names the offsets in ``__half/0`` and ``__transactions/0`` from
@@ -65,6 +71,7 @@ TIMEOUT_HEADER = "x-braid-txn-timeout-ms"
 RESUME_HEADER = "x-braid-txn-resume"
 REASON_HEADER = "x-braid-txn-reason"
 CHECKS_HEADER = "x-braid-txn-checks"
+TXN_IDS_HEADER = "x-braid-txn-ids"
 # Headers the broker adds to a half message; everything else is the producer's.
 HALF_HEADERS = frozenset((TXN_HEADER, PRODUCER_GROUP_HEADER, TIMEOUT_HEADER))
 
@@ -126,6 +133,7 @@ def _encoded_name(name: str) -> bytes:
 
 _TXN_NAME = _encoded_name(TXN_HEADER)
 _RESUME_NAME = _encoded_name(RESUME_HEADER)
+_TXN_IDS_NAME = _encoded_name(TXN_IDS_HEADER)
 
 
 def _encoded_value(value: bytes) -> bytes:
@@ -152,6 +160,27 @@ def encode_op_headers(mark: tuple[int, int], reason: str | None, checks: int | N
     if (reason is not None and reason != REASON_CLIENT) or checks is not None:
         encoded += rec.encode_headers(op_headers(ResumeMark(0, 0), reason, checks)[1:])
     return encoded
+
+
+def encode_txn_ids_header(txn_ids: list[bytes]) -> bytes:
+    """Header ``x-braid-txn-ids`` of a commit deciding several transactions, encoded (it
+    follows the op headers, see :func:`encode_op_headers`); ``txn_ids`` are UTF-8."""
+    value = b"".join([len(txn_id).to_bytes(2, "little") + txn_id for txn_id in txn_ids])
+    return _TXN_IDS_NAME + len(value).to_bytes(4, "little") + value
+
+
+def decode_txn_ids(value: bytes) -> tuple[str, ...]:
+    """The transaction ids of header ``x-braid-txn-ids``."""
+    ids: list[str] = []
+    at = 0
+    while at < len(value):
+        size = int.from_bytes(value[at : at + 2], "little")
+        at += 2
+        if at + size > len(value):
+            raise ValueError("x-braid-txn-ids is truncated")
+        ids.append(value[at : at + size].decode())
+        at += size
+    return tuple(ids)
 
 
 def half_info(headers: list[tuple[str, bytes]]) -> HalfInfo | None:
@@ -197,6 +226,8 @@ class Operation:
     reason: str | None
     checks: int
     body: bytes
+    # Every transaction the record decides: (txn_id,), or those of a commit of several.
+    txn_ids: tuple[str, ...] = ()
 
 
 def decode_operation(
@@ -215,6 +246,8 @@ def decode_operation(
     mark: ResumeMark | None = None
     reason: str | None = None
     checks = 0
+    txn_id = key.decode()
+    txn_ids: tuple[str, ...] = (txn_id,)
     for name, value in headers:
         if name == RESUME_HEADER:
             mark = ResumeMark.decode(value)
@@ -222,6 +255,17 @@ def decode_operation(
             reason = value.decode()
         elif name == CHECKS_HEADER:
             checks = int(value)
+        elif name == TXN_IDS_HEADER and kind == OP_COMMIT:
+            txn_ids = decode_txn_ids(value)
     return Operation(
-        position, position + size, kind, key.decode(), client, mark, reason, checks, body or b""
+        position,
+        position + size,
+        kind,
+        txn_id,
+        client,
+        mark,
+        reason,
+        checks,
+        body or b"",
+        txn_ids,
     )

@@ -6,7 +6,8 @@ Replay reads both queues from the resume mark of the last op record (see
 - a half with ``x-braid-txn`` opens its transaction (or adds to it; an id whose previous
   transaction was decided starts a new one, so ids may be reused once decided);
 - a ``check`` op raises the transaction's durable check count;
-- a ``commit`` or ``rollback`` op decides it.
+- a ``commit`` or ``rollback`` op decides it (a commit of several transactions decides each
+  one its ``x-braid-txn-ids`` header names).
 
 Transactions with halves and no decision are open again. A ``commit`` is normally one frame,
 a LINK indexed in ``__transactions/0`` (``FLAG_LINK_INDEXED``): the log's recovery keeps or drops
@@ -140,17 +141,18 @@ def replay(store: LogStore, mark: ResumeMark | None = None) -> Replay:
             continue
         if op.kind == OP_COMMIT and not record.flags & rec.FLAG_LINK:
             commits.append(op)  # the old two-frame commit: is its LINK there?
-        txn = current.get(op.txn_id)
-        if txn is None or txn.state != OPEN:
-            # Its halves are before the mark (or this repeats a decision): remember the outcome.
-            if op.kind != OP_CHECK:
-                result.decided[op.txn_id] = COMMITTED if op.kind == OP_COMMIT else ROLLED_BACK
-            continue
-        if op.kind == OP_CHECK:
-            txn.checks = max(txn.checks, op.checks)
-        elif op.kind in (OP_COMMIT, OP_ROLLBACK):
-            txn.state = COMMITTED if op.kind == OP_COMMIT else ROLLED_BACK
-            result.decided[op.txn_id] = txn.state
+        for txn_id in op.txn_ids:  # one, or every transaction of a coalesced commit
+            txn = current.get(txn_id)
+            if txn is None or txn.state != OPEN:
+                # Its halves are before the mark (or this repeats a decision): remember it.
+                if op.kind != OP_CHECK:
+                    result.decided[txn_id] = COMMITTED if op.kind == OP_COMMIT else ROLLED_BACK
+                continue
+            if op.kind == OP_CHECK:
+                txn.checks = max(txn.checks, op.checks)
+            elif op.kind in (OP_COMMIT, OP_ROLLBACK):
+                txn.state = COMMITTED if op.kind == OP_COMMIT else ROLLED_BACK
+                result.decided[txn_id] = txn.state
     result.open = [txn for txn in created if txn.state == OPEN]
     # A commit written again by an earlier restart repeats the body: the scan from the first op
     # with that body sees every LINK written for it since, so each is linked at most once.

@@ -21,6 +21,7 @@ from core.timers import (
 from core.timers.checkpoint import CHECKPOINT_FILE
 from core.timers.service import TIMERS_DIR
 
+from ..log_images import copy_image
 from .conftest import (
     FakeClock,
     assert_exactly_once,
@@ -190,21 +191,6 @@ async def test_crash_images_lose_nothing_and_fire_nothing_twice(tmp_path: Path):
     assert "checkpoint" in modes
     assert filtered > 0  # some images had fired timers still listed in the wheel
     assert len(images) >= 5
-
-
-def copy_image(source: Path, target: Path) -> None:
-    """Copy a directory a running store writes to (the event loop is blocked meanwhile; worker
-    threads may rename a checkpoint's temporary file away: it is not part of the image then)."""
-    for path in sorted(source.rglob("*")):
-        destination = target / path.relative_to(source)
-        if path.is_dir():
-            destination.mkdir(parents=True, exist_ok=True)
-            continue
-        destination.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            shutil.copyfile(path, destination)
-        except FileNotFoundError:
-            continue
 
 
 async def test_rebuild_without_a_usable_checkpoint(tmp_path: Path):
