@@ -8,6 +8,8 @@ from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from core.log import LogStore
 from core.log import record as rec
 from core.log.tags import TagFilter
@@ -154,3 +156,29 @@ async def test_one_way_commits_return_once_written(harness: Harness):
     # Appended (visible), even before any fsync.
     assert bodies(store, "orders") == [f"r{n}".encode() for n in range(5)]
     assert len(commit_frames(store)) == 1
+
+
+async def test_a_failed_commit_frame_fails_every_commit_in_it(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+):
+    store, service = harness.open()
+    txns = [service.begin("shop") for _ in range(3)]
+    for txn in txns:
+        await service.add(txn, "orders", 0, txn.encode())
+
+    def disk_full(*args: object, **kwargs: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(store, "append_decision", disk_full)
+    outcomes = await asyncio.gather(
+        service.commit(txns[0], durable=False),
+        service.commit(txns[1]),
+        service.commit(txns[2], durable=False),
+        return_exceptions=True,
+    )
+    assert [type(outcome) for outcome in outcomes] == [OSError] * 3
+    crash(store)
+    # Nothing was decided in the log: open again, invisible.
+    store, service = harness.open()
+    assert sorted(pending.txn_id for pending in service.pending()) == sorted(txns)
+    assert bodies(store, "orders") == []
