@@ -8,9 +8,9 @@ is shared: alternating spreads the noise over every phase):
 - ``plain``: ``store.append`` + ``await store.wait_durable`` per record (a durable publish);
 - ``oneway1``: RocketMQ's transactional producer, one record per transaction: ``begin``,
   ``await add`` (the half is acknowledged once durable, then the local transaction would run),
-  ``commit(durable=False)``: the EndTransaction is one-way, and a commit lost with an OS crash
-  is recovered by check-back. The commit shares the next group commit with other producers'
-  halves. One durable acknowledgement per record, as for ``plain``;
+  ``commit(durable=False)``: the EndTransaction is one-way (it returns at once), and a commit
+  lost with a crash is recovered by check-back. The commit shares the next group commit with
+  other producers' halves. One durable acknowledgement per record, as for ``plain``;
 - ``tx1``: AMQP ``tx`` (and a Kafka transaction's EndTxn): ``add_nowait``, then an awaited,
   durable ``commit``: the half and its commit share one fsync. One durable acknowledgement per
   record;
@@ -19,7 +19,8 @@ is shared: alternating spreads the noise over every phase):
   the same producers and fsync as the bottleneck it cannot exceed about 0.5 of ``plain``;
 - ``txn10``: ten ``await add``, one ``await commit``.
 
-A commit is one append (a LINK that is also the decision, see core.transactions.layout).
+A commit is one append (a LINK that is also the decision, see core.transactions.layout), and
+the commits of one event-loop turn share it.
 Figures: records per second (wall, summed over the rounds) and process CPU microseconds per
 record (the fsync thread included); ``ratio(phase)`` is the phase's rate over the plain rate.
 The issue's target (>= 0.5) is checked on the single-record flows with one durable

@@ -449,14 +449,17 @@ class TransactionService:
         """Make every half of ``txn_id`` visible at its destinations, atomically, and return
         once that is durable. Committing a committed transaction does nothing.
 
-        ``durable=False`` returns once the decision is appended (RocketMQ's one-way
-        EndTransaction): it survives a process crash (the segments are shared memory maps) but
-        an OS crash before the next fsync may lose it, and then the transaction is open again
-        after restart, to be checked back. Only for producer groups with a check-back.
-
         The commits of one event-loop turn are appended together, as one frame, when the turn
-        ends: with many producers the decision frame, its index entry and its checksum were a
-        third of a transaction's cost. The transaction is decided at once (``txn_state``)."""
+        ends (and before any fsync starts): with many producers the decision frame, its index
+        entry and its checksum were a third of a transaction's cost. The transaction is decided
+        at once (``txn_state``); a crash before its frame is appended leaves it open.
+
+        ``durable=False`` is RocketMQ's one-way EndTransaction: it returns at once, without
+        suspending, and the frame is appended when the turn ends (a failure to append it is
+        logged). Once appended it survives a process crash (the segments are shared memory
+        maps), but an OS crash before the next fsync may lose it. A transaction whose commit
+        was lost is open again after restart, to be checked back: only for producer groups
+        with a check-back."""
         txn = self._open.get(txn_id)
         if txn is None or not txn.halves:
             wait = self._decide(txn_id, COMMIT)
@@ -469,12 +472,16 @@ class TransactionService:
         if not unwritten:
             loop.call_soon(self._write_commits)
         unwritten[txn_id] = txn
+        self._unwritten_halves += len(txn.halves)
+        if not durable:
+            if self._unwritten_halves >= MAX_COALESCED_HALVES:
+                self._write_commits()
+            return
         future = loop.create_future()
-        if durable and (txn.sync or self._sync_decisions):
+        if txn.sync or self._sync_decisions:
             self._durable_waiters.append(future)
         else:
             self._written_waiters.append(future)
-        self._unwritten_halves += len(txn.halves)
         if self._unwritten_halves >= MAX_COALESCED_HALVES:
             self._write_commits()
         await future

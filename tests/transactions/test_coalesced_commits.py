@@ -147,19 +147,25 @@ async def test_recovered_and_new_transactions_commit_together(harness: Harness):
     assert [bytes(r.body) for r in tagged] == [b"old"]
 
 
-async def test_one_way_commits_return_once_written(harness: Harness):
+async def test_one_way_commits_return_at_once_and_are_written_when_the_turn_ends(
+    harness: Harness,
+):
     store, service = harness.open()
     txns = [service.begin("shop") for _ in range(5)]
     for n, txn in enumerate(txns):
         await service.add(txn, "orders", 0, f"r{n}".encode())
-    await asyncio.gather(*(service.commit(txn, durable=False) for txn in txns))
-    # Appended (visible), even before any fsync.
+    for txn in txns:
+        await service.commit(txn, durable=False)  # does not suspend: all in this turn
+    assert [service.txn_state(txn) for txn in txns] == [COMMITTED] * 5
+    assert bodies(store, "orders") == []
+    await asyncio.sleep(0)
+    # Appended (visible) as one frame, before any fsync.
     assert bodies(store, "orders") == [f"r{n}".encode() for n in range(5)]
     assert len(commit_frames(store)) == 1
 
 
 async def test_a_failed_commit_frame_fails_every_commit_in_it(
-    harness: Harness, monkeypatch: pytest.MonkeyPatch
+    harness: Harness, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ):
     store, service = harness.open()
     txns = [service.begin("shop") for _ in range(3)]
@@ -176,7 +182,9 @@ async def test_a_failed_commit_frame_fails_every_commit_in_it(
         service.commit(txns[2], durable=False),
         return_exceptions=True,
     )
-    assert [type(outcome) for outcome in outcomes] == [OSError] * 3
+    # The durable commit fails; the one-way ones returned at once (the failure is logged).
+    assert [type(outcome) for outcome in outcomes] == [type(None), OSError, type(None)]
+    assert "writing 3 commits failed" in caplog.text
     crash(store)
     # Nothing was decided in the log: open again, invisible.
     store, service = harness.open()
