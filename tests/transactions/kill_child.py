@@ -1,7 +1,8 @@
 """Child process of the SIGKILL test: runs transactions until killed.
 
 Usage: python kill_child.py DATA_DIR. Prints ``ready`` once open, then ``committed <id>`` after
-each commit returned (durable) and ``rolled <id>`` after each rollback returned. Every
+each commit returned (durable), ``oneway <id>`` after each one-way commit (``durable=False``)
+returned and ``rolled <id>`` after each rollback returned. Every
 transaction puts ``<id>:a`` into a/0 and ``<id>:b`` into b/0 and c/0.
 """
 
@@ -42,6 +43,9 @@ async def main(data_dir: str) -> None:
             if sequence % 5 == number % 5:
                 await service.rollback(txn)
                 out.write(f"rolled {txn}\n")
+            elif sequence % 5 == (number + 2) % 5:
+                await service.commit(txn, durable=False)
+                out.write(f"oneway {txn}\n")
             else:
                 await service.commit(txn)
                 out.write(f"committed {txn}\n")

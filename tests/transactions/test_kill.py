@@ -22,20 +22,19 @@ CHILD = Path(__file__).with_name("kill_child.py")
 KILLS = 4
 
 
-def run_until_killed(data_dir: Path, rng: random.Random) -> tuple[set[str], set[str]]:
+def run_until_killed(data_dir: Path, rng: random.Random) -> tuple[set[str], set[str], set[str]]:
     child = subprocess.Popen(
         [sys.executable, str(CHILD), str(data_dir)], stdout=subprocess.PIPE, text=True
     )
     assert child.stdout is not None
     assert child.stdout.readline() == "ready\n"
-    committed: set[str] = set()
-    rolled: set[str] = set()
+    said: dict[str, set[str]] = {"committed": set(), "oneway": set(), "rolled": set()}
 
     def read() -> None:
         assert child.stdout is not None
         for line in child.stdout:
             kind, _, txn = line.strip().partition(" ")
-            (committed if kind == "committed" else rolled).add(txn)
+            said[kind].add(txn)
 
     thread = threading.Thread(target=read, daemon=True)
     thread.start()
@@ -43,7 +42,7 @@ def run_until_killed(data_dir: Path, rng: random.Random) -> tuple[set[str], set[
     os.kill(child.pid, signal.SIGKILL)
     child.wait()
     thread.join(5)
-    return committed, rolled
+    return said["committed"], said["oneway"], said["rolled"]
 
 
 def visible(store: LogStore, topic: str) -> Counter[str]:
@@ -60,10 +59,12 @@ def test_sigkill_at_random_moments(tmp_path: Path):
     rng = random.Random(20261121)
     data_dir = tmp_path / "kill"
     all_committed: set[str] = set()
+    all_one_way: set[str] = set()
     all_rolled: set[str] = set()
     for _ in range(KILLS):
-        committed, rolled = run_until_killed(data_dir, rng)
+        committed, one_way, rolled = run_until_killed(data_dir, rng)
         all_committed |= committed
+        all_one_way |= one_way
         all_rolled |= rolled
         store = LogStore(config(str(data_dir)))
         service = TransactionService(store)
@@ -76,6 +77,9 @@ def test_sigkill_at_random_moments(tmp_path: Path):
         assert all_committed <= ids, "an acknowledged commit is not visible"
         assert not ids & all_rolled, "a rolled-back transaction is visible"
         assert not ids & pending, "a pending transaction is visible"
+        # A one-way commit lost with the process leaves its transaction open (check-back).
+        assert all_one_way <= ids | pending, "a one-way commit is neither visible nor pending"
         assert all_committed
+        assert all_one_way
         # Pending ones stay pending: the next restarts must keep them invisible too.
         store.close()
