@@ -8,6 +8,7 @@ import json
 from core.deadletter import DeadLetterPolicy, dlq_topic_for_group
 from core.delivery import AckQueueConfig
 from core.log import names
+from core.log.store import now_ms
 
 from .test_ack_queues import Collector, settle
 
@@ -89,12 +90,15 @@ async def test_retry_schedule_then_group_dlq(broker_factory):
         assert delivery.message.header("x-braid-retry-count") == (
             str(attempt).encode() if attempt else None
         )
+        nacked_at = now_ms()
         delivery.nack(requeue=False)
         if attempt < 2:
             # A delayed LINK waits in __timers; fire it as the timer service would.
             timers = broker.store.read(names.TIMERS_TOPIC, 0, 0, max_records=100)
             assert len(timers) == attempt + 1
-            assert timers[-1].record().deliver_at_ms >= timers[-1].store_ms + (50, 100)[attempt]
+            # Due the retry delay after the failure (the LINK's own store_ms may be a ms later).
+            delay = (50, 100)[attempt]
+            assert nacked_at + delay <= timers[-1].record().deliver_at_ms <= now_ms() + delay
             broker.store.link([timers[-1].position])
     assert broker.metrics["retried"] == 2
     assert broker.metrics["dead_lettered"] == 1
