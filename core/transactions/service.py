@@ -178,6 +178,9 @@ class TransactionService:
             "default_outcomes": 0,
             "recovered_pending": 0,
             "relinked": 0,
+            # Frames holding the client commits of one event-loop turn (committed / this: how
+            # many commits share a frame).
+            "commit_frames": 0,
         }
         self._open: dict[str, Transaction] = {}
         # Open transactions that stored a half, oldest first half first: the resume mark and the
@@ -522,6 +525,7 @@ class TransactionService:
         for future in written:
             if not future.done():
                 future.set_result(None)
+        self._metrics["commit_frames"] += 1
         add_durable_waiter = self.store.add_durable_waiter
         for future in durable:
             add_durable_waiter(end, future)

@@ -51,7 +51,10 @@ async def test_commits_of_one_turn_share_one_frame_and_replay_each(harness: Harn
     await service.add(txns[2], "orders", 0, b"c1")
     await service.add(txns[2], "orders", 0, b"c2", tags=["TagA"])
 
+    frames_before = service.metrics["commit_frames"]
     await asyncio.gather(*(service.commit(txn) for txn in txns))
+    assert service.metrics["commit_frames"] == frames_before + 1
+    assert service.metrics["committed"] == 4
 
     single, coalesced = commit_frames(store)
     assert single.key == before.encode()
