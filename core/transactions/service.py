@@ -313,12 +313,12 @@ class TransactionService:
             txn_id = f"{self._id_prefix}{next(self._id_counter):x}"
         else:
             txn_id = transaction_id
-        if txn_id in self._open:
-            raise TransactionError(f"transaction {txn_id!r} is already open")
         if txn_id in self._unwritten:
             # Its commit must precede the new transaction's halves in the log (replay tells
-            # the two apart by that order).
+            # the two apart by that order). (If that append fails, the id is open again.)
             self._write_commits()
+        if txn_id in self._open:
+            raise TransactionError(f"transaction {txn_id!r} is already open")
         if timeout_ms is not None and timeout_ms <= 0:
             raise ValueError("timeout_ms must be positive")
         txn = Transaction(txn_id, producer_group, timeout_ms)
@@ -516,8 +516,8 @@ class TransactionService:
             else:
                 end = self._append_commits(unwritten.values())
         except Exception as error:
-            # As for any failed append: the log decides at restart (the halves are open again).
             log.exception("transactions: writing %d commits failed", len(unwritten))
+            self._reopen(unwritten.values())
             for future in written + durable:
                 if not future.done():
                     future.set_exception(error)
@@ -599,26 +599,42 @@ class TransactionService:
         if not txn.halves:
             return None
         # The mark no longer counts this transaction, yet replay still reads this record (it is
-        # at or after the mark's op offset). (Should the append raise, the log decides at
-        # restart: the halves are open again.)
-        if outcome == COMMIT:
-            return self._append_commit(
+        # at or after the mark's op offset).
+        try:
+            if outcome == COMMIT:
+                return self._append_commit(
+                    txn.txn_id,
+                    txn.producer_group,
+                    reason,
+                    txn.halves,
+                    txn.half_index if len(txn.half_index) == len(txn.halves) else None,
+                ).end
+            op = self._append_op(
+                OP_ROLLBACK,
                 txn.txn_id,
                 txn.producer_group,
                 reason,
-                txn.halves,
-                txn.half_index if len(txn.half_index) == len(txn.halves) else None,
-            ).end
-        op = self._append_op(
-            OP_ROLLBACK,
-            txn.txn_id,
-            txn.producer_group,
-            reason,
-            None,
-            rec.encode_link_body(txn.halves),
-            self._mark(),
-        )
+                None,
+                rec.encode_link_body(txn.halves),
+                self._mark(),
+            )
+        except BaseException:
+            self._reopen((txn,))
+            raise
         return op.end
+
+    def _reopen(self, txns: Collection[Transaction]) -> None:
+        """Undo :meth:`_forget` for decisions that never reached the log: the transactions are
+        open again (as a restart would find them), may be decided again, and count in the
+        resume mark and the retention guard."""
+        for txn in txns:
+            self._metrics["committed" if txn.state == COMMITTED else "rolled_back"] -= 1
+            txn.state = OPEN
+            self._open[txn.txn_id] = txn
+            self._recent.pop(txn.txn_id, None)
+        stored = [*self._stored.values(), *(txn for txn in txns if txn.txn_id not in self._stored)]
+        stored.sort(key=lambda txn: txn.first_half_offset)  # oldest first half first
+        self._stored = OrderedDict((txn.txn_id, txn) for txn in stored)
 
     def _forget(self, txn: Transaction, outcome: str) -> None:
         """Decided: no longer open (the caller writes the decision)."""

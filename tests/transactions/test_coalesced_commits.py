@@ -175,9 +175,6 @@ async def test_a_failed_commit_frame_fails_every_commit_in_it(
     for txn in txns:
         await service.add(txn, "orders", 0, txn.encode())
 
-    def disk_full(*args: object, **kwargs: object) -> None:
-        raise OSError(28, "No space left on device")
-
     monkeypatch.setattr(store, "append_decision", disk_full)
     outcomes = await asyncio.gather(
         service.commit(txns[0], durable=False),
@@ -188,8 +185,40 @@ async def test_a_failed_commit_frame_fails_every_commit_in_it(
     # The durable commit fails; the one-way ones returned at once (the failure is logged).
     assert [type(outcome) for outcome in outcomes] == [type(None), OSError, type(None)]
     assert "writing 3 commits failed" in caplog.text
+    # Nothing was decided: open again, invisible, and counted in the resume mark.
+    assert [service.txn_state(txn) for txn in txns] == [OPEN] * 3
+    assert sorted(pending.txn_id for pending in service.pending()) == sorted(txns)
+    assert service.metrics["committed"] == 0
+    assert bodies(store, "orders") == []
     crash(store)
-    # Nothing was decided in the log: open again, invisible.
     store, service = harness.open()
     assert sorted(pending.txn_id for pending in service.pending()) == sorted(txns)
     assert bodies(store, "orders") == []
+    # Once the log takes appends again, the producer's retry commits them.
+    await asyncio.gather(*(service.commit(txn) for txn in txns))
+    assert bodies(store, "orders") == [txn.encode() for txn in txns]
+
+
+async def test_a_failed_rollback_leaves_the_transaction_open(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+):
+    store, service = harness.open()
+    failing = service.begin("shop")
+    await service.add(failing, "orders", 0, b"failing")
+    later = service.begin("shop")
+    await service.add(later, "orders", 0, b"later")
+    with monkeypatch.context() as patched:
+        patched.setattr(store, "append", disk_full)
+        with pytest.raises(OSError, match="No space left"):
+            await service.rollback(failing)
+    assert service.txn_state(failing) == OPEN
+    # The next decision's resume mark still counts it: after a crash it is open, not lost.
+    await service.commit(later)
+    crash(store)
+    store, service = harness.open()
+    assert [pending.txn_id for pending in service.pending()] == [failing]
+    assert bodies(store, "orders") == [b"later"]
+
+
+def disk_full(*args: object, **kwargs: object) -> None:
+    raise OSError(28, "No space left on device")
