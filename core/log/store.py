@@ -1089,14 +1089,13 @@ class LogStore(LogReader):
         if topic is not None and not self.is_sync(topic):
             return
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters.append((end, future))
-        if self._group_commit_task is None:
-            self._group_commit_task = asyncio.get_running_loop().create_task(self._group_commit())
+        self.add_durable_waiter(end, future)
         await future
 
     def add_durable_waiter(self, end: int, future: asyncio.Future[None]) -> None:
         """Resolve ``future`` once everything before ``end`` is durable (what
-        :meth:`wait_durable` awaits, for a caller that hands one future to another task)."""
+        :meth:`wait_durable` awaits; for a caller that creates its future before it knows
+        ``end``, as the transaction service does for commits it writes at a turn's end)."""
         if self.commitlog.flushed_position >= end:
             if not future.done():
                 future.set_result(None)
