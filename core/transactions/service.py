@@ -476,18 +476,17 @@ class TransactionService:
             loop.call_soon(self._write_commits)
         unwritten[txn_id] = txn
         self._unwritten_halves += len(txn.halves)
-        if not durable:
-            if self._unwritten_halves >= MAX_COALESCED_HALVES:
-                self._write_commits()
-            return
-        future = loop.create_future()
-        if txn.sync or self._sync_decisions:
-            self._durable_waiters.append(future)
-        else:
-            self._written_waiters.append(future)
+        future: asyncio.Future[None] | None = None
+        if durable:
+            future = loop.create_future()
+            if txn.sync or self._sync_decisions:
+                self._durable_waiters.append(future)
+            else:
+                self._written_waiters.append(future)
         if self._unwritten_halves >= MAX_COALESCED_HALVES:
             self._write_commits()
-        await future
+        if future is not None:
+            await future
 
     def _write_commits(self) -> None:
         """Append the commits :meth:`commit` held back (one frame for all of them), then wake
@@ -504,17 +503,7 @@ class TransactionService:
         for txn_id in unwritten:
             stored.pop(txn_id, None)
         try:
-            if len(unwritten) == 1:
-                (txn,) = unwritten.values()
-                end = self._append_commit(
-                    txn.txn_id,
-                    txn.producer_group,
-                    REASON_CLIENT,
-                    txn.halves,
-                    txn.half_index if len(txn.half_index) == len(txn.halves) else None,
-                ).end
-            else:
-                end = self._append_commits(unwritten.values())
+            end = self._append_commits(list(unwritten.values()))
         except Exception as error:
             log.exception("transactions: writing %d commits failed", len(unwritten))
             self._reopen(unwritten.values())
@@ -603,11 +592,7 @@ class TransactionService:
         try:
             if outcome == COMMIT:
                 return self._append_commit(
-                    txn.txn_id,
-                    txn.producer_group,
-                    reason,
-                    txn.halves,
-                    txn.half_index if len(txn.half_index) == len(txn.halves) else None,
+                    txn.txn_id, txn.producer_group, reason, txn.halves, txn.known_half_index()
                 ).end
             op = self._append_op(
                 OP_ROLLBACK,
@@ -705,22 +690,23 @@ class TransactionService:
         """The commit decision and the LINK making ``halves`` visible, as one frame indexed in
         ``__transactions/0`` (see :mod:`core.transactions.layout`). ``half_index``: how each
         half is indexed, when this service appended them (no need to read their frames)."""
-        if self._stored:  # the mark (see _mark_offsets), inlined: a commit per transaction
-            oldest = next(iter(self._stored.values()))
-            mark = (oldest.first_half_offset, oldest.first_op_offset)
-        else:
-            mark = self._mark_offsets()
         decision = (
             txn_id.encode(),
             producer_group,
             _COMMIT_TAGS,
-            encode_op_headers(mark, reason, None),
+            encode_op_headers(self._mark_offsets(), reason, None),
         )
         return self.store.append_decision(halves, _new_tuple(LinkDecision, decision), half_index)
 
-    def _append_commits(self, txns: Collection[Transaction]) -> int:
-        """One commit frame deciding every transaction of ``txns`` (see
-        :mod:`core.transactions.layout`); returns its end."""
+    def _append_commits(self, txns: Sequence[Transaction]) -> int:
+        """One commit frame deciding every transaction of ``txns``, committed by their clients
+        (see :mod:`core.transactions.layout`; one transaction keeps the single layout);
+        returns its end."""
+        if len(txns) == 1:
+            (txn,) = txns
+            return self._append_commit(
+                txn.txn_id, txn.producer_group, REASON_CLIENT, txn.halves, txn.known_half_index()
+            ).end
         halves: list[tuple[int, int]] = []
         half_index: list[TargetIndex] | None = []
         txn_ids: list[bytes] = []
@@ -728,10 +714,11 @@ class TransactionService:
             halves += txn.halves
             txn_ids.append(txn.txn_id.encode())
             if half_index is not None:
-                if len(txn.half_index) == len(txn.halves):
-                    half_index += txn.half_index
+                known = txn.known_half_index()
+                if known is None:
+                    half_index = None  # a half found by restart: the store reads the frames
                 else:
-                    half_index = None  # a half found by restart: the store reads its frame
+                    half_index += known
         headers = encode_op_headers(self._mark_offsets(), REASON_CLIENT, None)
         decision = (b"", "", _COMMIT_TAGS, headers + encode_txn_ids_header(txn_ids))
         return self.store.append_decision(

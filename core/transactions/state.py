@@ -51,6 +51,11 @@ class Transaction:
     # found by restart: their commit reads it from their frames).
     half_index: list[TargetIndex] = field(default_factory=list)
 
+    def known_half_index(self) -> list[TargetIndex] | None:
+        """``half_index`` when it describes every half, else None (the commit then reads the
+        halves' frames)."""
+        return self.half_index if len(self.half_index) == len(self.halves) else None
+
 
 @dataclass(frozen=True, slots=True)
 class PendingTransaction:
