@@ -45,6 +45,7 @@ from braid.metrics import (
     process_collector,
     store_collector,
 )
+from core.api import BrokerAPI
 from core.broker import Broker
 from core.log import LogStore, names
 
@@ -73,7 +74,8 @@ class ServerContext:
     """What a listener factory gets to build its server from."""
 
     settings: ServerSettings
-    broker: Broker  # the core facade: the only thing a gateway talks to
+    broker: Broker  # the core itself: for braid's own metrics and health, never a gateway
+    api: BrokerAPI  # the Broker API (core/api.py): the only thing a gateway talks to
     metrics: MetricsRegistry  # register(...) / register_counters(...) the listener's metrics
     health: HealthCheck
 
@@ -258,7 +260,9 @@ class BraidServer:
             )
             self.metrics.register_counters("braid_timers_", lambda: broker.timers.metrics)
             self.metrics.register("process", process_collector)
-            context = ServerContext(self.settings, self.broker, self.metrics, self.health)
+            context = ServerContext(
+                self.settings, self.broker, BrokerAPI(broker), self.metrics, self.health
+            )
             for slot in self.slots:
                 await self._start_listener(slot, context)
         except BaseException:

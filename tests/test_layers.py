@@ -1,0 +1,144 @@
+"""The import rules of ARCHITECTURE.md, checked on the source tree.
+
+- A gateway imports from ``core`` only the Broker API (``core.api``): never ``core.log``,
+  ``core.state`` or any other part under it.
+- One protocol's gateway never imports another's.
+- A codec (bytes in, frames out) imports no asyncio and nothing of the core.
+- ``core`` never imports ``gateway``, ``spark`` or ``braid``; ``spark`` imports of the core only
+  the read side of ``core.log``.
+
+Every import counts, also one inside a function or under ``TYPE_CHECKING``. The last test runs
+the same check over a copy of the tree with one bad import added, so the check is seen to fail.
+"""
+
+from __future__ import annotations
+
+import ast
+import shutil
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PROTOCOLS = ("amqp", "mqtt", "kafka")
+GATEWAY_MAY_IMPORT_FROM_CORE = ("core.api",)
+# The sans-IO codec modules of each gateway: bytes in, frames/events out, and back.
+CODEC_MODULES = {
+    "amqp": ("codec", "constants", "errors", "events", "fieldtable", "properties"),
+    "mqtt": (
+        "codec",
+        "decoder",
+        "encoder",
+        "errors",
+        "packets",
+        "packet_types",
+        "properties",
+        "reason_codes",
+        "_frozen",
+        "_wire",
+    ),
+    "kafka": ("codec", "wire", "lenient", "errors", "apis"),
+}
+# What spark/ may read of the core: the log's read API and its names.
+SPARK_MAY_IMPORT_FROM_CORE = (
+    "core.log",
+    "core.log.reader",
+    "core.log.record",
+    "core.log.batches",
+    "core.log.names",
+    "core.log.consumequeue",
+    "core.log.tags",
+)
+
+
+def _imports(path: Path) -> list[tuple[int, str]]:
+    """``(line, module)`` for every import in ``path``; ``from a import b`` gives ``a.b`` as
+    well as ``a`` so that ``from core import log`` is seen as ``core.log``."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.extend((node.lineno, alias.name) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.append((node.lineno, node.module))
+            found.extend((node.lineno, f"{node.module}.{alias.name}") for alias in node.names)
+    return found
+
+
+def _within(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def layer_violations(root: Path) -> list[str]:
+    """Every import in the tree under ``root`` that breaks a rule, as ``file:line: why``."""
+    problems: list[str] = []
+
+    def report(path: Path, line: int, why: str) -> None:
+        problems.append(f"{path.relative_to(root)}:{line}: {why}")
+
+    for path in sorted((root / "gateway").rglob("*.py")):
+        parts = path.relative_to(root / "gateway").parts
+        own = parts[0] if len(parts) > 1 else None
+        is_codec = own is not None and path.stem in CODEC_MODULES.get(own, ())
+        for line, module in _imports(path):
+            if _within(module, "core") and module != "core":
+                allowed = any(_within(module, api) for api in GATEWAY_MAY_IMPORT_FROM_CORE)
+                # ``from core.api import X`` also yields ``core.api.X``: allowed above.
+                if not allowed:
+                    report(path, line, f"a gateway imports {module} (only core.api)")
+                elif is_codec:
+                    report(path, line, f"a codec imports {module}")
+            for other in PROTOCOLS:
+                if other != own and _within(module, f"gateway.{other}"):
+                    report(path, line, f"gateway.{own} imports {module}")
+            if is_codec and _within(module, "asyncio"):
+                report(path, line, "a codec imports asyncio")
+    for path in sorted((root / "core").rglob("*.py")):
+        for line, module in _imports(path):
+            for upper in ("gateway", "spark", "braid"):
+                if _within(module, upper):
+                    report(path, line, f"core imports {module}")
+    for path in sorted((root / "spark").rglob("*.py")):
+        for line, module in _imports(path):
+            if _within(module, "gateway") or _within(module, "braid"):
+                report(path, line, f"spark imports {module}")
+            elif _within(module, "core") and module != "core":
+                if not any(module == allowed for allowed in SPARK_MAY_IMPORT_FROM_CORE) and not (
+                    module.rsplit(".", 1)[0] in SPARK_MAY_IMPORT_FROM_CORE
+                ):
+                    report(path, line, f"spark imports {module} (only core.log's read side)")
+    return problems
+
+
+def test_the_tree_keeps_the_layers() -> None:
+    assert layer_violations(ROOT) == []
+
+
+def test_every_codec_module_named_here_exists() -> None:
+    for protocol, modules in CODEC_MODULES.items():
+        for name in modules:
+            assert (ROOT / "gateway" / protocol / f"{name}.py").is_file(), (protocol, name)
+
+
+@pytest.mark.parametrize(
+    ("file", "line", "expected"),
+    [
+        ("gateway/amqp/channel.py", "from core.log.store import LogStore", "imports core.log"),
+        ("gateway/kafka/fetch.py", "import core.state", "imports core.state"),
+        ("gateway/mqtt/hub.py", "from core import broker", "imports core.broker"),
+        ("gateway/mqtt/session.py", "from gateway.amqp import codec", "imports gateway.amqp"),
+        ("gateway/amqp/codec.py", "import asyncio", "a codec imports asyncio"),
+        ("core/log/store.py", "from gateway.kafka import wire", "core imports gateway"),
+        ("spark/source.py", "from core.broker import Broker", "spark imports core.broker"),
+    ],
+)
+def test_the_check_fails_on_a_bad_import(
+    tmp_path: Path, file: str, line: str, expected: str
+) -> None:
+    copy = tmp_path / "tree"
+    for top in ("core", "gateway", "spark"):
+        shutil.copytree(ROOT / top, copy / top, ignore=shutil.ignore_patterns("__pycache__"))
+    target = copy / file
+    target.write_text(target.read_text() + f"\n\ndef _late() -> None:\n    {line}\n")
+    problems = layer_violations(copy)
+    assert any(expected in problem and problem.startswith(file) for problem in problems), problems
