@@ -40,6 +40,11 @@ from core.broker.eager import Pending, run_eagerly
 from core.broker.topics import TopicError, TopicInfo
 from core.log import record as rec
 from core.log.store import now_ms
+from core.routing.mqtt_topic import mqtt_name_of, routing_key_of
+
+# (AMQP section's imports)
+# (MQTT section's imports)
+# (Kafka section's imports)
 
 __all__ = [
     "EXCHANGE_QUEUE",
@@ -55,7 +60,9 @@ __all__ = [
     "PublishOutcome",
     "TopicError",
     "TopicInfo",
+    "mqtt_name_of",
     "now_ms",
+    "routing_key_of",
 ]
 
 # -- value types and constants of the boundary ------------------------------------------------
