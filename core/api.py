@@ -31,7 +31,7 @@ Not thread-safe: the event loop's thread, like the broker behind it.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
+from collections.abc import Awaitable, Generator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
