@@ -19,6 +19,7 @@ BENCHMARKS: dict[str, str] = {
     "mqtt": "bench.mqtt",
     "spark": "bench.spark",
     "interop": "bench.interop",
+    "compare": "bench.compare",
 }
 
 

@@ -1,0 +1,158 @@
+"""``python -m bench compare --base REV NAME [-- ARGS]``: one benchmark, two commits, interleaved.
+
+A change is judged against the commit before it on the same machine in the same minutes: the
+machine here is shared, and its speed moves 1.5-2x between runs (docs/benchmarks.md). So this
+runs ``python -m bench NAME ARGS`` alternately with the code of ``REV`` (an export of that
+commit in a temporary directory) and with the working tree, ``--rounds`` times each, base first
+in odd rounds and the working tree first in even ones. Each run gets the code of its tree through
+``PYTHONPATH`` (``braid serve`` processes a benchmark starts inherit it), so the brokers, the
+load clients and the peers all run as that commit had them.
+
+Every run's output is kept under ``--out`` (default ``results/compare-NAME-TIME/``). The summary
+reads the Markdown table rows every benchmark prints: a row is named by its text cells, and for
+each of its numeric cells the summary gives the range over the base runs and over the working
+tree's runs, and whether the working tree's range overlaps the base's spread.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import re
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+ROUNDS = 3
+_NUMBER = re.compile(r"^[-+]?[\d,]*\.?\d+\s*(?:x|%|µs|ms|s|MB/s|/s)?$")
+
+Key = tuple[str, ...]
+
+
+def export_commit(revision: str, into: Path) -> Path:
+    """The tree of ``revision`` as files under ``into`` (``git archive``: no worktree left)."""
+    target = into / f"base-{revision.replace('/', '_')}"
+    target.mkdir(parents=True)
+    archive = into / "base.tar"
+    subprocess.run(
+        ["git", "archive", "--format=tar", "-o", str(archive), revision], cwd=REPO, check=True
+    )
+    with tarfile.open(archive) as tar:
+        tar.extractall(target, filter="data")
+    archive.unlink()
+    return target
+
+
+def run_once(tree: Path, name: str, args: list[str], output: Path) -> float:
+    """Run the benchmark with the code of ``tree``; its stdout and stderr go to ``output``."""
+    env = dict(os.environ, PYTHONPATH=str(tree))
+    started = time.monotonic()
+    with output.open("w") as sink:
+        subprocess.run(
+            [sys.executable, "-m", "bench", name, *args],
+            cwd=tree,
+            env=env,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            check=False,
+        )
+    return time.monotonic() - started
+
+
+def _number(cell: str) -> float | None:
+    text = cell.strip().replace("*", "")
+    if not _NUMBER.match(text):
+        return None
+    digits = re.sub(r"[^\d.+-]", "", text)
+    try:
+        return float(digits)
+    except ValueError:
+        return None
+
+
+def table_rows(text: str) -> dict[Key, list[float]]:
+    """Markdown table rows of a benchmark's output: text cells name the row, numeric cells are
+    its figures. A name seen twice in one run gets a ``#2`` suffix."""
+    rows: dict[Key, list[float]] = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if not (line.startswith("|") and line.endswith("|")) or set(line) <= set("|-: "):
+            continue
+        cells = [cell.strip() for cell in line.strip("|").split("|")]
+        numbers = [_number(cell) for cell in cells]
+        figures = [n for n in numbers if n is not None]
+        if not figures:
+            continue
+        name: Key = tuple(c for c, n in zip(cells, numbers, strict=True) if n is None and c)
+        key, copy = name, 2
+        while key in rows:
+            key, copy = (*name, f"#{copy}"), copy + 1
+        rows[key] = figures
+    return rows
+
+
+def summary(base_runs: list[str], head_runs: list[str]) -> list[str]:
+    base: dict[Key, list[list[float]]] = defaultdict(list)
+    head: dict[Key, list[list[float]]] = defaultdict(list)
+    for text in base_runs:
+        for key, figures in table_rows(text).items():
+            base[key].append(figures)
+    for text in head_runs:
+        for key, figures in table_rows(text).items():
+            head[key].append(figures)
+    lines = [
+        "| row | figure | base runs | working tree runs | within the base's spread |",
+        "|---|---|---|---|---|",
+    ]
+    for key in base:
+        if key not in head:
+            continue
+        width = min(len(figures) for figures in base[key] + head[key])
+        for column in range(width):
+            old = [figures[column] for figures in base[key]]
+            new = [figures[column] for figures in head[key]]
+            overlap = min(new) <= max(old) and max(new) >= min(old)
+            lines.append(
+                f"| {' / '.join(key) or '-'} | {column + 1} | {_span(old)} | {_span(new)} "
+                f"| {'yes' if overlap else 'NO'} |"
+            )
+    return lines
+
+
+def _span(values: list[float]) -> str:
+    shown = ", ".join(f"{value:,.4g}" for value in values)
+    return f"{min(values):,.4g}-{max(values):,.4g} ({shown})"
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench compare", description=__doc__)
+    parser.add_argument("--base", required=True, help="the commit to compare against")
+    parser.add_argument("--rounds", type=int, default=ROUNDS, help="runs of each tree")
+    parser.add_argument("--out", default=None, help="where the runs' outputs go")
+    parser.add_argument("name", help="the benchmark (python -m bench NAME)")
+    parser.add_argument("args", nargs=argparse.REMAINDER, help="after --: the benchmark's own")
+    options = parser.parse_args(argv)
+    args = options.args[1:] if options.args[:1] == ["--"] else options.args
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    out = Path(options.out or REPO / "results" / f"compare-{options.name}-{stamp}")
+    out.mkdir(parents=True, exist_ok=True)
+    runs: dict[str, list[str]] = {"base": [], "head": []}
+    with tempfile.TemporaryDirectory(prefix="braid-compare-") as scratch:
+        trees = {"base": export_commit(options.base, Path(scratch)), "head": REPO}
+        for round_number in range(1, options.rounds + 1):
+            order = ("base", "head") if round_number % 2 else ("head", "base")
+            for side in order:
+                output = out / f"{side}-{round_number}.txt"
+                seconds = run_once(trees[side], options.name, args, output)
+                runs[side].append(output.read_text())
+                print(f"# round {round_number} {side}: {seconds:.0f} s -> {output}", flush=True)
+    command = " ".join([options.name, *args])
+    print(f"\n# bench {command}: base {options.base} against the working tree")
+    print("\n".join(summary(runs["base"], runs["head"])))
+    return 0
