@@ -30,6 +30,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 ROUNDS = 3
+_RATIO = re.compile(r"([^,=|:]+?)\s*=\s*([-+]?[\d,]*\.?\d+x?)")
 _NUMBER = re.compile(r"^[-+]?[\d,]*\.?\d+\s*(?:x|%|µs|ms|s|MB/s|/s)?$")
 
 Key = tuple[str, ...]
@@ -76,30 +77,52 @@ def _number(cell: str) -> float | None:
         return None
 
 
-def table_rows(text: str) -> dict[Key, list[float]]:
-    """Markdown table rows of a benchmark's output: text cells name the row, numeric cells are
-    its figures. A name seen twice in one run gets a ``#2`` suffix."""
-    rows: dict[Key, list[float]] = {}
-    for line in text.splitlines():
-        line = line.strip()
-        if not (line.startswith("|") and line.endswith("|")) or set(line) <= set("|-: "):
-            continue
-        cells = [cell.strip() for cell in line.strip("|").split("|")]
-        numbers = [_number(cell) for cell in cells]
-        figures = [n for n in numbers if n is not None]
-        if not figures:
-            continue
-        name: Key = tuple(c for c, n in zip(cells, numbers, strict=True) if n is None and c)
+def table_rows(text: str) -> dict[Key, list[tuple[str, float]]]:
+    """The figures of a benchmark's output, by row: Markdown table rows (text cells name the
+    row, each numeric cell is a figure named by its column's header) and ``name = number``
+    ratios printed on their own lines (``100 B: throughput BraidMQ/RabbitMQ = 0.91``). A name
+    seen twice in one run gets a ``#2`` suffix."""
+    rows: dict[Key, list[tuple[str, float]]] = {}
+
+    def add(name: Key, figures: list[tuple[str, float]]) -> None:
         key, copy = name, 2
         while key in rows:
             key, copy = (*name, f"#{copy}"), copy + 1
         rows[key] = figures
+
+    header: list[str] = []
+    for line in text.splitlines():
+        line = line.strip()
+        if line.startswith("|") and line.endswith("|"):
+            if set(line) <= set("|-: "):
+                continue
+            cells = [cell.strip() for cell in line.strip("|").split("|")]
+            numbers = [_number(cell) for cell in cells]
+            if not any(n is not None for n in numbers):
+                header = cells
+                continue
+            name = tuple(c for c, n in zip(cells, numbers, strict=True) if n is None and c)
+            add(
+                name,
+                [
+                    (header[i] if i < len(header) else str(i + 1), n)
+                    for i, n in enumerate(numbers)
+                    if n is not None
+                ],
+            )
+            continue
+        header = []
+        prefix = line.split(":", 1)[0] if ":" in line.split("=", 1)[0] else ""
+        for label, value in _RATIO.findall(line):
+            number = _number(value)
+            if number is not None:
+                add((prefix, label.strip(" :,")), [("ratio", number)])
     return rows
 
 
 def summary(base_runs: list[str], head_runs: list[str]) -> list[str]:
-    base: dict[Key, list[list[float]]] = defaultdict(list)
-    head: dict[Key, list[list[float]]] = defaultdict(list)
+    base: dict[Key, list[list[tuple[str, float]]]] = defaultdict(list)
+    head: dict[Key, list[list[tuple[str, float]]]] = defaultdict(list)
     for text in base_runs:
         for key, figures in table_rows(text).items():
             base[key].append(figures)
@@ -115,19 +138,23 @@ def summary(base_runs: list[str], head_runs: list[str]) -> list[str]:
             continue
         width = min(len(figures) for figures in base[key] + head[key])
         for column in range(width):
-            old = [figures[column] for figures in base[key]]
-            new = [figures[column] for figures in head[key]]
+            label = base[key][0][column][0]
+            old = [figures[column][1] for figures in base[key]]
+            new = [figures[column][1] for figures in head[key]]
             overlap = min(new) <= max(old) and max(new) >= min(old)
-            lines.append(
-                f"| {' / '.join(key) or '-'} | {column + 1} | {_span(old)} | {_span(new)} "
-                f"| {'yes' if overlap else 'NO'} |"
-            )
+            name = " / ".join(k for k in key if k) or "-"
+            within = "yes" if overlap else "NO"
+            lines.append(f"| {name} | {label} | {_span(old)} | {_span(new)} | {within} |")
     return lines
 
 
+def _figure(value: float) -> str:
+    return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.4g}"
+
+
 def _span(values: list[float]) -> str:
-    shown = ", ".join(f"{value:,.4g}" for value in values)
-    return f"{min(values):,.4g}-{max(values):,.4g} ({shown})"
+    shown = ", ".join(_figure(value) for value in values)
+    return f"{_figure(min(values))}-{_figure(max(values))} ({shown})"
 
 
 def main(argv: list[str]) -> int:
