@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -51,26 +52,42 @@ def run(spark: SparkSession, data_dir: str | Path, out_dir: str | Path) -> dict[
     return {"parquet": str(out / "traffic"), "chart": str(out / "traffic.png"), "rows": rows}
 
 
-def chart(rows: list[dict[str, Any]], path: Path) -> None:
-    """Records and bytes per minute, one line per protocol."""
-    from datetime import timedelta
+def per_minute(rows: list[dict[str, Any]]) -> dict[str, list[tuple[datetime, int, int]]]:
+    """``protocol -> [(minute, records, bytes)]`` for every minute from the first minute with
+    traffic to the last, whatever the protocol: a minute in which a protocol had no traffic
+    is a zero, so its line drops to the axis instead of being drawn straight across the gap."""
+    totals: dict[str, dict[datetime, list[int]]] = {}
+    for row in rows:
+        counts = totals.setdefault(row["protocol"], {}).setdefault(row["minute"], [0, 0])
+        counts[0] += row["records"]
+        counts[1] += row["bytes"]
+    if not totals:
+        return {}
+    seen = [minute for minutes in totals.values() for minute in minutes]
+    first, last = min(seen), max(seen)
+    span = [
+        first + timedelta(minutes=i) for i in range(int((last - first).total_seconds()) // 60 + 1)
+    ]
+    return {
+        protocol: [(minute, *minutes.get(minute, (0, 0))) for minute in span]
+        for protocol, minutes in sorted(totals.items())
+    }
 
+
+def chart(rows: list[dict[str, Any]], path: Path) -> None:
+    """Records and bytes per minute, one line per protocol, zeros where it had no traffic."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.dates as mdates
     import matplotlib.pyplot as plt
 
-    per: dict[str, dict[Any, list[int]]] = {}
-    for row in rows:
-        totals = per.setdefault(row["protocol"], {}).setdefault(row["minute"], [0, 0])
-        totals[0] += row["records"]
-        totals[1] += row["bytes"]
+    per = per_minute(rows)
     figure, (records_axis, bytes_axis) = plt.subplots(2, 1, sharex=True, figsize=(9, 6))
-    for protocol, minutes in sorted(per.items()):
-        times = sorted(minutes)
-        records_axis.plot(times, [minutes[t][0] for t in times], marker="o", label=protocol)
-        bytes_axis.plot(times, [minutes[t][1] for t in times], marker="o", label=protocol)
+    for protocol, series in per.items():
+        times = [minute for minute, _, _ in series]
+        records_axis.plot(times, [records for _, records, _ in series], marker="o", label=protocol)
+        bytes_axis.plot(times, [size for _, _, size in series], marker="o", label=protocol)
     minutes_seen = sorted({row["minute"] for row in rows})
     if minutes_seen:
         margin = timedelta(minutes=1)

@@ -62,3 +62,36 @@ def test_cross_protocol_join_on_a_shared_key(spark, jobs_data: Path, tmp_path: P
     assert rows["order-4"]["kafka_records"] == 1
     assert rows["order-4"]["mqtt_records"] == 1
     assert all(r["span_ms"] >= 0 for r in rows.values())
+
+
+def test_traffic_series_have_zeros_in_minutes_without_traffic():
+    """A minute with no traffic of a protocol is drawn as zero, not bridged by the line
+    (issue 17: the chart drew lines through quiet minutes)."""
+    from datetime import datetime
+
+    t0 = datetime(2026, 11, 26, 10, 0)
+    rows = [
+        {"protocol": "kafka", "topic": "a", "minute": t0, "records": 3, "bytes": 30},
+        {"protocol": "kafka", "topic": "b", "minute": t0, "records": 1, "bytes": 5},
+        {
+            "protocol": "kafka",
+            "topic": "a",
+            "minute": t0.replace(minute=3),
+            "records": 2,
+            "bytes": 9,
+        },
+        {
+            "protocol": "mqtt",
+            "topic": "d",
+            "minute": t0.replace(minute=1),
+            "records": 7,
+            "bytes": 70,
+        },
+    ]
+    series = traffic.per_minute(rows)
+    minutes = [t0.replace(minute=m) for m in range(4)]
+    assert series == {
+        "kafka": list(zip(minutes, [4, 0, 0, 2], [35, 0, 0, 9], strict=True)),
+        "mqtt": list(zip(minutes, [0, 7, 0, 0], [0, 70, 0, 0], strict=True)),
+    }
+    assert traffic.per_minute([]) == {}
