@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -43,6 +44,9 @@ def session(app_name: str, master: str | None = None) -> SparkSession:
         builder = builder.master(chosen)
     if chosen is not None and chosen.startswith("local"):
         builder = builder.config("spark.ui.showConsoleProgress", "false")
+        # The workers run this interpreter: PySpark takes $PYSPARK_PYTHON, else ``python3`` on
+        # PATH, which from a venv that is not activated lacks crc32c and this package.
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = builder.config("spark.sql.session.timeZone", "UTC")
     spark = builder.getOrCreate()
     register(spark)
