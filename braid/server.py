@@ -103,7 +103,7 @@ async def _start_http(context: ServerContext, host: str, port: int) -> Listener:
 async def _start_mqtt(context: ServerContext, host: str, port: int) -> Listener:
     from gateway.mqtt.server import MQTTServer
 
-    server = MQTTServer(context.broker)
+    server = MQTTServer(context.api)
     context.metrics.register_counters("braid_mqtt_", lambda: server.metrics)
     await server.start(host, port)
     return server
@@ -112,7 +112,7 @@ async def _start_mqtt(context: ServerContext, host: str, port: int) -> Listener:
 async def _start_mqtt_ws(context: ServerContext, host: str, port: int) -> Listener:
     from gateway.mqtt.server import MQTTServer
 
-    server = MQTTServer(context.broker, websocket=True)
+    server = MQTTServer(context.api, websocket=True)
     context.metrics.register_counters("braid_mqtt_ws_", lambda: server.metrics)
     await server.start(host, port)
     return server
@@ -128,8 +128,8 @@ async def _start_amqp(context: ServerContext, host: str, port: int) -> Listener:
         vhosts=amqp.vhosts,
         permissions={name: user.vhosts for name, user in amqp.users.items()},
     )
-    # A gateway talks to core only through the Broker.
-    server = AMQPServer(context.broker, settings)
+    # A gateway talks to core only through the Broker API.
+    server = AMQPServer(context.api, settings)
     context.metrics.register_counters("braid_amqp_", lambda: server.metrics)
     await server.start(host, port)
     return server
@@ -142,9 +142,9 @@ async def _start_kafka(context: ServerContext, host: str, port: int) -> Listener
     broker = context.broker
     listeners = context.settings.listeners
     # [kafka.group_tag_filters]; admin clients' settings (in __meta) override them.
-    group_tag_filters(broker).configure(context.settings.kafka_group_tag_filters)
+    group_tag_filters(context.api).configure(context.settings.kafka_group_tag_filters)
     server = KafkaServer(
-        broker,
+        context.api,
         # None advertises the address each client connected to.
         advertised_host=listeners.kafka_advertised_host,
         advertised_port=listeners.kafka_advertised_port,

@@ -18,20 +18,30 @@ and acknowledgement (a limit of -1 means "none now").
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
+import os
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any, Final
 
 from pamqp import commands
 
-from core.broker import PublishResult
-from core.broker.eager import Pending, run_eagerly
-from core.broker.topics import TopicError
-from core.delivery import Consumer, Delivery, Message
-from core.delivery.message import EXPIRES_AT_HEADER
-from core.log.record import PROTOCOL_AMQP, PROTOCOL_MQTT
-from core.log.store import now_ms
-from core.transactions import TransactionError
+from core.api import (
+    EXPIRES_AT_HEADER,
+    NO_CREDIT,
+    PROTOCOL_AMQP,
+    PROTOCOL_MQTT,
+    ClientContext,
+    Delivery,
+    Message,
+    Publication,
+    PublishOutcome,
+    Subscription,
+    TopicError,
+    TransactionError,
+    now_ms,
+    routing_key_of,
+)
 from gateway.amqp.codec import (
     encode_basic_return,
     encode_deliver,
@@ -72,7 +82,7 @@ log = logging.getLogger(__name__)
 __all__ = ["Channel", "ChannelConsumer"]
 
 CONSUMER_TAG_PREFIX: Final = "amq.ctag-"
-NO_CAPACITY: Final = -1  # a core consumer limit that admits nothing (0 would mean unlimited)
+NO_CAPACITY: Final = NO_CREDIT  # a consumer limit that admits nothing (0 would mean unlimited)
 _NO_ROUTE_TEXT: Final = b"NO_ROUTE"
 
 _TX_PUBLISH, _TX_ACK, _TX_NACK = range(3)
@@ -81,6 +91,14 @@ _TX_PUBLISH, _TX_ACK, _TX_NACK = range(3)
 AMQP_TX_GROUP: Final = "amqp-tx"
 # AMQP transactions have no timeout; the core's would roll an idle one back after this long.
 TX_TIMEOUT_MS: Final = 24 * 3600 * 1000
+# Transaction ids: unique in this process (what a stop leaves open is rolled back at the next
+# start, before any channel begins one).
+_TX_ID_PREFIX: Final = f"amqp-tx-{os.urandom(4).hex()}-"
+_tx_numbers = itertools.count(1)
+
+
+def next_transaction_id() -> str:
+    return f"{_TX_ID_PREFIX}{next(_tx_numbers):x}"
 
 
 def _properties(message: Message, vhost: VirtualHost) -> bytes:
@@ -89,26 +107,23 @@ def _properties(message: Message, vhost: VirtualHost) -> bytes:
     )
 
 
-_SWAP_DOT_SLASH = str.maketrans({".": "/", "/": "."})
-
-
 def mqtt_compat_address(exchange: str, mqtt_topic: str) -> tuple[str, str]:
     """(exchange, routing key) of an MQTT record as RabbitMQ's MQTT plugin delivers it: topic
     ``a/b.c`` on ``amq.topic`` with routing key ``a.b/c``."""
-    return exchange, mqtt_topic.translate(_SWAP_DOT_SLASH)
+    return exchange, routing_key_of(mqtt_topic)
 
 
 class ChannelConsumer:
-    """A basic.consume: the core consumer plus what the channel needs to deliver to it."""
+    """A basic.consume: its subscription plus what the channel needs to deliver to it."""
 
     __slots__ = (
         "cancelled",
         "channel",
-        "core",
         "exclusive",
         "no_ack",
         "prefetch",
         "queue",
+        "subscription",
         "tag",
         "tag_bytes",
     )
@@ -129,11 +144,12 @@ class ChannelConsumer:
         self.no_ack = no_ack
         self.exclusive = exclusive
         self.prefetch = prefetch  # its own basic.qos(global=false) limit, 0 = none
-        self.core: Consumer | None = None
+        self.subscription: Subscription | None = None
         self.cancelled = False
 
     def deliver(self, delivery: Delivery) -> None:
-        """The core's callback: number the delivery and write Basic.Deliver (hot path)."""
+        """The subscription's callback: number the delivery and write Basic.Deliver (hot
+        path)."""
         channel = self.channel
         tag = channel.delivery_tag = channel.delivery_tag + 1
         if not self.no_ack:
@@ -212,12 +228,12 @@ class Channel:
         assert vhost is not None  # channels are opened after Connection.Open
         self.vhost = vhost
         self.vhost_prefix = vhost.prefix  # "" for "/"
-        self.broker = vhost.broker
+        self.api = vhost.api
         # RabbitMQ MQTT plugin compatibility: MQTT records are delivered as published to this
         # exchange (amq.topic) with the whole topic name as routing key (docs/mapping.md).
         # MQTT publishes go through the "/" vhost's exchange only.
-        self.mqtt_exchange = "" if vhost.prefix else self.broker.config.mqtt_exchange
-        self._is_sync = self.broker.store.is_sync
+        self.mqtt_exchange = "" if vhost.prefix else self.api.mqtt_compat_exchange()
+        self._waits_for_fsync = self.api.waits_for_fsync
         self.consumers: dict[str, ChannelConsumer] = {}
         self.draining: list[ChannelConsumer] = []  # cancelled, still owed acks
         self.unacked: dict[int, Delivery] = {}  # delivery tag -> delivery, in tag order
@@ -256,10 +272,15 @@ class Channel:
     def owner(self) -> object:
         return self.session
 
+    @property
+    def context(self) -> ClientContext:
+        return self.session.context
+
     # -- exchanges ---------------------------------------------------------------------------
 
     def exchange_declare(self, m: commands.Exchange.Declare) -> None:
         self.vhost.declare_exchange(
+            self.context,
             m.exchange,
             m.exchange_type,
             passive=m.passive,
@@ -272,17 +293,19 @@ class Channel:
             self.write_method(commands.Exchange.DeclareOk())
 
     def exchange_delete(self, m: commands.Exchange.Delete) -> None:
-        self.vhost.delete_exchange(m.exchange, if_unused=m.if_unused)
+        self.vhost.delete_exchange(self.context, m.exchange, if_unused=m.if_unused)
         if not m.nowait:
             self.write_method(commands.Exchange.DeleteOk())
 
     def exchange_bind(self, m: commands.Exchange.Bind) -> None:
-        self.vhost.bind_exchange(m.destination, m.source, m.routing_key, m.arguments)
+        self.vhost.bind_exchange(self.context, m.destination, m.source, m.routing_key, m.arguments)
         if not m.nowait:
             self.write_method(commands.Exchange.BindOk())
 
     def exchange_unbind(self, m: commands.Exchange.Unbind) -> None:
-        self.vhost.bind_exchange(m.destination, m.source, m.routing_key, m.arguments, unbind=True)
+        self.vhost.bind_exchange(
+            self.context, m.destination, m.source, m.routing_key, m.arguments, unbind=True
+        )
         if not m.nowait:
             self.write_method(commands.Exchange.UnbindOk())
 
@@ -294,6 +317,7 @@ class Channel:
                 self.write_method(commands.Queue.DeclareOk(m.queue, 0, 0))
             return
         queue = self.vhost.declare_queue(
+            self.context,
             self.owner,
             m.queue,
             passive=m.passive,
@@ -306,21 +330,23 @@ class Channel:
         if not m.nowait:
             self.write_method(
                 commands.Queue.DeclareOk(
-                    queue.name, queue.ack.message_count(), len(queue.consumers)
+                    queue.name, queue.handle.message_count(), len(queue.consumers)
                 )
             )
 
     def queue_bind(self, m: commands.Queue.Bind) -> None:
         name = self._queue_name(m.queue)
         routing_key = m.routing_key if m.routing_key or m.queue else name
-        self.vhost.bind_queue(self.owner, name, m.exchange, routing_key, m.arguments)
+        self.vhost.bind_queue(self.context, self.owner, name, m.exchange, routing_key, m.arguments)
         if not m.nowait:
             self.write_method(commands.Queue.BindOk())
 
     def queue_unbind(self, m: commands.Queue.Unbind) -> None:
         name = self._queue_name(m.queue)
         routing_key = m.routing_key if m.routing_key or m.queue else name
-        self.vhost.bind_queue(self.owner, name, m.exchange, routing_key, m.arguments, unbind=True)
+        self.vhost.bind_queue(
+            self.context, self.owner, name, m.exchange, routing_key, m.arguments, unbind=True
+        )
         self.write_method(commands.Queue.UnbindOk())
 
     def queue_purge(self, m: commands.Queue.Purge) -> None:
@@ -364,8 +390,8 @@ class Channel:
         """Lend each consumer the limit the channel allows now (see the module docstring)."""
         remaining = self.prefetch_global - len(self.unacked) if self.prefetch_global else 0
         for consumer in self.consumers.values():
-            core = consumer.core
-            if core is None or consumer.no_ack:
+            subscription = consumer.subscription
+            if subscription is None or consumer.no_ack:
                 continue
             own = consumer.prefetch
             if not self.flow_active:
@@ -374,15 +400,13 @@ class Channel:
                 if remaining <= 0:
                     limit = NO_CAPACITY
                 else:
-                    limit = core.inflight + remaining
+                    limit = subscription.inflight + remaining
                     if own:
                         limit = min(limit, own)
             else:
                 limit = own
-            if core.prefetch != limit:
-                core.prefetch = limit
-                if notify and limit != NO_CAPACITY:
-                    core.queue.notify()
+            if subscription.prefetch != limit:
+                subscription.set_prefetch(limit, deliver_now=notify)
 
     def basic_consume(self, m: commands.Basic.Consume) -> None:
         name = self._queue_name(m.queue)
@@ -404,8 +428,8 @@ class Channel:
             self.write_method(commands.Basic.ConsumeOk(tag))
         consumer = ChannelConsumer(self, tag, queue, m.no_ack, m.exclusive, self.prefetch_consumer)
         self.consumers[tag] = consumer
-        consumer.core = queue.ack.add_consumer(
-            tag, consumer.prefetch, consumer.deliver, no_ack=m.no_ack
+        consumer.subscription = self.api.consume(
+            self.context, queue.handle, tag, consumer.prefetch, consumer.deliver, no_ack=m.no_ack
         )
         self.vhost.consumer_added(queue, consumer)
         if self.limited:
@@ -437,8 +461,8 @@ class Channel:
 
     def _detach(self, consumer: ChannelConsumer, *, keep_unacked: bool) -> None:
         """Stop a consumer. With ``keep_unacked`` (basic.cancel) its unacked deliveries stay
-        acknowledgeable, as in RabbitMQ: the core consumer is kept, admitting nothing, until
-        they are settled; otherwise they return to the queue now."""
+        acknowledgeable, as in RabbitMQ: the subscription is kept, paused, until they are
+        settled; otherwise they return to the queue now."""
         consumer.cancelled = True
         queue = consumer.queue
         if queue is None:
@@ -446,22 +470,22 @@ class Channel:
                 self.vhost.reply_consumers.pop(self.reply_address, None)
                 self.reply_address = None
             return
-        core = consumer.core
-        if core is not None:
-            if keep_unacked and core.inflight and not consumer.no_ack:
-                core.prefetch = NO_CAPACITY
+        subscription = consumer.subscription
+        if subscription is not None:
+            if keep_unacked and subscription.inflight and not consumer.no_ack:
+                subscription.pause()
                 self.draining.append(consumer)
             else:
-                queue.ack.remove_consumer(core)
+                subscription.detach()
         self.vhost.consumer_removed(queue, consumer)
 
     def _settle_draining(self) -> None:
         for consumer in list(self.draining):
-            core = consumer.core
-            if core is None or not core.inflight:
+            subscription = consumer.subscription
+            if subscription is None or not subscription.inflight:
                 self.draining.remove(consumer)
-                if core is not None and consumer.queue is not None:
-                    consumer.queue.ack.remove_consumer(core)
+                if subscription is not None and consumer.queue is not None:
+                    subscription.detach()
 
     def server_cancel(self, consumer: ChannelConsumer) -> None:
         if self.consumers.get(consumer.tag) is consumer:
@@ -477,7 +501,7 @@ class Channel:
     def basic_get(self, m: commands.Basic.Get) -> None:
         queue = self.vhost.queue(self._queue_name(m.queue), self.owner)
         self.vhost.queue_used(queue)
-        delivery = queue.ack.get(no_ack=m.no_ack)
+        delivery = self.api.get_message(self.context, queue.handle, no_ack=m.no_ack)
         if delivery is None:
             self.write_method(commands.Basic.GetEmpty())
             return
@@ -495,7 +519,7 @@ class Channel:
                 delivery.redelivered,
                 exchange,
                 subject,
-                queue.ack.message_count(),
+                queue.handle.message_count(),
                 _properties(message, self.vhost),
                 message.body or b"",
                 self.session.frame_max,
@@ -535,18 +559,15 @@ class Channel:
                 raise AmqpChannelError(
                     PRECONDITION_FAILED, f"PRECONDITION_FAILED - unknown delivery tag {tag}"
                 )
-            queue = delivery.queue
-            queue.ack(delivery.offset)
-            self.session.pumps.add(queue)
+            self.session.settlements.ack(delivery)
         else:
             deliveries = self._take(tag, multiple)
             if self.tx is not None:
                 self.tx.append((_TX_ACK, deliveries, False))
                 return
-            pumps = self.session.pumps
+            ack = self.session.settlements.ack
             for _tag, delivery in deliveries:
-                delivery.queue.ack(delivery.offset)
-                pumps.add(delivery.queue)
+                ack(delivery)
         self._after_settle()
 
     def basic_nack(self, tag: int, multiple: bool, requeue: bool) -> None:
@@ -554,10 +575,9 @@ class Channel:
         if self.tx is not None:
             self.tx.append((_TX_NACK, deliveries, requeue))
             return
-        pumps = self.session.pumps
+        nack = self.session.settlements.nack
         for _tag, delivery in deliveries:
-            delivery.queue.nack(delivery.offset, requeue=requeue)
-            pumps.add(delivery.queue)
+            nack(delivery, requeue=requeue)
         self._after_settle()
 
     def _after_settle(self) -> None:
@@ -575,22 +595,23 @@ class Channel:
             raise AmqpConnectionError(NOT_IMPLEMENTED, "NOT_IMPLEMENTED - requeue=false")
         deliveries = list(self.unacked.values())
         self.unacked.clear()
+        nack = self.session.settlements.nack
         for delivery in deliveries:
-            delivery.queue.nack(delivery.offset, requeue=True)
+            nack(delivery, requeue=True)
         self._after_settle()
 
     # -- publish -----------------------------------------------------------------------------
 
     def basic_publish(self, event: Publish) -> Awaitable[None] | None:
         if self.tx is not None:
-            if self.broker.flow.reasons:
+            if self.api.publishing_blocked():
                 return self._stage_when_unblocked(event)
             self._stage(event)
             return None
         return self._publish(event)
 
     async def _stage_when_unblocked(self, event: Publish) -> None:
-        await self.broker.flow.wait_unblocked()
+        await self.api.wait_publishing_allowed()
         self._stage(event)
 
     def _stage(self, event: Publish) -> None:
@@ -609,7 +630,7 @@ class Channel:
             properties_raw, info = self._with_reply_address(properties_raw)
         exchange = event.exchange
         routing_key = event.routing_key
-        destinations: list[tuple[str, int]] = []
+        extra: list[tuple[str, int]] = []
         if not exchange:
             queue = self.vhost.queues.get(routing_key)
             if queue is None:
@@ -618,10 +639,9 @@ class Channel:
                 else:
                     self._unroutable(event, properties_raw)
                 return
-            if queue.ack.would_overflow():
+            if queue.handle.would_overflow():
                 return  # refused by a reject-publish queue (no confirms in tx mode)
-            topic, queue_number = queue.topic, 0
-            destinations = [(topic, 0)]
+            topic = queue.topic
         else:
             ex = self.vhost.exchange(exchange)
             self._check_internal(ex.internal, exchange)
@@ -630,38 +650,38 @@ class Channel:
                 self.tx.append((_TX_PUBLISH, event, False))
                 return
             topic = ex.topic
-            queue_number = self.broker.choose_queue(ex.info, None)
-            extra = (
-                self._alternate_destinations(ex.topic, ex.alternate, routing_key, info)
-                if ex.alternate is not None
-                else []
-            )
-            destinations, refused = self.broker.prepare_destinations(
-                topic, queue_number, routing_key, info.table, extra
-            )
-            ack_queues = self.broker.ack_queues
-            routed = bool(refused) or any(d in ack_queues for d in destinations)
-            if not routed and event.mandatory:
-                self._return(event, properties_raw)
+            if ex.alternate is not None:
+                extra = self._alternate_destinations(ex.topic, ex.alternate, routing_key, info)
         headers = info.headers
         if info.expiration_ms is not None:
             headers = [*headers, (EXPIRES_AT_HEADER, str(now_ms() + info.expiration_ms).encode())]
-            self._tx_expiring.update(destinations)
-        transactions = self.broker.transactions
+        api = self.api
+        context = self.context
         if self.txn_id is None:
-            self.txn_id = transactions.begin(AMQP_TX_GROUP, timeout_ms=TX_TIMEOUT_MS)
-        transactions.add_nowait(
-            self.txn_id,
-            topic,
-            queue_number,
-            event.body,
-            headers=headers,
-            subject=routing_key,
-            client=session.client_name,
-            address=session.peer,
-            destinations=destinations if len(destinations) > 1 else None,
-            protocol=PROTOCOL_AMQP,
-        )
+            self.txn_id = api.begin_transaction(
+                context, AMQP_TX_GROUP, next_transaction_id(), timeout_ms=TX_TIMEOUT_MS
+            )
+        try:
+            # The default exchange goes straight to its one queue, never through bindings.
+            staged = api.publish_in_transaction(
+                context,
+                self.txn_id,
+                topic,
+                event.body,
+                subject=routing_key,
+                headers=headers,
+                routing_headers=info.table,
+                address=session.peer,
+                extra_destinations=extra,
+                route=bool(exchange),
+            )
+        except TopicError:
+            raise self._no_exchange(exchange) from None
+        destinations = staged.delivered_to
+        if exchange and event.mandatory and not self._routed(staged):
+            self._return(event, properties_raw)
+        if info.expiration_ms is not None:
+            self._tx_expiring.update(destinations)
         self._tx_destinations.update(destinations)
 
     def _check_user(self, info: PublishInfo) -> None:
@@ -708,7 +728,7 @@ class Channel:
                         return None
                 self._unroutable(event, properties_raw)
                 return None
-            if queue.ack.would_overflow():
+            if queue.handle.would_overflow():
                 self._unroutable(event, properties_raw, refused=True)
                 return None
             topic = queue.topic
@@ -725,32 +745,28 @@ class Channel:
         if info.expiration_ms is not None:
             headers = [*headers, (EXPIRES_AT_HEADER, str(now_ms() + info.expiration_ms).encode())]
         try:
-            started = run_eagerly(
-                self.broker.publish(
-                    topic,
-                    event.body,
-                    subject=routing_key,
-                    headers=headers,
-                    routing_headers=info.table,
-                    protocol=PROTOCOL_AMQP,
-                    client=session.client_name,
-                    address=session.peer,
-                    deliver_at_ms=deliver_at,
-                    extra_destinations=extra,
-                    create_topic=False,
-                    wait_durable=False,
-                )
+            publication = self.api.publish(
+                session.context,
+                topic,
+                event.body,
+                subject=routing_key,
+                headers=headers,
+                routing_headers=info.table,
+                address=session.peer,
+                deliver_at_ms=deliver_at,
+                extra_destinations=extra,
+                create_topic=False,
             )
         except TopicError:
             raise self._no_exchange(exchange) from None
-        if isinstance(started, Pending):
-            return self._publish_later(started, event, properties_raw, info, topic, queue)
-        self._published(event, started, properties_raw, info, topic, queue)
+        if not publication.stored:  # flow control holds it back: the connection waits
+            return self._publish_later(publication, event, properties_raw, info, topic, queue)
+        self._published(event, publication.outcome, properties_raw, info, topic, queue)
         return None
 
     async def _publish_later(
         self,
-        rest: Pending[PublishResult],
+        publication: Publication,
         event: Publish,
         properties_raw: bytes,
         info: PublishInfo,
@@ -758,10 +774,11 @@ class Channel:
         queue: Queue | None,
     ) -> None:
         try:
-            result = await rest
+            # (Also waits for the topic's durability: rare, and the confirm waits anyway.)
+            outcome = await publication
         except TopicError:
             raise self._no_exchange(event.exchange) from None
-        self._published(event, result, properties_raw, info, topic, queue)
+        self._published(event, outcome, properties_raw, info, topic, queue)
 
     def _no_exchange(self, name: str) -> AmqpChannelError:
         return AmqpChannelError(
@@ -771,7 +788,7 @@ class Channel:
     def _published(
         self,
         event: Publish,
-        result: PublishResult,
+        outcome: PublishOutcome,
         properties_raw: bytes,
         info: PublishInfo,
         topic: str,
@@ -779,15 +796,16 @@ class Channel:
     ) -> None:
         """After the append: max-length, returns, and the confirm (hot path)."""
         if queue is not None:  # the default exchange: straight into one queue
-            if queue.ack.config.max_length is not None:
-                queue.ack.enforce_max_length()
+            handle = queue.handle
+            if handle.max_length is not None:
+                handle.enforce_max_length()
             if info.expiration_ms is not None:
                 self.vhost.expiring.add(queue)
         elif event.mandatory or info.expiration_ms is not None:
-            ack_queues = self.broker.ack_queues
-            routed = bool(result.refused)
-            for destination in result.destinations:
-                if destination in ack_queues:
+            has_ack_queue = self.api.has_ack_queue
+            routed = bool(outcome.refused)
+            for destination in outcome.delivered_to:
+                if has_ack_queue(destination):
                     routed = True
                     if info.expiration_ms is not None:
                         self._mark_may_expire(destination[0])
@@ -795,11 +813,11 @@ class Channel:
                 self._return(event, properties_raw)
         # Persistent messages wait for the disk if their topic is synced; others (RabbitMQ:
         # transient messages are confirmed once enqueued) do not.
-        end = result.appended.end if info.persistent and self._is_sync(topic) else 0
+        end = outcome.durable_mark if info.persistent and self._waits_for_fsync(topic) else 0
         if self.confirm:
             seq = self.next_seq
             self.next_seq = seq + 1
-            self.session.confirm(self, seq, end, bool(result.refused))
+            self.session.confirm(self, seq, end, bool(outcome.refused))
         elif self.tx is not None or self._committing:
             self.tx_end = max(self.tx_end, end)
 
@@ -808,16 +826,25 @@ class Channel:
         if queue is not None and queue.topic == topic:
             self.vhost.expiring.add(queue)
 
+    def _routed(self, outcome: PublishOutcome) -> bool:
+        """Whether a publish reached a queue (or a queue refused it), for mandatory."""
+        has_ack_queue = self.api.has_ack_queue
+        return bool(outcome.refused) or any(has_ack_queue(d) for d in outcome.delivered_to)
+
     def _alternate_destinations(
         self, name: str, alternate: str, routing_key: str, info: PublishInfo
     ) -> list[tuple[str, int]]:
-        ack_queues = self.broker.ack_queues
-        if any(d in ack_queues for d in self.broker.route(name, routing_key, info.table)):
+        api = self.api
+        routed = api.routed_destinations(name, routing_key, info.table)
+        if any(api.has_ack_queue(d) for d in routed):
             return []
         target = self.vhost.find_exchange(alternate)
         if target is None:
             return []
-        return [(target.topic, 0), *self.broker.route(target.topic, routing_key, info.table)]
+        return [
+            (target.topic, 0),
+            *api.routed_destinations(target.topic, routing_key, info.table),
+        ]
 
     def _with_reply_address(self, properties_raw: bytes) -> tuple[bytes, PublishInfo]:
         """Direct reply-to: the requester's reply_to becomes its channel's reply address."""
@@ -912,19 +939,16 @@ class Channel:
         acknowledgements, in order (RabbitMQ: publishes, then acks, at tx.commit)."""
         if txn_id is not None:
             try:
-                await self.broker.transactions.commit(txn_id)
+                await self.api.commit_transaction(self.context, txn_id)
             except TransactionError as error:
                 raise AmqpChannelError(
                     PRECONDITION_FAILED, f"PRECONDITION_FAILED - tx.commit failed: {error}"
                 ) from None
-            ack_queues = self.broker.ack_queues
-            for destination in destinations:
-                ack_queue = ack_queues.get(destination)
-                if ack_queue is not None and ack_queue.config.max_length is not None:
-                    ack_queue.enforce_max_length()
+            self.api.enforce_max_length(destinations)
             for destination in expiring:
                 self._mark_may_expire(destination[0])
         tx, self.tx = self.tx, None  # _publish must not stage again
+        settlements = self.session.settlements
         self._committing = True
         self.tx_end = 0
         try:
@@ -935,16 +959,16 @@ class Channel:
                         await pending
                 elif kind == _TX_ACK:
                     for _tag, delivery in payload:
-                        delivery.queue.ack(delivery.offset)
+                        settlements.ack(delivery)
                 else:
                     for _tag, delivery in payload:
-                        delivery.queue.nack(delivery.offset, requeue=requeue)
+                        settlements.nack(delivery, requeue=requeue)
         finally:
             self.tx = tx if tx is not None else []
             self._committing = False
         self._after_settle()
         if self.tx_end:
-            await self.broker.store.wait_durable(self.tx_end)
+            await self.api.when_durable(self.tx_end)
         self.tx_end = 0
         if not self.closed:
             self.write_method(commands.Tx.CommitOk())
@@ -968,7 +992,7 @@ class Channel:
 
     async def _rollback(self, txn_id: str) -> None:
         with contextlib.suppress(TransactionError):  # already decided (its timeout passed)
-            await self.broker.transactions.rollback(txn_id)
+            await self.api.roll_back_transaction(self.context, txn_id)
         if not self.closed:
             self.write_method(commands.Tx.RollbackOk())
 
@@ -983,20 +1007,23 @@ class Channel:
             self._detach(consumer, keep_unacked=False)
         self.consumers.clear()
         for consumer in self.draining:
-            if consumer.core is not None and consumer.queue is not None:
-                consumer.queue.ack.remove_consumer(consumer.core)
+            if consumer.subscription is not None and consumer.queue is not None:
+                consumer.subscription.detach()
         self.draining.clear()
         pending = list(self.unacked.values())
         for kind, payload, _requeue in self.tx or ():
             if kind != _TX_PUBLISH:
                 pending.extend(delivery for _tag, delivery in payload)
+        release = self.session.settlements.release
         for delivery in pending:
-            # Deliveries of removed consumers are back in their queues already (no-op here);
-            # basic.get ones are requeued.
-            if delivery.consumer is None:
-                delivery.queue.nack(delivery.offset, requeue=True)
+            # Deliveries of removed consumers are back in their queues already; basic.get ones
+            # are requeued.
+            release(delivery)
         self.unacked.clear()
         self.tx = None
         if self.txn_id is not None:  # publishes of an uncommitted transaction are discarded
             txn_id, self.txn_id = self.txn_id, None
-            self.vhost.run_in_background(self.broker.transactions.rollback(txn_id))
+            self.vhost.run_in_background(self._rollback_abandoned(txn_id))
+
+    async def _rollback_abandoned(self, txn_id: str) -> None:
+        await self.api.roll_back_transaction(self.context, txn_id)

@@ -43,8 +43,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, Final
 
-from core.deadletter.policy import DEAD_LETTER_REASON_HEADER, X_DEATH_HEADER
-from core.delivery.message import EXPIRES_AT_HEADER
+from core.api import DEAD_LETTER_REASON_HEADER, EXPIRES_AT_HEADER, X_DEATH_HEADER
 from gateway.amqp.constants import PRECONDITION_FAILED
 from gateway.amqp.errors import AmqpChannelError
 from gateway.amqp.fieldtable import FieldTable, FieldValue, Timestamp

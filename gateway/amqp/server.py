@@ -7,8 +7,9 @@ Reading pauses while the session waits for the broker (a flow-blocked publish, a
 while the transport's write buffer is above ``WRITE_BUFFER_HIGH`` (a client that does not read
 its deliveries or replies does not get to send more).
 
-``AMQPServer(broker, settings)``: one ``VirtualHost`` per name in ``settings.vhosts`` (a vhost's
-exchanges, queues and bindings are loaded from the log at ``start``);
+``AMQPServer(api, settings)``, over the Broker API (``core.api.BrokerAPI``): one ``VirtualHost``
+per name in ``settings.vhosts`` (a vhost's exchanges, queues and bindings are loaded from the
+log at ``start``);
 ``await start(host, port)``, ``address``, ``metrics``, ``await close()``
 (clients get Connection.Close 320 CONNECTION_FORCED, as from a RabbitMQ node shutting down).
 """
@@ -20,7 +21,7 @@ import contextlib
 import logging
 from typing import Final, cast
 
-from core.broker import Broker
+from core.api import PROTOCOL_AMQP, BrokerAPI, ClientContext
 from gateway.amqp.channel import AMQP_TX_GROUP
 from gateway.amqp.constants import CONNECTION_FORCED
 from gateway.amqp.session import Session, SessionSettings
@@ -89,7 +90,7 @@ class AmqpConnection(asyncio.Protocol):
         self.server.connections.add(self)
         self.session = Session(
             self,
-            self.server.broker,
+            self.server.api,
             self.server.vhosts,
             self.server.settings,
             self.server.metrics,
@@ -183,15 +184,17 @@ class AmqpConnection(asyncio.Protocol):
 
 
 class AMQPServer:
-    """The AMQP 0-9-1 listener over a :class:`~core.broker.Broker`, with the virtual hosts of
-    ``settings.vhosts`` (ValueError for a name that cannot be one)."""
+    """The AMQP 0-9-1 listener over the Broker API (:class:`~core.api.BrokerAPI`), with the
+    virtual hosts of ``settings.vhosts`` (ValueError for a name that cannot be one)."""
 
-    def __init__(self, broker: Broker, settings: SessionSettings | None = None) -> None:
-        self.broker = broker
+    def __init__(self, api: BrokerAPI, settings: SessionSettings | None = None) -> None:
+        self.api = api
         self.settings = settings or SessionSettings()
         self.vhosts: dict[str, VirtualHost] = {
-            name: VirtualHost(broker, check_vhost_name(name)) for name in self.settings.vhosts
+            name: VirtualHost(api, check_vhost_name(name)) for name in self.settings.vhosts
         }
+        # Who acts when the listener acts on its own (rolling back what a stop left open).
+        self.context = ClientContext(PROTOCOL_AMQP, connection_id="amqp-listener")
         self.metrics: dict[str, int] = dict.fromkeys(METRIC_NAMES, 0)
         self.connections: set[AmqpConnection] = set()
         self._server: asyncio.AbstractServer | None = None
@@ -211,10 +214,10 @@ class AMQPServer:
         for vhost in self.vhosts.values():
             vhost.start()
         # AMQP transactions left open by a stop or crash died with their channels.
-        for pending in self.broker.transactions.pending():
+        for pending in self.api.open_transactions():
             if pending.producer_group == AMQP_TX_GROUP:
-                await self.broker.transactions.rollback(pending.txn_id)
-        self.broker.flow.add_listener(self._flow_changed)
+                await self.api.roll_back_transaction(self.context, pending.transaction_id)
+        self.api.add_flow_listener(self._flow_changed)
         loop = asyncio.get_running_loop()
         try:
             self._server = await loop.create_server(
@@ -225,7 +228,7 @@ class AMQPServer:
                 backlog=LISTEN_BACKLOG,
             )
         except BaseException:
-            self.broker.flow.remove_listener(self._flow_changed)
+            self.api.remove_flow_listener(self._flow_changed)
             for vhost in self.vhosts.values():
                 vhost.close()
             raise
@@ -239,8 +242,7 @@ class AMQPServer:
         return str(sockname[0]), int(sockname[1])
 
     def blocked_reason(self) -> str | None:
-        reasons = self.broker.flow.reasons
-        return ", ".join(sorted(reasons)) if reasons else None
+        return self.api.publishing_blocked_reason()
 
     def _flow_changed(self, blocked: bool, reason: str) -> None:
         for connection in list(self.connections):
@@ -260,7 +262,7 @@ class AMQPServer:
                 await asyncio.wait_for(self._all_closed.wait(), SHUTDOWN_GRACE_S)
         for connection in list(self.connections):
             connection.abort()
-        self.broker.flow.remove_listener(self._flow_changed)
+        self.api.remove_flow_listener(self._flow_changed)
         for vhost in self.vhosts.values():
             vhost.close()
         if server is not None:

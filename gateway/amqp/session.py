@@ -41,9 +41,7 @@ from typing import Any, Final, Protocol
 
 from pamqp import base, commands
 
-from core.broker import Broker
-from core.broker.eager import Pending, run_eagerly
-from core.delivery import AckQueue
+from core.api import PROTOCOL_AMQP, BrokerAPI, ClientContext, Settlements
 from gateway.amqp.channel import Channel
 from gateway.amqp.codec import AmqpDecoder, encode_ack, encode_heartbeat, encode_method, encode_nack
 from gateway.amqp.constants import (
@@ -238,7 +236,7 @@ class Session:
     def __init__(
         self,
         io: SessionIO,
-        broker: Broker,
+        api: BrokerAPI,
         vhosts: Mapping[str, VirtualHost],
         settings: SessionSettings,
         metrics: dict[str, int],
@@ -249,7 +247,7 @@ class Session:
         self.write: Callable[[bytes], None] = io.write
         self.vhosts = vhosts  # name -> VirtualHost: the server's vhosts
         self.vhost: VirtualHost | None = None  # the one Connection.Open chose
-        self.broker = broker
+        self.api = api
         self.settings = settings
         self.metrics = metrics
         self._blocked = blocked  # the broker's flow-control reason while blocked
@@ -260,6 +258,9 @@ class Session:
         self.user = ""
         self.client_name = ""
         self.client_properties: dict[str, Any] = {}
+        # Who calls the Broker API for this connection (complete once Connection.Open chose
+        # the vhost; until then no call is made for it).
+        self.context = ClientContext(PROTOCOL_AMQP, peer=self.peer, connection_id=self.peer)
         self.capabilities: dict[str, Any] = {}
         self.frame_max = FRAME_MIN_SIZE
         self.channel_max = settings.channel_max
@@ -272,9 +273,10 @@ class Session:
         self._parked: tuple[list[AmqpEvent], int] | None = None  # events not handled yet
         self._paused = False  # reading paused while events are parked
         self._task: asyncio.Task[None] | None = None
-        # Ack queues this read acked or nacked in: pumped at its end, so the deliveries the
-        # acks make room for leave with this read's replies (not a loop iteration later).
-        self.pumps: set[AckQueue] = set()
+        # Acks and nacks of this connection's deliveries; the queues they made room in deliver
+        # at the end of the read, so those deliveries leave with the read's replies (not a
+        # loop iteration later).
+        self.settlements = Settlements()
         self._confirms: dict[Channel, _ConfirmBatch] = {}
         self._confirm_end = 0
         self._confirm_groups: deque[_ConfirmGroup] = deque()
@@ -610,6 +612,14 @@ class Session:
                 f"NOT_ALLOWED - access to vhost '{name}' refused for user '{self.user}'",
             )
         self.vhost = vhost
+        self.context = ClientContext(
+            PROTOCOL_AMQP,
+            name,
+            self.user,
+            self.peer,
+            connection_id=self.peer,
+            client_id=self.client_name,
+        )
         self.io.write(encode_method(0, commands.Connection.OpenOk()))
         self.state = OPENED
         if self._timer is not None:
@@ -750,26 +760,23 @@ class Session:
     def _end_of_run(self) -> None:
         """After a read's frames: pump the queues it acked in; one durability wait covers
         every publish it made."""
-        if self.pumps:
-            for queue in self.pumps:
-                if queue.consumers:
-                    queue.pump()
-            self.pumps.clear()
+        self.settlements.deliver_freed()
         if not self._confirms:
             return
         group = _ConfirmGroup(list(self._confirms.values()))
         self._confirms = {}
         end, self._confirm_end = self._confirm_end, 0
         self._confirm_groups.append(group)
-        if end:
-            started = run_eagerly(self.broker.store.wait_durable(end))
-            if isinstance(started, Pending):
-                task = self.loop.create_task(started.finish())
-                self._confirm_tasks.add(task)
-                task.add_done_callback(lambda done: self._durable(group, done))
-                return
+        if end and not self.api.is_durable(end):
+            task = self.loop.create_task(self._wait_durable(end))
+            self._confirm_tasks.add(task)
+            task.add_done_callback(lambda done: self._durable(group, done))
+            return
         group.ready = True
         self._flush_confirms()
+
+    async def _wait_durable(self, end: int) -> None:
+        await self.api.when_durable(end)
 
     def _durable(self, group: _ConfirmGroup, task: asyncio.Task[None]) -> None:
         self._confirm_tasks.discard(task)

@@ -32,17 +32,21 @@ from collections.abc import Coroutine, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Protocol
 
-from core.broker import EXCHANGE_QUEUE, Broker
-from core.broker.topics import TopicError, TopicInfo
-from core.deadletter.policy import DeadLetterPolicy
-from core.delivery.ackqueue import (
+from core.api import (
+    EXCHANGE_QUEUE,
     OVERFLOW_DROP_HEAD,
     OVERFLOW_REJECT_PUBLISH,
-    AckQueue,
+    PROTOCOL_AMQP,
     AckQueueConfig,
+    BrokerAPI,
+    ClientContext,
+    DeadLetterPolicy,
+    QueueHandle,
+    RoutingError,
+    TagFilter,
+    TopicError,
+    TopicInfo,
 )
-from core.log.tags import TagFilter
-from core.routing.errors import RoutingError
 from gateway.amqp.constants import (
     ACCESS_REFUSED,
     COMMAND_INVALID,
@@ -242,7 +246,7 @@ class Queue:
     exclusive: bool
     auto_delete: bool
     arguments: dict[str, Any]
-    ack: AckQueue
+    handle: QueueHandle  # its ack queue, through the Broker API
     owner: object | None = None  # the session of an exclusive queue
     consumers: list[ConsumerHandle] = field(default_factory=list)
     expires_ms: int | None = None
@@ -255,9 +259,11 @@ class Queue:
 
 
 class VirtualHost:
-    def __init__(self, broker: Broker, name: str = DEFAULT_VHOST) -> None:
-        self.broker = broker
+    def __init__(self, api: BrokerAPI, name: str = DEFAULT_VHOST) -> None:
+        self.api = api
         self.name = name
+        # Who acts when the vhost acts on its own (restart clean-up, expiry, auto-delete).
+        self.context = ClientContext(PROTOCOL_AMQP, name, connection_id=f"amqp-vhost:{name}")
         # "" for "/"; "amq.vhost.<name>." for the others (the module docstring).
         self.prefix = topic_prefix(name)
         self.queue_prefix = self.prefix + QUEUE_TOPIC_PREFIX
@@ -283,7 +289,7 @@ class VirtualHost:
         """Load queues, drop what RabbitMQ would not have kept over a restart (transient and
         exclusive queues, transient exchanges), declare the built-in exchanges."""
         self._loop = asyncio.get_running_loop()
-        for info in self.broker.topics.all():
+        for info in self.api.topics_with_config(CONFIG_KEY):
             if not self.owns_topic(info.name):
                 continue
             config = info.config.get(CONFIG_KEY)
@@ -293,10 +299,10 @@ class VirtualHost:
                 self._load_queue(info, config)
             elif config.get("object") == "exchange" and not config.get("durable"):
                 log.info("amqp: transient exchange %r removed on restart", info.name)
-                self.broker.delete_topic(info.name)
+                self.api.delete_exchange(self.context, info.name)
         for name, ex_type in BUILTIN_EXCHANGES:
-            if self.prefix + name not in self.broker.topics:
-                self._create_exchange(name, ex_type, True, False, False, {})
+            if not self.api.has_topic(self.prefix + name):
+                self._create_exchange(self.context, name, ex_type, True, False, False, {})
         self._schedule_sweep()
 
     def run_in_background(self, work: Coroutine[Any, Any, object]) -> None:
@@ -323,13 +329,13 @@ class VirtualHost:
         name = str(config.get("name", self.queue_name(info.name)))
         if not config.get("durable") or config.get("exclusive"):
             log.info("amqp: transient queue %r removed on restart", name)
-            self.broker.delete_topic(info.name)  # its ack queue and index go with it
+            self.api.delete_queue(self.context, info.name)  # its ack queue and index go with it
             return
         arguments = dict(config.get("arguments") or {})
-        ack = self.broker.ack_queue(info.name)
-        if ack is None:
-            ack, _ = self.broker.declare_ack_queue(info.name, 0, self._ack_config(name, arguments))
-        queue = Queue(name, info.name, True, False, bool(config.get("auto_delete")), arguments, ack)
+        handle = self.api.open_queue(info.name, self._ack_config(name, arguments))
+        queue = Queue(
+            name, info.name, True, False, bool(config.get("auto_delete")), arguments, handle
+        )
         self._configure_queue(queue)
         self.queues[name] = queue
         self._touch(queue)
@@ -373,7 +379,7 @@ class VirtualHost:
         if name.startswith(self._hidden):
             return None
         topic = self.prefix + name if self.prefix else name
-        info = self.broker.topics.get(topic)
+        info = self.api.topic_info(topic)
         if info is None:
             self._exchanges.pop(name, None)
             return None
@@ -395,6 +401,7 @@ class VirtualHost:
 
     def declare_exchange(
         self,
+        context: ClientContext,
         name: str,
         ex_type: str,
         *,
@@ -431,10 +438,11 @@ class VirtualHost:
                 f"invalid arg '{ALTERNATE_EXCHANGE_ARG}' for exchange '{name}' in vhost "
                 f"'{self.name}': {_describe(alternate)} is not a string"
             )
-        self._create_exchange(name, ex_type, durable, auto_delete, internal, args)
+        self._create_exchange(context, name, ex_type, durable, auto_delete, internal, args)
 
     def _create_exchange(
         self,
+        context: ClientContext,
         name: str,
         ex_type: str,
         durable: bool,
@@ -451,14 +459,10 @@ class VirtualHost:
             "arguments": args,
         }
         try:
-            info, created = self.broker.declare_topic(
-                self.exchange_topic(name), 1, {CONFIG_KEY: config}
-            )
+            # A topic another protocol made becomes this exchange too.
+            self.api.declare_exchange(context, self.exchange_topic(name), {CONFIG_KEY: config})
         except TopicError as error:
             raise _refused(f"cannot declare exchange '{name}': {error}") from None
-        if not created:  # a topic another protocol made: it becomes this exchange too
-            info.config[CONFIG_KEY] = config
-            self.broker.topics.update(info)
         self._exchanges.pop(name, None)
 
     def _assert_exchange_equivalent(
@@ -484,30 +488,19 @@ class VirtualHost:
                 )
         _assert_args_equivalent(where, args, existing.arguments, EXCHANGE_EQUIVALENT_ARGS)
 
-    def delete_exchange(self, name: str, *, if_unused: bool) -> None:
+    def delete_exchange(self, context: ClientContext, name: str, *, if_unused: bool) -> None:
         self._check_not_default(name)
         if name.startswith(RESERVED_PREFIX):
             raise _refused(f"deletion of system exchange '{name}' in vhost '{self.name}' refused")
         exchange = self.find_exchange(name)
         if exchange is None:
             return  # RabbitMQ 3.x: deleting a missing exchange is not an error
-        if if_unused and self.broker.bindings.bindings(source=exchange.topic):
+        if if_unused and self.api.exchange_has_bindings(exchange.topic):
             raise _precondition(f"exchange '{name}' in vhost '{self.name}' in use")
-        self._delete_exchange(exchange)
+        self._delete_exchange(context, exchange)
 
-    def _delete_exchange(self, exchange: Exchange) -> None:
-        destination = (exchange.topic, EXCHANGE_QUEUE)
-        sources = set()
-        for binding in self.broker.bindings.bindings(destination=destination):
-            sources.add(binding.source)
-            self.broker.unbind(
-                binding.source,
-                binding.kind,
-                binding.pattern,
-                destination,
-                binding.arguments,
-            )
-        self.broker.delete_topic(exchange.topic)
+    def _delete_exchange(self, context: ClientContext, exchange: Exchange) -> None:
+        sources = self.api.delete_exchange(context, exchange.topic)
         self._exchanges.pop(exchange.name, None)
         self._auto_delete_exchanges(sources)
 
@@ -519,10 +512,10 @@ class VirtualHost:
             if (
                 exchange is not None
                 and exchange.auto_delete
-                and not self.broker.bindings.bindings(source=exchange.topic)
+                and not self.api.exchange_has_bindings(exchange.topic)
             ):
                 log.info("amqp: auto-delete exchange %r deleted (no bindings left)", name)
-                self._delete_exchange(exchange)
+                self._delete_exchange(self.context, exchange)
 
     # -- bindings ----------------------------------------------------------------------------
 
@@ -532,6 +525,7 @@ class VirtualHost:
 
     def _bind(
         self,
+        context: ClientContext,
         source: Exchange,
         pattern: str,
         destination: tuple[str, int],
@@ -540,16 +534,17 @@ class VirtualHost:
     ) -> None:
         args = self._binding_arguments(arguments)
         if unbind:
-            self.broker.unbind(source.topic, source.kind, pattern, destination, args)
+            self.api.unbind(context, source.topic, source.kind, pattern, destination, args)
             self._auto_delete_exchanges([source.topic])
             return
         try:
-            self.broker.bind(source.topic, source.kind, pattern, destination, args)
+            self.api.bind(context, source.topic, source.kind, pattern, destination, args)
         except RoutingError as error:
             raise _precondition(f"invalid binding arguments: {error}") from None
 
     def bind_queue(
         self,
+        context: ClientContext,
         owner: object,
         queue: str,
         exchange: str,
@@ -561,10 +556,11 @@ class VirtualHost:
         target = self.queue(queue, owner)
         self._check_not_default(exchange)
         source = self.exchange(exchange)
-        self._bind(source, routing_key, (target.topic, 0), arguments, unbind)
+        self._bind(context, source, routing_key, (target.topic, 0), arguments, unbind)
 
     def bind_exchange(
         self,
+        context: ClientContext,
         destination: str,
         source: str,
         routing_key: str,
@@ -576,7 +572,7 @@ class VirtualHost:
         self._check_not_default(source)
         target = self.exchange(destination)
         origin = self.exchange(source)
-        self._bind(origin, routing_key, (target.topic, EXCHANGE_QUEUE), arguments, unbind)
+        self._bind(context, origin, routing_key, (target.topic, EXCHANGE_QUEUE), arguments, unbind)
 
     # -- queues ------------------------------------------------------------------------------
 
@@ -602,6 +598,7 @@ class VirtualHost:
 
     def declare_queue(
         self,
+        context: ClientContext,
         owner: object,
         name: str,
         *,
@@ -650,18 +647,10 @@ class VirtualHost:
             "arguments": args,
         }
         try:
-            info, created = self.broker.declare_topic(topic, 1, {CONFIG_KEY: config})
+            # A new queue is empty, even where an earlier queue of that name left index entries.
+            handle = self.api.declare_queue(context, topic, {CONFIG_KEY: config}, ack_config)
         except TopicError as error:
             raise _precondition(f"cannot declare queue '{name}': {error}") from None
-        if not created:
-            info.config[CONFIG_KEY] = config
-            self.broker.topics.update(info)
-        stale = self.broker.ack_queue(topic)
-        if stale is not None:  # left by a queue deleted while its topic stayed: start afresh
-            self.broker.delete_ack_queue(topic)
-        ack, _ = self.broker.declare_ack_queue(topic, 0, ack_config)
-        # A new queue is empty, even where an earlier queue of that name left index entries.
-        ack.purge()
         queue = Queue(
             name,
             topic,
@@ -669,7 +658,7 @@ class VirtualHost:
             exclusive,
             auto_delete,
             args,
-            ack,
+            handle,
             owner if exclusive else None,
         )
         self._configure_queue(queue)
@@ -731,11 +720,11 @@ class VirtualHost:
     def _configure_queue(self, queue: Queue) -> None:
         expires = queue.arguments.get("x-expires")
         queue.expires_ms = expires if isinstance(expires, int) else None
-        if queue.ack.config.message_ttl_ms is not None:
+        if queue.handle.message_ttl_ms is not None:
             self.expiring.add(queue)
 
     def purge_queue(self, owner: object, name: str) -> int:
-        return self.queue(name, owner).ack.purge()
+        return self.queue(name, owner).handle.purge()
 
     def delete_queue(self, owner: object, name: str, *, if_unused: bool, if_empty: bool) -> int:
         queue = self.queues.get(name)
@@ -745,7 +734,7 @@ class VirtualHost:
             raise self._locked(name)
         if if_unused and queue.consumers:
             raise _precondition(f"queue '{name}' in vhost '{self.name}' in use")
-        count = queue.ack.message_count()
+        count = queue.handle.message_count()
         if if_empty and count:
             raise _precondition(f"queue '{name}' in vhost '{self.name}' is not empty")
         self.remove_queue(queue)
@@ -762,11 +751,11 @@ class VirtualHost:
         if queue.expiry is not None:
             queue.expiry.cancel()
             queue.expiry = None
-        sources = {b.source for b in self.broker.bindings.bindings(destination=(queue.topic, 0))}
         for consumer in list(queue.consumers):
             consumer.cancelled_by_server()
         queue.consumers.clear()
-        self.broker.delete_topic(queue.topic)  # its ack queue and index go with it
+        # Its ack queue and index go with it; its bindings' sources may be left without any.
+        sources = self.api.delete_queue(self.context, queue.topic)
         self._auto_delete_exchanges(sources)
 
     def owner_gone(self, owner: object) -> None:
@@ -819,24 +808,12 @@ class VirtualHost:
         """Expire (drop or dead-letter) records at the head of queues nobody drains."""
         try:
             for queue in list(self.expiring):
-                if queue.ack.message_count():
-                    expire_head(queue.ack)
+                if queue.handle.message_count():
+                    queue.handle.expire_head()
         except Exception:
             log.exception("amqp: TTL sweep failed")
         finally:
             self._schedule_sweep()
-
-
-def expire_head(ack: AckQueue) -> None:
-    """Drop or dead-letter the expired records at the head of ``ack``.
-
-    Workaround until the core does this itself (requested: ``AckQueue.expire_head() -> int``):
-    the queue's own next-message step skips (and dead-letters) expired records; the first live
-    one it returns is put back at the front, untouched.
-    """
-    message = ack._next_message()
-    if message is not None:
-        ack._buffer.appendleft(message)
 
 
 def _word(value: object) -> str:

@@ -1,6 +1,6 @@
-"""``AMQPServer`` in process, over a ``Broker`` on a temporary directory, driven by aio-pika and
-by raw frames: handshake and errors, heartbeats, flow control, channel flow, global prefetch,
-queue and exchange lifecycles, messages from other protocols."""
+"""``AMQPServer`` in process, over ``BrokerAPI(Broker)`` on a temporary directory, driven by
+aio-pika and by raw frames: handshake and errors, heartbeats, flow control, channel flow, global
+prefetch, queue and exchange lifecycles, messages from other protocols."""
 
 from __future__ import annotations
 
@@ -21,21 +21,21 @@ from core.broker import Broker, BrokerConfig
 from core.log import LogConfig, LogStore
 from core.log.record import PROTOCOL_MQTT
 from gateway.amqp.fieldtable import encode_table
-from gateway.amqp.server import AMQPServer
 from gateway.amqp.session import SessionSettings
 from gateway.amqp.vhost import QUEUE_TOPIC_PREFIX
+from tests.amqp.inprocess import ServerUnderTest
 from tests.amqp.raw import HEADER, RawConnection
 
 TIMEOUT_S = 5.0
 
 
 @contextlib.asynccontextmanager
-async def serve(data_dir: Path, **settings: object) -> AsyncIterator[AMQPServer]:
+async def serve(data_dir: Path, **settings: object) -> AsyncIterator[ServerUnderTest]:
     store = LogStore(LogConfig(data_dir, segment_size=4 << 20, index_entries_per_file=4096))
     await store.start()
     broker = Broker(store, BrokerConfig())
     await broker.start()
-    server = AMQPServer(broker, SessionSettings(**settings))  # type: ignore[arg-type]
+    server = ServerUnderTest(broker, SessionSettings(**settings))  # type: ignore[arg-type]
     await server.start("127.0.0.1", 0)
     try:
         yield server
@@ -46,12 +46,12 @@ async def serve(data_dir: Path, **settings: object) -> AsyncIterator[AMQPServer]
 
 
 @pytest.fixture
-async def server(tmp_path: Path) -> AsyncIterator[AMQPServer]:
+async def server(tmp_path: Path) -> AsyncIterator[ServerUnderTest]:
     async with serve(tmp_path / "data") as started:
         yield started
 
 
-def url(server: AMQPServer) -> str:
+def url(server: ServerUnderTest) -> str:
     assert server.address is not None
     host, port = server.address
     return f"amqp://guest:guest@{host}:{port}/"
@@ -68,7 +68,7 @@ async def next_message(queue: aio_pika.abc.AbstractQueue) -> AbstractIncomingMes
 # --- connection -----------------------------------------------------------------------------
 
 
-async def test_start_advertises_rabbitmq_capabilities(server: AMQPServer) -> None:
+async def test_start_advertises_rabbitmq_capabilities(server: ServerUnderTest) -> None:
     assert server.address is not None
     raw = await RawConnection.connect(server.address)
     amqplain = encode_table({"LOGIN": "guest", "PASSWORD": "guest"})[4:].decode()
@@ -90,7 +90,7 @@ async def test_start_advertises_rabbitmq_capabilities(server: AMQPServer) -> Non
     raw.close()
 
 
-async def test_bad_protocol_header_gets_ours_and_a_close(server: AMQPServer) -> None:
+async def test_bad_protocol_header_gets_ours_and_a_close(server: ServerUnderTest) -> None:
     assert server.address is not None
     reader, writer = await asyncio.open_connection(*server.address)
     writer.write(b"HTTP/1.1")
@@ -99,7 +99,7 @@ async def test_bad_protocol_header_gets_ours_and_a_close(server: AMQPServer) -> 
     writer.close()
 
 
-async def test_refused_login_without_the_capability_just_closes(server: AMQPServer) -> None:
+async def test_refused_login_without_the_capability_just_closes(server: ServerUnderTest) -> None:
     assert server.address is not None
     raw = await RawConnection.connect(server.address)
     raw.write(HEADER)
@@ -109,7 +109,7 @@ async def test_refused_login_without_the_capability_just_closes(server: AMQPServ
     assert server.metrics["logins_refused"] == 1
 
 
-async def test_refused_login_with_the_capability_gets_403(server: AMQPServer) -> None:
+async def test_refused_login_with_the_capability_gets_403(server: ServerUnderTest) -> None:
     assert server.address is not None
     raw = await RawConnection.connect(server.address)
     raw.write(HEADER)
@@ -127,7 +127,7 @@ async def test_refused_login_with_the_capability_gets_403(server: AMQPServer) ->
     assert await raw.closed()
 
 
-async def test_unknown_vhost_is_refused(server: AMQPServer) -> None:
+async def test_unknown_vhost_is_refused(server: ServerUnderTest) -> None:
     assert server.address is not None
     raw = await RawConnection.connect(server.address)
     await raw.handshake(open_vhost=False)
@@ -137,7 +137,7 @@ async def test_unknown_vhost_is_refused(server: AMQPServer) -> None:
     assert close.reply_text == "NOT_ALLOWED - vhost /elsewhere not found"
 
 
-async def test_malformed_frame_costs_only_its_connection(server: AMQPServer) -> None:
+async def test_malformed_frame_costs_only_its_connection(server: ServerUnderTest) -> None:
     assert server.address is not None
     async with await aio_pika.connect(url(server)) as bystander:
         raw = await RawConnection.connect(server.address)
@@ -165,7 +165,7 @@ async def test_heartbeats_both_ways(tmp_path: Path) -> None:
         assert 1.0 <= loop.time() - started < 4.5
 
 
-async def test_connection_blocked_and_unblocked(server: AMQPServer) -> None:
+async def test_connection_blocked_and_unblocked(server: ServerUnderTest) -> None:
     assert server.address is not None
     raw = await RawConnection.connect(server.address)
     await raw.handshake(capabilities={"connection.blocked": True})
@@ -177,7 +177,7 @@ async def test_connection_blocked_and_unblocked(server: AMQPServer) -> None:
     raw.close()
 
 
-async def test_blocked_publish_is_confirmed_after_unblock(server: AMQPServer) -> None:
+async def test_blocked_publish_is_confirmed_after_unblock(server: ServerUnderTest) -> None:
     async with await aio_pika.connect(url(server)) as connection:
         channel = await connection.channel(publisher_confirms=True)
         queue = await channel.declare_queue("", exclusive=True)
@@ -195,7 +195,7 @@ async def test_blocked_publish_is_confirmed_after_unblock(server: AMQPServer) ->
 # --- channels, consumers ----------------------------------------------------------------------
 
 
-async def test_channel_flow_and_global_prefetch(server: AMQPServer) -> None:
+async def test_channel_flow_and_global_prefetch(server: ServerUnderTest) -> None:
     async with await aio_pika.connect(url(server)) as connection:
         channel = await connection.channel()
         await channel.set_qos(prefetch_count=3, global_=True)
@@ -228,7 +228,7 @@ async def test_channel_flow_and_global_prefetch(server: AMQPServer) -> None:
         assert len(held) == 7
 
 
-async def test_exclusive_consumer_and_queue_delete_checks(server: AMQPServer) -> None:
+async def test_exclusive_consumer_and_queue_delete_checks(server: ServerUnderTest) -> None:
     async with await aio_pika.connect(url(server)) as connection:
         channel = await connection.channel()
         queue = await channel.declare_queue("guarded")
@@ -253,7 +253,7 @@ async def test_exclusive_consumer_and_queue_delete_checks(server: AMQPServer) ->
         assert await other.queue_delete("stocked") is not None
 
 
-async def test_queue_expires_when_unused(server: AMQPServer) -> None:
+async def test_queue_expires_when_unused(server: ServerUnderTest) -> None:
     async with await aio_pika.connect(url(server)) as connection:
         channel = await connection.channel()
         await channel.declare_queue("short-lived", arguments={"x-expires": 200})
@@ -264,7 +264,7 @@ async def test_queue_expires_when_unused(server: AMQPServer) -> None:
     assert QUEUE_TOPIC_PREFIX + "short-lived" not in server.broker.topics
 
 
-async def test_max_length_drop_head_dead_letters(server: AMQPServer) -> None:
+async def test_max_length_drop_head_dead_letters(server: ServerUnderTest) -> None:
     async with await aio_pika.connect(url(server)) as connection:
         channel = await connection.channel()
         dead = await channel.declare_queue("", exclusive=True)
@@ -285,7 +285,7 @@ async def test_max_length_drop_head_dead_letters(server: AMQPServer) -> None:
         assert (await queue.declare()).message_count == 2
 
 
-async def test_exchange_lifecycle(server: AMQPServer) -> None:
+async def test_exchange_lifecycle(server: ServerUnderTest) -> None:
     async with await aio_pika.connect(url(server)) as connection:
         channel = await connection.channel()
         source = await channel.declare_exchange("src", ExchangeType.DIRECT)
@@ -320,7 +320,7 @@ async def test_exchange_lifecycle(server: AMQPServer) -> None:
             await channel.exchange_delete("amq.direct")
 
 
-async def test_immediate_is_not_implemented(server: AMQPServer) -> None:
+async def test_immediate_is_not_implemented(server: ServerUnderTest) -> None:
     assert server.address is not None
     raw = await RawConnection.connect(server.address)
     await raw.handshake()
@@ -334,7 +334,7 @@ async def test_immediate_is_not_implemented(server: AMQPServer) -> None:
 # --- other protocols' records ---------------------------------------------------------------
 
 
-async def test_record_from_another_protocol_gets_properties(server: AMQPServer) -> None:
+async def test_record_from_another_protocol_gets_properties(server: ServerUnderTest) -> None:
     async with await aio_pika.connect(url(server)) as connection:
         channel = await connection.channel()
         queue = await channel.declare_queue("from-mqtt", exclusive=True)
@@ -362,7 +362,7 @@ async def test_record_from_another_protocol_gets_properties(server: AMQPServer) 
         assert message.headers == {"site": "lyon", "raw": b"\xff\x00"}
 
 
-async def test_amqp_publish_leaves_documented_record_headers(server: AMQPServer) -> None:
+async def test_amqp_publish_leaves_documented_record_headers(server: ServerUnderTest) -> None:
     async with await aio_pika.connect(url(server)) as connection:
         channel = await connection.channel()
         queue = await channel.declare_queue("inspect", exclusive=True)
@@ -393,7 +393,7 @@ async def test_amqp_publish_leaves_documented_record_headers(server: AMQPServer)
     assert headers["x-braid-amqp-properties"][:2] != b"\x00\x00"
 
 
-async def test_single_active_consumer_and_delivery_limit(server: AMQPServer) -> None:
+async def test_single_active_consumer_and_delivery_limit(server: ServerUnderTest) -> None:
     async with await aio_pika.connect(url(server)) as connection:
         channel = await connection.channel()
         dead = await channel.declare_queue("", exclusive=True)
@@ -434,7 +434,7 @@ async def test_single_active_consumer_and_delivery_limit(server: AMQPServer) -> 
         assert [m.body for m in got["b"]] == [b"n"]
 
 
-async def test_tx_publishes_are_half_messages_until_commit(server: AMQPServer) -> None:
+async def test_tx_publishes_are_half_messages_until_commit(server: ServerUnderTest) -> None:
     transactions = server.broker.transactions
     async with await aio_pika.connect(url(server)) as connection:
         channel = await connection.channel(publisher_confirms=False)

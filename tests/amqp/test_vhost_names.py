@@ -12,7 +12,6 @@ from braid import config
 from core.broker import Broker, BrokerConfig
 from core.broker.topics import validate_topic_name
 from core.log import LogConfig, LogStore
-from gateway.amqp.server import AMQPServer
 from gateway.amqp.session import SessionSettings
 from gateway.amqp.vhost import (
     VHOST_NAME,
@@ -22,13 +21,14 @@ from gateway.amqp.vhost import (
     queue_name,
     topic_prefix,
 )
+from tests.amqp.inprocess import ServerUnderTest
 from tests.amqp.raw import RawConnection
 
 KAFKA_TOPIC = re.compile(r"[A-Za-z0-9._-]{1,249}")  # Kafka's legal topic names
 
 
 @pytest.fixture
-async def server(tmp_path: Path) -> AsyncIterator[AMQPServer]:
+async def server(tmp_path: Path) -> AsyncIterator[ServerUnderTest]:
     store = LogStore(LogConfig(tmp_path, segment_size=4 << 20, index_entries_per_file=4096))
     await store.start()
     broker = Broker(store, BrokerConfig())
@@ -38,7 +38,7 @@ async def server(tmp_path: Path) -> AsyncIterator[AMQPServer]:
         vhosts=("/", "staging"),
         permissions={"guest": ("/",), "app": ("staging",)},
     )
-    amqp = AMQPServer(broker, settings)
+    amqp = ServerUnderTest(broker, settings)
     await amqp.start("127.0.0.1", 0)
     try:
         yield amqp
@@ -67,7 +67,7 @@ def test_config_and_gateway_agree_on_vhost_names() -> None:
     assert config.AMQP_DEFAULT_VHOST == "/"
 
 
-async def test_names_map_to_topics_and_back(server: AMQPServer) -> None:
+async def test_names_map_to_topics_and_back(server: ServerUnderTest) -> None:
     root, staging = server.vhosts["/"], server.vhosts["staging"]
     assert root.exchange_topic("E") == "E"
     assert root.queue_topic("Q") == "amq.queue.Q"
@@ -95,7 +95,7 @@ async def test_names_map_to_topics_and_back(server: AMQPServer) -> None:
     assert staging.queue_name("amq.queue.Q") == "amq.queue.Q"  # not one of its queues
 
 
-async def test_builtin_exchanges_exist_in_every_vhost(server: AMQPServer) -> None:
+async def test_builtin_exchanges_exist_in_every_vhost(server: ServerUnderTest) -> None:
     topics = server.broker.topics
     for name in ("amq.direct", "amq.fanout", "amq.topic", "amq.headers", "amq.match"):
         assert name in topics
@@ -115,7 +115,7 @@ async def test_builtin_exchanges_exist_in_every_vhost(server: AMQPServer) -> Non
     assert (found.type, found.topic) == ("topic", "amq.vhost.staging.kafka-made")
 
 
-async def test_open_checks_existence_then_permission(server: AMQPServer) -> None:
+async def test_open_checks_existence_then_permission(server: ServerUnderTest) -> None:
     assert server.address is not None
     cases = (
         ("\x00guest\x00guest", "nope", "NOT_ALLOWED - vhost nope not found"),
@@ -160,12 +160,12 @@ async def test_invalid_vhost_in_settings_is_refused(tmp_path: Path) -> None:
     store = LogStore(LogConfig(tmp_path, segment_size=4 << 20, index_entries_per_file=4096))
     try:
         with pytest.raises(ValueError, match=r"invalid vhost name 'a\.b'"):
-            AMQPServer(Broker(store, BrokerConfig()), SessionSettings(vhosts=("/", "a.b")))
+            ServerUnderTest(Broker(store, BrokerConfig()), SessionSettings(vhosts=("/", "a.b")))
     finally:
         await store.aclose()
 
 
-def test_vhost_keeps_the_name_it_was_given(server: AMQPServer) -> None:
+def test_vhost_keeps_the_name_it_was_given(server: ServerUnderTest) -> None:
     assert isinstance(server.vhosts["staging"], VirtualHost)
     assert server.vhosts["staging"].name == "staging"
     assert server.vhost is server.vhosts["/"]
