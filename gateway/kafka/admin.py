@@ -21,8 +21,7 @@ from typing import Any, Final
 
 from kio.schema.errors import ErrorCode
 
-from core.broker.topics import TopicError, TopicInfo
-from core.log.names import is_system_topic
+from core.api import ClientContext, TopicError, TopicInfo, is_system_topic
 from gateway.kafka import tagfilters
 from gateway.kafka.apis import ApiKey, api_versions_response
 from gateway.kafka.codec import Request
@@ -76,7 +75,7 @@ def broker_list(context: KafkaContext, connection: Connection) -> list[dict[str,
 
 def kafka_topics(context: KafkaContext) -> list[TopicInfo]:
     """The topics Kafka clients see (legal names, no system topics)."""
-    return [info for info in context.broker.topics.all() if is_legal_topic_name(info.name)]
+    return [info for info in context.api.list_topics() if is_legal_topic_name(info.name)]
 
 
 def partition_metadata(count: int) -> list[dict[str, Any]]:
@@ -95,10 +94,14 @@ def partition_metadata(count: int) -> list[dict[str, Any]]:
 
 
 def declare_kafka_topic(
-    context: KafkaContext, name: str, partitions: int, configs: dict[str, str] | None = None
+    context: KafkaContext,
+    client: ClientContext,
+    name: str,
+    partitions: int,
+    configs: dict[str, str] | None = None,
 ) -> TopicInfo:
     config: dict[str, Any] = {KAFKA_CONFIGS_KEY: configs} if configs else {}
-    info, _ = context.broker.declare_topic(name, partitions, config)
+    info = context.api.create_topic(client, name, partitions, config)
     context.metrics["topics_created"] = context.metrics.get("topics_created", 0) + 1
     return info
 
@@ -136,7 +139,7 @@ async def handle_metadata(
             if name in seen:
                 continue
             seen.add(name)
-            info: TopicInfo | None = context.broker.topics.get(name)
+            info: TopicInfo | None = context.api.topic_info(name)
             error = ErrorCode.none
             if info is None or is_system_topic(name):
                 info = None
@@ -145,7 +148,10 @@ async def handle_metadata(
                 elif allow_create:
                     try:
                         info = declare_kafka_topic(
-                            context, name, context.settings.default_partitions
+                            context,
+                            connection.client,
+                            name,
+                            context.settings.default_partitions,
                         )
                     except TopicError:
                         error = ErrorCode.invalid_topic_exception
@@ -232,7 +238,7 @@ async def handle_create_topics(
             error, message = ErrorCode.invalid_request, "topic named more than once"
         elif not is_legal_topic_name(name) or is_system_topic(name):
             error, message = ErrorCode.invalid_topic_exception, f"illegal topic name {name!r}"
-        elif context.broker.topics.get(name) is not None:
+        elif context.api.has_topic(name):
             error, message = ErrorCode.topic_already_exists, f"topic {name!r} already exists"
         elif topic.replication_factor not in (-1, 1):
             error = ErrorCode.invalid_replication_factor
@@ -242,7 +248,7 @@ async def handle_create_topics(
         elif partitions < 1:
             error, message = ErrorCode.invalid_partitions, "at least one partition"
         elif not body.validate_only:
-            declare_kafka_topic(context, name, partitions, configs)
+            declare_kafka_topic(context, connection.client, name, partitions, configs)
         ok = error == ErrorCode.none
         results.append(
             {
@@ -266,10 +272,10 @@ async def handle_delete_topics(
     body: Any = request.body
     for name in body.topic_names:
         error = ErrorCode.none
-        if is_system_topic(name) or context.broker.topics.get(name) is None:
+        if is_system_topic(name) or not context.api.has_topic(name):
             error = ErrorCode.unknown_topic_or_partition
         else:
-            context.broker.delete_topic(name)
+            context.api.delete_topic(connection.client, name)
             context.producer_states.forget_topic(name)
         responses.append({"name": name, "error_code": error, "error_message": None})
     return build_response(
@@ -283,7 +289,7 @@ async def handle_create_partitions(
     body: Any = request.body
     results = []
     for topic in body.topics:
-        info = context.broker.topics.get(topic.name)
+        info = context.api.topic_info(topic.name)
         error = ErrorCode.none
         message: str | None = None
         if info is None or is_system_topic(topic.name):
@@ -296,7 +302,7 @@ async def handle_create_partitions(
         ):
             error, message = ErrorCode.invalid_replica_assignment, "the only broker is node 0"
         elif not body.validate_only:
-            context.broker.topics.add_queues(topic.name, topic.count)
+            context.api.add_partitions(connection.client, topic.name, topic.count)
         results.append({"name": topic.name, "error_code": error, "error_message": message})
     return build_response(
         ApiKey.CREATE_PARTITIONS, request.api_version, {"throttle_time": 0, "results": results}
@@ -305,16 +311,16 @@ async def handle_create_partitions(
 
 def _topic_configs(context: KafkaContext, info: TopicInfo) -> list[ConfigRow]:
     """(name, value, source, type) of a topic's configs, the ones Kafka tools ask for."""
-    log_config = context.broker.store.config
-    retention_ms = log_config.retention_ms if log_config.retention_ms is not None else -1
-    retention_bytes = log_config.retention_bytes if log_config.retention_bytes is not None else -1
-    durability = log_config.durability_for(info.name)
+    storage = context.api.storage_settings(info.name)
+    retention_ms = storage.retention_ms if storage.retention_ms is not None else -1
+    retention_bytes = storage.retention_bytes if storage.retention_bytes is not None else -1
+    durability = storage.durability
     configs = [
         ("cleanup.policy", "delete", SOURCE_DEFAULT, TYPE_LIST),
         ("compression.type", "producer", SOURCE_DEFAULT, TYPE_STRING),
         ("retention.ms", str(retention_ms), SOURCE_STATIC_BROKER, TYPE_LONG),
         ("retention.bytes", str(retention_bytes), SOURCE_STATIC_BROKER, TYPE_LONG),
-        ("segment.bytes", str(log_config.segment_size), SOURCE_STATIC_BROKER, TYPE_INT),
+        ("segment.bytes", str(storage.segment_bytes), SOURCE_STATIC_BROKER, TYPE_INT),
         ("max.message.bytes", str(MAX_MESSAGE_BYTES), SOURCE_DEFAULT, TYPE_INT),
         ("message.timestamp.type", "CreateTime", SOURCE_DEFAULT, TYPE_STRING),
         ("min.insync.replicas", "1", SOURCE_DEFAULT, TYPE_INT),
@@ -328,9 +334,9 @@ def _topic_configs(context: KafkaContext, info: TopicInfo) -> list[ConfigRow]:
 
 
 def _broker_configs(context: KafkaContext) -> list[ConfigRow]:
-    log_config = context.broker.store.config
+    storage = context.api.storage_settings()
     settings = context.settings
-    retention_ms = log_config.retention_ms if log_config.retention_ms is not None else -1
+    retention_ms = storage.retention_ms if storage.retention_ms is not None else -1
     return [
         ("broker.id", str(NODE_ID), SOURCE_STATIC_BROKER, TYPE_INT),
         ("num.partitions", str(settings.default_partitions), SOURCE_STATIC_BROKER, TYPE_INT),
@@ -341,7 +347,7 @@ def _broker_configs(context: KafkaContext) -> list[ConfigRow]:
             TYPE_BOOLEAN,
         ),
         ("log.retention.ms", str(retention_ms), SOURCE_STATIC_BROKER, TYPE_LONG),
-        ("log.segment.bytes", str(log_config.segment_size), SOURCE_STATIC_BROKER, TYPE_INT),
+        ("log.segment.bytes", str(storage.segment_bytes), SOURCE_STATIC_BROKER, TYPE_INT),
         ("message.max.bytes", str(MAX_MESSAGE_BYTES), SOURCE_DEFAULT, TYPE_INT),
         ("default.replication.factor", "1", SOURCE_DEFAULT, TYPE_INT),
         ("offsets.topic.replication.factor", "1", SOURCE_DEFAULT, TYPE_INT),
@@ -353,7 +359,7 @@ def _broker_configs(context: KafkaContext) -> list[ConfigRow]:
 def _group_configs(context: KafkaContext, group_id: str) -> list[ConfigRow]:
     """A group's one config: its tag filter, set by an admin client (GROUP_CONFIG), by the
     config file (STATIC_BROKER_CONFIG) or not at all (DEFAULT_CONFIG, null: no filter)."""
-    value, origin = tagfilters.group_tag_filters(context.broker).setting(group_id)
+    value, origin = tagfilters.group_tag_filters(context.api).setting(group_id)
     source = {"runtime": SOURCE_DYNAMIC_GROUP, "file": SOURCE_STATIC_BROKER}.get(
         origin, SOURCE_DEFAULT
     )
@@ -368,7 +374,7 @@ _AlterResult = tuple[ErrorCode, str | None]
 def _alter_other(context: KafkaContext, resource_type: int, resource_name: str) -> _AlterResult:
     """The answer to altering a resource that is not a group (nothing here is alterable)."""
     if resource_type == RESOURCE_TOPIC:
-        if context.broker.topics.get(resource_name) is None or is_system_topic(resource_name):
+        if not context.api.has_topic(resource_name) or is_system_topic(resource_name):
             return ErrorCode.unknown_topic_or_partition, f"topic {resource_name!r} not found"
         return (
             ErrorCode.invalid_request,
@@ -414,7 +420,7 @@ async def _alter_configs(
 ) -> ResponseBody:
     """AlterConfigs and IncrementalAlterConfigs: one answer per resource, in request order."""
     body: Any = request.body
-    registry = tagfilters.group_tag_filters(context.broker)
+    registry = tagfilters.group_tag_filters(context.api)
     seen: dict[tuple[bool, int, str], int] = {}
     for resource in body.resources:
         is_group = resource.resource_type in tagfilters.GROUP_RESOURCE_TYPES
@@ -504,7 +510,7 @@ async def handle_describe_configs(
         message: str | None = None
         entries: list[ConfigRow] = []
         if resource.resource_type == RESOURCE_TOPIC:
-            info = context.broker.topics.get(resource.resource_name)
+            info = context.api.topic_info(resource.resource_name)
             if info is None or is_system_topic(resource.resource_name):
                 error = ErrorCode.unknown_topic_or_partition
             else:

@@ -1,9 +1,10 @@
 """What every request handler works with: the broker-wide Kafka state and the connection.
 
-``KafkaContext`` is built once per ``KafkaServer``: the core ``Broker`` facade, the listener's
+``KafkaContext`` is built once per ``KafkaServer``: the Broker API (``core.api``), the listener's
 settings (advertised address, topic auto-creation), the idempotent-producer state, the
 transaction coordinator and the counters exported as metrics. ``Connection`` is what a handler
-may know about the connection a request came on.
+may know about the connection a request came on, with the ``ClientContext`` every API call it
+makes for that client carries.
 
 A handler is ``async def handler(context, connection, request) -> response body | None``; the
 transport runs it eagerly (see ``server``), so work done before its first ``await`` happens in
@@ -20,10 +21,11 @@ from typing import TYPE_CHECKING, Any, Final, TypeAlias
 
 from kio.schema.errors import ErrorCode
 
+from core.api import PROTOCOL_KAFKA, ClientContext
 from gateway.kafka.codec import Request
 
 if TYPE_CHECKING:
-    from core.broker import Broker
+    from core.api import BrokerAPI
     from gateway.kafka.producers import ProducerIdAllocator, ProducerStates
     from gateway.kafka.transactions import TransactionCoordinator
 
@@ -37,6 +39,8 @@ MAX_TOPIC_NAME_LENGTH: Final = 249
 # throttle_time_ms sent while the broker's flow control blocks publishers: clients wait this
 # long before sending again (KIP-219), which is how Kafka tells producers to slow down.
 FLOW_THROTTLE_MS: Final = 100
+# The ClientContext of a connection before the transport tells who is there.
+NO_CLIENT_YET: Final = ClientContext(PROTOCOL_KAFKA)
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,7 +54,7 @@ class KafkaSettings:
 
 @dataclass(eq=False)
 class KafkaContext:
-    broker: Broker
+    api: BrokerAPI
     settings: KafkaSettings
     producer_states: ProducerStates
     producer_ids: ProducerIdAllocator
@@ -58,7 +62,7 @@ class KafkaContext:
     metrics: dict[str, int] = field(default_factory=dict)
 
     def throttle_ms(self) -> int:
-        return FLOW_THROTTLE_MS if self.broker.flow.blocked else 0
+        return FLOW_THROTTLE_MS if self.api.publishing_blocked() else 0
 
 
 @dataclass(eq=False, slots=True)
@@ -69,6 +73,8 @@ class Connection:
     local_host: str  # the address the client connected to (advertised when not configured)
     local_port: int
     client_id: str | None = None
+    # Who calls the Broker API for this connection (client_id follows the request headers').
+    client: ClientContext = NO_CLIENT_YET
 
     def advertised(self, settings: KafkaSettings) -> tuple[str, int]:
         return (

@@ -15,10 +15,15 @@ Limits (KIP-74): the response holds at most ``max_bytes`` and each partition at 
 served whole, so a consumer can never be stuck behind a batch larger than its limits.
 
 Long polling: when less than ``min_bytes`` is available the response waits, up to ``max_wait``,
-for any of the fetched partitions to get a new entry (``Broker.wait_for_records``), then reads
-again. Isolation: transactional data becomes visible only when committed (see
+for any of the fetched partitions to get a new entry (``BrokerAPI.wait_for_records``), then
+reads again. Isolation: transactional data becomes visible only when committed (see
 ``transactions``), so the last stable offset is the high watermark and there are never aborted
 transactions to list; read_committed and read_uncommitted read the same entries.
+
+Zero copy, within one call. Stored entries are read inside ``BrokerAPI.serve_stored_records``:
+the entries hold views of the log's memory maps, and the whole response is encoded (each batch
+copied once, from the map into the response frame: ``wire.py``) before that call returns, so no
+view of the log outlives it, nor is kept across the long poll's wait.
 
 Tag filters (``tagfilters.py``): a fetch that belongs to a consumer group with a tag filter
 is served only the records that match it, at their own offsets (gaps are legal, as in a
@@ -37,15 +42,22 @@ from __future__ import annotations
 
 import asyncio
 import struct
+from functools import partial
 from typing import Any, Final
 
 from kio.schema.errors import ErrorCode
 
-from core.log import QueueRecord, TagFilter
-from core.log import record as rec
-from core.log.names import is_system_topic
-from core.log.store import LogStore
-from core.log.tags import tags_from_headers
+from core.api import (
+    STORED_BATCH,
+    StoredEntry,
+    StoredRecordReader,
+    TagFilter,
+    is_system_topic,
+    stored_body,
+    stored_flags,
+    stored_tags,
+    tags_from_headers,
+)
 from gateway.kafka.apis import ApiKey
 from gateway.kafka.codec import Request
 from gateway.kafka.context import (
@@ -69,7 +81,7 @@ READ_COMMITTED: Final = 1
 LATEST_TIMESTAMP: Final = -1
 EARLIEST_TIMESTAMP: Final = -2
 MAX_TIMESTAMP: Final = -3
-# store.read counts records, a batch as all of its records: bytes are the real limit here.
+# A read counts records, a batch as all of its records: bytes are the real limit here.
 _NO_RECORD_LIMIT: Final = 2**62
 # base_offset int64 + batch_length int32 + partition_leader_epoch int32 (records.py layout)
 _OFFSET_LENGTH_EPOCH = struct.Struct(">qii")
@@ -81,16 +93,16 @@ _FILTERED_CHUNK_RECORDS: Final = 4096
 _MAX_FILTERED_SCAN: Final = 65_536
 
 
-def _batch_bytes(entry: QueueRecord, parts: list[Any]) -> int:
+def _batch_bytes(entry: StoredEntry, parts: list[Any]) -> int:
     """Append a stored batch's parts with its base offset and leader epoch set; its size."""
-    body = rec.body_slice(entry.frame, 0)
+    body = stored_body(entry)
     (length,) = struct.unpack_from(">i", body, _LENGTH_OFFSET)
     parts.append(_OFFSET_LENGTH_EPOCH.pack(entry.offset, length, LEADER_EPOCH))
     parts.append(body[_AFTER_EPOCH:])
     return len(body)
 
 
-def _plain_batch(entries: list[QueueRecord]) -> bytes:
+def _plain_batch(entries: list[StoredEntry]) -> bytes:
     """Records published by another protocol, as one RecordBatch at their offsets."""
     records: list[RecordInput] = []
     for entry in entries:
@@ -110,17 +122,17 @@ def _plain_batch(entries: list[QueueRecord]) -> bytes:
 
 
 def read_records(
-    entries: list[QueueRecord], tag_filter: TagFilter | None = None
+    entries: list[StoredEntry], tag_filter: TagFilter | None = None
 ) -> tuple[list[Any], int]:
     """The record set of a partition's entries (see the module docstring), as parts to join
-    (views of the log's memory map among them: join before the next ``await``), and its size.
+    (views of the log's memory map among them: joined into the response before
+    ``serve_stored_records`` returns), and its size.
     With ``tag_filter`` (entries that match it), batches keep only their matching records."""
     parts: list[Any] = []
-    plain: list[QueueRecord] = []
+    plain: list[StoredEntry] = []
     size = 0
     for entry in entries:
-        flags = rec.FLAGS.unpack_from(entry.frame, rec.FLAGS_OFFSET)[0]
-        if flags & rec.FLAG_BATCH:
+        if stored_flags(entry) & STORED_BATCH:
             if plain:
                 built = _plain_batch(plain)
                 parts.append(built)
@@ -145,7 +157,7 @@ def read_records(
 
 
 def read_filtered(
-    store: LogStore,
+    reader: StoredRecordReader,
     topic: str,
     partition: int,
     offset: int,
@@ -156,13 +168,13 @@ def read_filtered(
     """The record set of a partition for a group with ``tag_filter`` (see the module
     docstring), at most ``limit`` bytes of matching entries (at least one entry)."""
     masks = tag_filter.masks
-    kept: list[QueueRecord] = []
+    kept: list[StoredEntry] = []
     kept_bytes = 0
     position = offset  # the first offset not looked at yet
     scanned = 0
     full = False
     while not full and position < end and scanned < _MAX_FILTERED_SCAN:
-        entries = store.read(topic, partition, position, max_records=_FILTERED_CHUNK_RECORDS)
+        entries = reader.read(topic, partition, position, max_records=_FILTERED_CHUNK_RECORDS)
         if not entries:
             break
         for entry in entries:
@@ -173,7 +185,7 @@ def read_filtered(
             entry_mask = entry.tag_mask
             for mask in masks:
                 if entry_mask & mask == mask:
-                    if tag_filter.matches(rec.tags_slice(entry.frame, 0)):
+                    if tag_filter.matches(stored_tags(entry)):
                         if kept and kept_bytes + entry.size > limit:
                             full = True
                         else:
@@ -192,7 +204,7 @@ def read_filtered(
     return parts, size
 
 
-def _filtered_batch_bytes(entry: QueueRecord, tag_filter: TagFilter, parts: list[Any]) -> int:
+def _filtered_batch_bytes(entry: StoredEntry, tag_filter: TagFilter, parts: list[Any]) -> int:
     """A stored batch whose tags match: only its matching records (as stored when all do)."""
 
     def keep(headers: Headers) -> bool:
@@ -200,7 +212,7 @@ def _filtered_batch_bytes(entry: QueueRecord, tag_filter: TagFilter, parts: list
             tags_from_headers([(name, value) for name, value in headers if value is not None])
         )
 
-    body = rec.body_slice(entry.frame, 0)
+    body = stored_body(entry)
     try:
         filtered = filter_batch(body, keep, base_offset=entry.offset, epoch=LEADER_EPOCH)
     except RecordBatchError:
@@ -223,22 +235,23 @@ class _Partition:
 
 def _read(
     context: KafkaContext,
+    reader: StoredRecordReader,
     plan: list[tuple[str, list[_Partition]]],
     max_bytes: int,
     isolation: int,
     connection: Connection | None = None,
 ) -> tuple[list[tuple[str, list[FetchPartition]]], int, bool]:
-    """One pass over the fetched partitions: (topic responses, bytes, any partition error)."""
-    broker = context.broker
-    store = broker.store
+    """One pass over the fetched partitions: (topic responses, bytes, any partition error).
+    The record parts hold views of the log: encode them before ``reader``'s call returns."""
+    api = context.api
     # Some consumer group has a tag filter: is this fetch one of its members'?
-    filters: GroupTagFilters | None = active_tag_filters(broker) if connection is not None else None
+    filters: GroupTagFilters | None = active_tag_filters(api) if connection is not None else None
     aborted = () if isolation == READ_COMMITTED else None
     topics = []
     total = 0
     errors = False
     for topic, partitions in plan:
-        info = None if is_system_topic(topic) else broker.topics.get(topic)
+        info = None if is_system_topic(topic) else api.topic_info(topic)
         results = []
         for wanted in partitions:
             partition = wanted.partition
@@ -249,7 +262,7 @@ def _read(
             if info is None or not 0 <= partition < info.queues:
                 error = ErrorCode.unknown_topic_or_partition
             else:
-                start, end = store.queue_bounds(topic, partition)
+                start, end = reader.partition_offsets(topic, partition)
                 offset = wanted.fetch_offset
                 if offset < start or offset > end:
                     error = ErrorCode.offset_out_of_range
@@ -262,11 +275,11 @@ def _read(
                     )
                     if tag_filter is not None:
                         records, size = read_filtered(
-                            store, topic, partition, offset, end, limit, tag_filter
+                            reader, topic, partition, offset, end, limit, tag_filter
                         )
                         total += size
                     else:
-                        entries = store.read(
+                        entries = reader.read(
                             topic, partition, offset, max_records=_NO_RECORD_LIMIT, max_bytes=limit
                         )
                         if entries:
@@ -307,41 +320,46 @@ async def handle_fetch(
         )
         for topic in body.topics
     ]
-    topics, total, errors = _read(context, plan, max_bytes, isolation, connection)
-    if total < min_bytes and not errors and max_wait_ms > 0:
+    api = context.api
+    client = connection.client
+    total = 0
+
+    def respond(reader: StoredRecordReader, wait_for_more: bool) -> bytes | None:
+        """The response, encoded while the entries' views are valid; None: less than
+        ``min_bytes`` is there and the fetch may wait for more."""
+        nonlocal total
+        topics, total, errors = _read(context, reader, plan, max_bytes, isolation, connection)
+        if wait_for_more and total < min_bytes and not errors:
+            return None
+        return encode_fetch_response(
+            version, request.correlation_id, topics, throttle_time_ms=context.throttle_ms()
+        )
+
+    response = api.serve_stored_records(client, partial(respond, wait_for_more=max_wait_ms > 0))
+    if response is None:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + max_wait_ms / 1000
         keys = [(p.topic, p.partition) for _, partitions in plan for p in partitions]
         # The rest runs in a task of its own (the transport starts handlers eagerly).
         await asyncio.sleep(0)
-        while True:
+        while response is None:
             remaining = deadline - loop.time()
-            if remaining <= 0 or not await context.broker.wait_for_records(keys, remaining):
-                break
-            topics, total, errors = _read(context, plan, max_bytes, isolation, connection)
-            if total >= min_bytes or errors:
-                break
+            more = remaining > 0 and await api.wait_for_records(client, keys, remaining)
+            # After the wait: whatever is there once it timed out.
+            response = api.serve_stored_records(client, partial(respond, wait_for_more=more))
     context.metrics["fetched_bytes"] += total
-    return encode_fetch_response(
-        version, request.correlation_id, topics, throttle_time_ms=context.throttle_ms()
-    )
-
-
-def _entry_at(context: KafkaContext, topic: str, partition: int, offset: int) -> QueueRecord | None:
-    entries = context.broker.store.read(topic, partition, offset, max_records=1)
-    return entries[0] if entries else None
+    return response
 
 
 async def handle_list_offsets(
     context: KafkaContext, connection: Connection, request: Request
 ) -> ResponseBody:
-    broker = context.broker
-    store = broker.store
+    api = context.api
     topics = []
     body: Any = request.body
     for topic in body.topics:
         name = topic.name
-        info = None if is_system_topic(name) else broker.topics.get(name)
+        info = None if is_system_topic(name) else api.topic_info(name)
         results = []
         for wanted in topic.partitions:
             partition = wanted.partition_index
@@ -357,25 +375,24 @@ async def handle_list_offsets(
                 result["leader_epoch"] = -1
                 results.append(result)
                 continue
-            start, end = store.queue_bounds(name, partition)
+            start, end = api.partition_offsets(name, partition)
             timestamp = wanted.timestamp
             if timestamp == LATEST_TIMESTAMP:
                 result["offset"] = end  # the last stable offset is the high watermark
             elif timestamp == EARLIEST_TIMESTAMP:
                 result["offset"] = start
             elif timestamp == MAX_TIMESTAMP:
-                entry = _entry_at(context, name, partition, end - 1) if end > start else None
-                if entry is not None:
-                    result["offset"] = entry.offset
-                    result["timestamp"] = entry.store_ms
+                last = api.stored_time_of(name, partition, end - 1) if end > start else None
+                if last is not None:
+                    result["offset"], result["timestamp"] = last
             elif timestamp >= 0:
                 # By the time the broker stored the records (index store_ms), which is what
                 # the per-queue index can search; Kafka searches the records' max timestamps.
-                offset = store.offset_for_time(name, partition, timestamp)
+                offset = api.first_offset_stored_since(name, partition, timestamp)
                 if offset < end:
-                    entry = _entry_at(context, name, partition, offset)
+                    found = api.stored_time_of(name, partition, offset)
                     result["offset"] = max(offset, start)
-                    result["timestamp"] = entry.store_ms if entry is not None else timestamp
+                    result["timestamp"] = found[1] if found is not None else timestamp
             else:
                 result["error_code"] = ErrorCode.invalid_request
             results.append(result)
@@ -389,12 +406,12 @@ async def handle_offset_for_leader_epoch(
     context: KafkaContext, connection: Connection, request: Request
 ) -> ResponseBody:
     """One leader epoch ever (``LEADER_EPOCH``): it ends at the log end offset (KIP-101)."""
-    broker = context.broker
+    api = context.api
     topics = []
     body: Any = request.body
     for topic in body.topics:
         name = topic.topic
-        info = None if is_system_topic(name) else broker.topics.get(name)
+        info = None if is_system_topic(name) else api.topic_info(name)
         results = []
         for wanted in topic.partitions:
             partition = wanted.partition
@@ -408,7 +425,7 @@ async def handle_offset_for_leader_epoch(
                     }
                 )
                 continue
-            _, end = broker.store.queue_bounds(name, partition)
+            _, end = api.partition_offsets(name, partition)
             results.append(
                 {
                     "error_code": ErrorCode.none,

@@ -1,6 +1,6 @@
 """Consumer groups: JoinGroup, SyncGroup, Heartbeat, LeaveGroup, DescribeGroups, ListGroups,
-DeleteGroups, OffsetCommit and OffsetFetch, translated onto the core's group coordinator
-(``Broker.groups``, Kafka's classic protocol) and offset store (``Broker.offsets``).
+DeleteGroups, OffsetCommit and OffsetFetch, translated onto the Broker API's group calls
+(the core's coordinator of Kafka's classic protocol) and its committed offsets.
 
 The coordinator answers with Kafka's own error codes, so they go on the wire unchanged; this
 module only maps fields between versions. Assignors run in the clients (the leader's
@@ -13,7 +13,7 @@ from typing import Any, Final
 
 from kio.schema.errors import ErrorCode
 
-from core.log.names import is_system_topic
+from core.api import is_system_topic
 from gateway.kafka.apis import ApiKey
 from gateway.kafka.codec import Request
 from gateway.kafka.context import Connection, Handler, KafkaContext, ResponseBody, ms
@@ -41,15 +41,15 @@ async def handle_join_group(
 ) -> ResponseBody:
     body: Any = request.body
     version = request.api_version
-    result = await context.broker.groups.join(
+    result = await context.api.join_group(
+        connection.client,
         body.group_id,
         body.member_id,
         getattr(body, "group_instance_id", None),
         body.protocol_type,
         [(protocol.name, protocol.metadata) for protocol in body.protocols],
-        ms(body.session_timeout),
-        ms(body.rebalance_timeout) if version >= 1 else -1,
-        client_id=connection.client_id or "",
+        session_timeout_ms=ms(body.session_timeout),
+        rebalance_timeout_ms=ms(body.rebalance_timeout) if version >= 1 else -1,
         client_host=_client_host(connection),
         require_known_member_id=version >= 4,
     )
@@ -80,7 +80,8 @@ async def handle_sync_group(
     context: KafkaContext, connection: Connection, request: Request
 ) -> ResponseBody:
     body: Any = request.body
-    result = await context.broker.groups.sync(
+    result = await context.api.sync_group(
+        connection.client,
         body.group_id,
         body.generation_id,
         body.member_id,
@@ -91,7 +92,7 @@ async def handle_sync_group(
     )
     if int(result.error_code) == ErrorCode.none:
         # Who fetches which partitions for the group: for its tag filter (tagfilters.py).
-        group_tag_filters(context.broker).on_sync(body.group_id)
+        group_tag_filters(context.api).on_sync(body.group_id)
     return _build(
         ApiKey.SYNC_GROUP,
         request,
@@ -109,10 +110,14 @@ async def handle_heartbeat(
     context: KafkaContext, connection: Connection, request: Request
 ) -> ResponseBody:
     body: Any = request.body
-    error = context.broker.groups.heartbeat(
-        body.group_id, body.generation_id, body.member_id, getattr(body, "group_instance_id", None)
+    error = context.api.heartbeat(
+        connection.client,
+        body.group_id,
+        body.generation_id,
+        body.member_id,
+        getattr(body, "group_instance_id", None),
     )
-    return _build(ApiKey.HEARTBEAT, request, {"throttle_time": 0, "error_code": int(error)})
+    return _build(ApiKey.HEARTBEAT, request, {"throttle_time": 0, "error_code": error})
 
 
 async def handle_leave_group(
@@ -123,8 +128,8 @@ async def handle_leave_group(
         members = [(member.member_id, member.group_instance_id) for member in body.members]
     else:
         members = [(body.member_id, None)]
-    result = context.broker.groups.leave(body.group_id, members)
-    group_tag_filters(context.broker).on_leave(
+    result = context.api.leave_group(connection.client, body.group_id, members)
+    group_tag_filters(context.api).on_leave(
         body.group_id, {member.member_id for member in result.members if member.member_id}
     )
     error = int(result.error_code)
@@ -154,7 +159,7 @@ async def handle_describe_groups(
     groups = []
     body: Any = request.body
     for group_id in body.groups:
-        described = context.broker.groups.describe(group_id)
+        described = context.api.describe_group(connection.client, group_id)
         groups.append(
             {
                 "error_code": int(described.error_code),
@@ -185,7 +190,7 @@ async def handle_list_groups(
     body: Any = request.body
     states = getattr(body, "states_filter", None) or None
     types = getattr(body, "types_filter", None) or None
-    listings = context.broker.groups.list_groups(states)
+    listings = context.api.list_groups(connection.client, states)
     if types is not None and CLASSIC_GROUP_TYPE not in {t.lower() for t in types}:
         listings = []
     return _build(
@@ -210,28 +215,26 @@ async def handle_list_groups(
 async def handle_delete_groups(
     context: KafkaContext, connection: Connection, request: Request
 ) -> ResponseBody:
-    broker = context.broker
     body: Any = request.body
-    errors = broker.groups.delete_groups(body.groups_names)
+    # A deleted group's committed offsets go with it.
+    errors = context.api.delete_groups(connection.client, body.groups_names)
     for group_id, error in errors.items():
         if error == 0:
-            broker.offsets.delete_group(group_id)
-            group_tag_filters(broker).on_delete(group_id)
+            group_tag_filters(context.api).on_delete(group_id)
     return _build(
         ApiKey.DELETE_GROUPS,
         request,
         {
             "throttle_time": 0,
             "results": [
-                {"group_id": group_id, "error_code": int(error)}
-                for group_id, error in errors.items()
+                {"group_id": group_id, "error_code": error} for group_id, error in errors.items()
             ],
         },
     )
 
 
 def partition_exists(context: KafkaContext, topic: str, partition: int) -> bool:
-    info = None if is_system_topic(topic) else context.broker.topics.get(topic)
+    info = None if is_system_topic(topic) else context.api.topic_info(topic)
     return info is not None and 0 <= partition < info.queues
 
 
@@ -239,8 +242,9 @@ async def handle_offset_commit(
     context: KafkaContext, connection: Connection, request: Request
 ) -> ResponseBody:
     body: Any = request.body
-    broker = context.broker
-    error: int = broker.groups.validate_member(
+    api = context.api
+    error: int = api.validate_group_member(
+        connection.client,
         body.group_id,
         body.member_id,
         body.generation_id_or_member_epoch,
@@ -273,7 +277,7 @@ async def handle_offset_commit(
             )
         topics.append({"name": topic.name, "partitions": results})
     if commits:
-        await broker.offsets.commit(body.group_id, commits)
+        await api.commit_offsets(connection.client, body.group_id, commits)
     return _build(ApiKey.OFFSET_COMMIT, request, {"throttle_time": 0, "topics": topics})
 
 
@@ -281,13 +285,14 @@ async def handle_offset_fetch(
     context: KafkaContext, connection: Connection, request: Request
 ) -> ResponseBody:
     body: Any = request.body
-    offsets = context.broker.offsets
+    api = context.api
+    client = connection.client
     group_id = body.group_id
     require_stable = getattr(body, "require_stable", False)
     wanted: list[tuple[str, list[int]]]
     if body.topics is None:  # v2+: every partition the group has offsets for
         by_topic: dict[str, list[int]] = {}
-        for topic, partition in sorted(offsets.fetch_group(group_id)):
+        for topic, partition in sorted(api.fetch_group_offsets(client, group_id)):
             by_topic.setdefault(topic, []).append(partition)
         wanted = list(by_topic.items())
     else:
@@ -296,7 +301,7 @@ async def handle_offset_fetch(
     for topic, partitions in wanted:
         results = []
         for partition in partitions:
-            committed = offsets.fetch(group_id, topic, partition)
+            committed = api.fetch_offset(client, group_id, topic, partition)
             error = ErrorCode.none
             if require_stable and context.transactions.has_pending_offsets(
                 group_id, topic, partition

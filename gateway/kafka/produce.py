@@ -5,7 +5,8 @@ partition must exist (UNKNOWN_TOPIC_OR_PARTITION; topics are created by Metadata
 the batch must be one valid magic-2 batch (its CRC-32C is checked; compression is kept as
 sent), an idempotent batch must be in sequence or a duplicate (``producers``), and a
 transactional one must belong to its producer's open transaction (``transactions``). The batch
-is then appended with ``Broker.publish_batch``; a transactional batch as a half message.
+is then stored with ``BrokerAPI.produce_batch``, which returns the durability handle (a
+``Publication``); a transactional batch as a half message of its transaction.
 
 acks (``ProduceRequest.acks``):
 
@@ -27,11 +28,15 @@ from typing import Any, Final
 
 from kio.schema.errors import ErrorCode
 
-from core.broker.broker import BRAID_HEADER_PREFIX, may_carry_braid_headers
-from core.broker.topics import TopicError
-from core.log.batches import unpack_batch
-from core.log.names import is_system_topic
-from core.log.store import now_ms
+from core.api import (
+    BRAID_HEADER_PREFIX,
+    ClientContext,
+    TopicError,
+    is_system_topic,
+    may_carry_braid_headers,
+    now_ms,
+    unpack_batch,
+)
 from gateway.kafka.apis import ApiKey
 from gateway.kafka.codec import Request
 from gateway.kafka.context import Connection, Handler, KafkaContext, ResponseBody
@@ -54,21 +59,22 @@ NO_OFFSET: Final = -1
 async def handle_produce(
     context: KafkaContext, connection: Connection, request: Request
 ) -> ResponseBody | None:
-    broker = context.broker
-    if broker.flow.blocked:
-        await broker.flow.wait_unblocked()
+    api = context.api
+    if api.publishing_blocked():
+        await api.wait_publishing_allowed()
     body: Any = request.body
     acks = body.acks
     version = request.api_version
     metrics = context.metrics
-    client = connection.client_id or ""
-    # commit-log end to await: acks=all answers once everything before it is durable
-    durable_end = 0
+    client = connection.client
+    # Per topic, the durable mark to await: acks=all answers once everything before it is
+    # durable at the topic's durability (the last batch's Publication covers the earlier ones).
+    durable_marks: list[tuple[str, int]] = []
     responses: list[tuple[str, list[ProducePartition]]] = []
     for topic_data in body.topic_data:
         name = topic_data.name
-        info = None if is_system_topic(name) else broker.topics.get(name)
-        sync = broker.store.is_sync(name)
+        info = None if is_system_topic(name) else api.topic_info(name)
+        durable_end = 0
         partitions: list[ProducePartition] = []
         for partition_data in topic_data.partition_data:
             index = partition_data.index
@@ -95,22 +101,26 @@ async def handle_produce(
                     error = ErrorCode.kafka_storage_error
             if error != ErrorCode.none:
                 metrics["produce_errors"] += 1
-            elif sync and end > durable_end:
+            elif end > durable_end:
                 durable_end = end
             partitions.append(
                 ProducePartition(
                     index,
                     error,
                     base_offset,
-                    broker.store.queue_bounds(name, index)[0] if info is not None else -1,
+                    api.partition_offsets(name, index)[0] if info is not None else -1,
                     message,
                 )
             )
+        if durable_end:
+            durable_marks.append((name, durable_end))
         responses.append((name, partitions))
     if acks == ACKS_NONE:
         return None
-    if acks == ACKS_ALL and durable_end:
-        await broker.store.wait_durable(durable_end)
+    if acks == ACKS_ALL:
+        # At once for an async topic; one group-commit fsync covers every sync one.
+        for name, durable_end in durable_marks:
+            await api.when_durable(durable_end, name)
     return encode_produce_response(
         version, request.correlation_id, responses, context.throttle_ms()
     )
@@ -122,9 +132,10 @@ async def _store_batch(
     partition: int,
     records: bytes | None,
     version: int,
-    client: str,
+    client: ClientContext,
 ) -> tuple[ErrorCode, int, int]:
-    """Validate, deduplicate and append one partition's batch: (error, base offset, end)."""
+    """Validate, deduplicate and store one partition's batch: (error, base offset, the durable
+    mark of the stored batch)."""
     batch, header = validate_produce_records(records, version)
     # No copy out of the request buffer: the header hint below searches the view in place, and
     # the log writes the batch to the segment file straight from it (CommitLog.append_parts).
@@ -153,46 +164,37 @@ async def _store_batch(
             return ErrorCode.none, check.duplicate.base_offset, check.duplicate.end_position
         if check.error != ErrorCode.none:
             return check.error, NO_OFFSET, 0
-    if txn is not None:
-        # A half message: visible (and given its offset) when the transaction commits.
-        appended = context.transactions.store_half(
-            txn,
-            topic,
-            partition,
-            batch,
-            header.record_count,
-            born_ms=header.base_timestamp,
-            client=client,
-        )
-        base_offset = NO_OFFSET
-    else:
-        deliver_at = delivery_time(batch, braid_headers) if hinted else 0
-        result = await context.broker.publish_batch(
-            topic,
-            partition,
-            batch,
-            header.record_count,
-            born_ms=header.base_timestamp,
-            client=client,
-            deliver_at_ms=deliver_at,
-            wait_durable=False,
-            braid_headers=braid_headers,
-        )
-        appended = result.appended
-        # A delayed batch gets its partition offset when it becomes visible.
-        base_offset = NO_OFFSET if deliver_at else result.offset
+    # A half message (txn) is visible, and given its offset, when the transaction commits; a
+    # delayed batch gets its partition offset when it becomes visible.
+    deliver_at = delivery_time(batch, braid_headers) if hinted and txn is None else 0
+    publication = context.api.produce_batch(
+        client,
+        topic,
+        partition,
+        batch,
+        header.record_count,
+        born_ms=header.base_timestamp,
+        deliver_at_ms=deliver_at,
+        braid_headers=braid_headers,
+        transaction=txn.service_id if txn is not None else None,
+    )
+    # Stored now unless flow control held it back since the request's check (then it is
+    # awaited: stored, and durable).
+    outcome = publication.outcome if publication.stored else await publication
+    base_offset = NO_OFFSET if deliver_at or outcome.half else outcome.offset
+    end = outcome.durable_mark
     if producer_id >= 0:
         context.producer_states.record(
             topic,
             partition,
             producer_id,
             header.producer_epoch,
-            StoredBatch(header.base_sequence, last, base_offset, appended.end),
+            StoredBatch(header.base_sequence, last, base_offset, end),
         )
     metrics["produced_batches"] += 1
     metrics["produced_records"] += header.record_count
     metrics["produced_bytes"] += header.size
-    return ErrorCode.none, base_offset, appended.end
+    return ErrorCode.none, base_offset, end
 
 
 _DELIVER_AT_BYTES = DELIVER_AT_HEADER.encode()

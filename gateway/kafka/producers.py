@@ -33,11 +33,12 @@ import json
 import logging
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from typing import Final, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Final, NamedTuple, Protocol
 
 from kio.schema.errors import ErrorCode
 
-from core.log import Appended
+if TYPE_CHECKING:
+    from core.api import BrokerAPI
 
 log = logging.getLogger(__name__)
 
@@ -178,11 +179,31 @@ class ProducerStates:
 
 
 class KeyValueTable(Protocol):
-    """The durable key-value table state is kept in (``core.state.DurableTable``)."""
+    """The durable key-value table state is kept in; ``put`` returns the durable mark to wait
+    for (``BrokerAPI.when_durable``)."""
 
     def get(self, key: str) -> bytes | None: ...
-    def put(self, key: str, value: bytes) -> Appended: ...
+    def put(self, key: str, value: bytes) -> int: ...
     def items(self) -> Iterator[tuple[str, bytes]]: ...
+
+
+class MetadataTable:
+    """The broker's metadata table (``__meta``) through the Broker API, as a ``KeyValueTable``
+    of the ``kafka:`` keys (producer id blocks, transactional ids)."""
+
+    PREFIX: Final = "kafka:"
+
+    def __init__(self, api: BrokerAPI) -> None:
+        self._api = api
+
+    def get(self, key: str) -> bytes | None:
+        return self._api.metadata_value(key)
+
+    def put(self, key: str, value: bytes) -> int:
+        return self._api.put_metadata(key, value)
+
+    def items(self) -> Iterator[tuple[str, bytes]]:
+        return iter(self._api.metadata_items(self.PREFIX))
 
 
 PRODUCER_ID_KEY: Final = "kafka:producer-id-block"
@@ -202,7 +223,9 @@ class ProducerIdAllocator:
         self._next = int(json.loads(raw)["block_end"]) if raw else 0
         self._block_end = self._next
 
-    def next_id(self) -> tuple[int, Appended | None]:
+    def next_id(self) -> tuple[int, int | None]:
+        """A producer id, and the durable mark of the block reservation it needed (None: the
+        block was reserved before)."""
         reservation = None
         if self._next >= self._block_end:
             self._block_end = self._next + PRODUCER_ID_BLOCK

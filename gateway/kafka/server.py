@@ -1,8 +1,9 @@
 """The Kafka listener: a thin ``asyncio.Protocol`` per connection around the sans-IO codec.
 
-``KafkaServer(broker, ...)`` accepts connections; each ``KafkaConnection`` feeds received
-bytes to its ``KafkaDecoder``, parses every complete frame of the read at once, and hands each
-request to its handler (``admin``, ``produce``, ``fetch``, ``groups``, ``txn_handlers``).
+``KafkaServer(api, ...)`` (``api``: the ``core.api.BrokerAPI``, all it uses of the core) accepts
+connections; each ``KafkaConnection`` feeds received bytes to its ``KafkaDecoder``, parses every
+complete frame of the read at once, and hands each request to its handler (``admin``,
+``produce``, ``fetch``, ``groups``, ``txn_handlers``).
 
 Ordering. Kafka answers the requests of a connection in the order they came (clients match
 responses by correlation id but librdkafka and the Java client require the order). A handler is
@@ -30,15 +31,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import itertools
 import logging
 import socket
 from collections import deque
 from collections.abc import Iterator
 from typing import Any, Final, cast
 
-from core.broker import Broker
-from core.broker.eager import Pending, run_eagerly
-from core.log import record as rec
+from core.api import (
+    PROTOCOL_KAFKA,
+    BrokerAPI,
+    ClientContext,
+    RestOfCoroutine,
+    run_until_first_wait,
+)
 from gateway.kafka import admin, fetch, groups, produce, txn_handlers
 from gateway.kafka.apis import SUPPORTED_APIS
 from gateway.kafka.codec import (
@@ -54,12 +61,13 @@ from gateway.kafka.context import Connection, Handler, KafkaContext, KafkaSettin
 from gateway.kafka.errors import KafkaFrameError, MalformedRequestError
 from gateway.kafka.producers import (
     TAIL_ENTRIES,
+    MetadataTable,
     ProducerIdAllocator,
     ProducerStates,
     TailBatch,
     last_sequence,
 )
-from gateway.kafka.records import read_batch_header
+from gateway.kafka.records import BATCH_HEADER_SIZE, read_batch_header
 from gateway.kafka.transactions import TransactionCoordinator
 
 log = logging.getLogger(__name__)
@@ -73,6 +81,8 @@ MAX_PENDING_REQUESTS: Final = 1000
 MAX_PENDING_BYTES: Final = 64 * 1024 * 1024
 # Kafka's socket.listen.backlog.size (KIP-764) default.
 LISTEN_BACKLOG: Final = 50
+# Names connections in the ClientContext (logs, the management API).
+_connection_numbers = itertools.count(1)
 
 HANDLERS: Final[dict[int, Handler]] = {
     **admin.HANDLERS,
@@ -143,10 +153,13 @@ class KafkaConnection(asyncio.Protocol):
         peer = transport.get_extra_info("peername")
         local = transport.get_extra_info("sockname")
         peer_text = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        client = ClientContext(
+            PROTOCOL_KAFKA, peer=peer_text, connection_id=f"kafka-{next(_connection_numbers)}"
+        )
         if isinstance(local, tuple):
-            self.connection = Connection(peer_text, str(local[0]), int(local[1]))
+            self.connection = Connection(peer_text, str(local[0]), int(local[1]), client=client)
         else:
-            self.connection = Connection(peer_text, "", 0)
+            self.connection = Connection(peer_text, "", 0, client=client)
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             with contextlib.suppress(OSError):
@@ -254,14 +267,19 @@ class KafkaConnection(asyncio.Protocol):
 
     def _start(self, request: Request) -> None:
         """Run the request's handler eagerly; queue its response in request order."""
-        self.connection.client_id = request.client_id
+        connection = self.connection
+        if request.client_id != connection.client_id:
+            connection.client_id = request.client_id
+            connection.client = dataclasses.replace(
+                connection.client, client_id=request.client_id or ""
+            )
         handler = HANDLERS[request.api_key]
         try:
-            started = run_eagerly(handler(self.context, self.connection, request))
+            started = run_until_first_wait(handler(self.context, connection, request))
         except Exception:
             self._handler_failed(request)
             return
-        if not isinstance(started, Pending):
+        if not isinstance(started, RestOfCoroutine):
             try:
                 reply = self._encode(request, started)
             except Exception:
@@ -352,7 +370,7 @@ class KafkaServer:
 
     def __init__(
         self,
-        broker: Broker,
+        api: BrokerAPI,
         *,
         advertised_host: str | None = None,
         advertised_port: int | None = None,
@@ -362,7 +380,7 @@ class KafkaServer:
     ) -> None:
         if default_partitions < 1:
             raise ValueError("default_partitions must be >= 1")
-        self.broker = broker
+        self.api = api
         self.settings = KafkaSettings(
             advertised_host=advertised_host,
             advertised_port=advertised_port,
@@ -383,12 +401,12 @@ class KafkaServer:
         # version), so that the first request of each kind is about as fast as the next without
         # delaying the start; a request that comes first resolves its own schema.
         self._preload = loop.run_in_executor(None, preload_schemas, SUPPORTED_APIS, self._closing)
-        broker = self.broker
-        table = broker.topics.table
+        api = self.api
+        table = MetadataTable(api)
         producer_ids = ProducerIdAllocator(table)
-        transactions = TransactionCoordinator(broker, table, producer_ids, metrics=self.metrics)
+        transactions = TransactionCoordinator(api, table, producer_ids, metrics=self.metrics)
         context = KafkaContext(
-            broker=broker,
+            api=api,
             settings=self.settings,
             producer_states=ProducerStates(self._stored_producer_batches),
             producer_ids=producer_ids,
@@ -438,30 +456,16 @@ class KafkaServer:
     def _stored_producer_batches(self, topic: str, partition: int) -> Iterator[TailBatch]:
         """The idempotent batches among the last ``TAIL_ENTRIES`` entries of a partition, oldest
         first: what rebuilds its producer state after a restart (``producers``)."""
-        store = self.broker.store
-        index = store.queue_index(topic, partition)
-        if index is None:
-            return
-        start, end = store.queue_bounds(topic, partition)
-        first_entry = max(index.start_entry, index.next_entry - TAIL_ENTRIES)
-        if first_entry >= index.next_entry or start >= end:
-            return
-        offset = max(index.entry(first_entry).first_offset, start)
-        while offset < end:
-            entries = store.read(topic, partition, offset, max_records=2**62)
-            if not entries:
-                return
-            for entry in entries:
-                offset = entry.next_offset
-                flags = rec.FLAGS.unpack_from(entry.frame, rec.FLAGS_OFFSET)[0]
-                if not flags & rec.FLAG_BATCH or flags & rec.FLAG_TXN_CONTROL:
-                    continue
-                header = read_batch_header(rec.body_slice(entry.frame, 0))
-                if header.producer_id >= 0 and header.base_sequence >= 0:
-                    yield (
-                        header.producer_id,
-                        header.producer_epoch,
-                        header.base_sequence,
-                        last_sequence(header.base_sequence, header.last_offset_delta),
-                        entry.offset,
-                    )
+        stored = self.api.read_tail_batch_headers(
+            topic, partition, max_entries=TAIL_ENTRIES, header_size=BATCH_HEADER_SIZE
+        )
+        for base_offset, raw_header in stored:
+            header = read_batch_header(raw_header)
+            if header.producer_id >= 0 and header.base_sequence >= 0:
+                yield (
+                    header.producer_id,
+                    header.producer_epoch,
+                    header.base_sequence,
+                    last_sequence(header.base_sequence, header.last_offset_delta),
+                    base_offset,
+                )

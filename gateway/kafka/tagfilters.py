@@ -36,12 +36,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
-from core.groups.state import GroupState
-from core.log import TagFilter
-from core.log.tags import parse_tag_expression
+from core.api import (
+    PROTOCOL_KAFKA,
+    BrokerAPI,
+    ClientContext,
+    GroupState,
+    TagFilter,
+    parse_tag_expression,
+)
 
 if TYPE_CHECKING:
-    from core.broker import Broker
     from gateway.kafka.context import Connection
 
 log = logging.getLogger(__name__)
@@ -63,6 +67,8 @@ _CONFIG_KEY: Final = "kafka:group-tag-filter:"
 # A fetch connection's claim on a member lasts this long after its last fetch (clients fetch
 # every fetch.max.wait.ms, 500 ms by default, while they have room for records).
 CLAIM_TTL_S: Final = 5.0
+# Who the registry's own calls are made as (it reads groups the coordinator formed).
+_REGISTRY_CONTEXT: Final = ClientContext(PROTOCOL_KAFKA, connection_id="kafka-tag-filters")
 _INT16 = struct.Struct(">h")
 _INT32 = struct.Struct(">i")
 
@@ -132,8 +138,8 @@ class Owner:
 class GroupTagFilters:
     """The tag filters of consumer groups and the members that fetch for them."""
 
-    def __init__(self, broker: Broker) -> None:
-        self.broker = broker
+    def __init__(self, api: BrokerAPI) -> None:
+        self.api = api
         self.configured: dict[str, str] = {}  # group -> expression, from the config file
         self.runtime: dict[str, str] = {}  # group -> expression set by an admin client
         self.filters: dict[str, TagFilter | None] = {}  # in effect (None: explicitly none)
@@ -145,10 +151,8 @@ class GroupTagFilters:
         self._claims: dict[str, tuple[str, str, float]] = {}
         self._warned: set[tuple[str, str]] = set()
         self.metrics: dict[str, int] = {"filtered_fetches": 0, "ambiguous_fetches": 0}
-        table = broker.topics.table
-        for key, value in table.items():
-            if key.startswith(_CONFIG_KEY):
-                self.runtime[key[len(_CONFIG_KEY) :]] = value.decode()
+        for key, value in api.metadata_items(_CONFIG_KEY):
+            self.runtime[key[len(_CONFIG_KEY) :]] = value.decode()
         self._refresh()
 
     # -- settings --------------------------------------------------------------------------
@@ -177,17 +181,15 @@ class GroupTagFilters:
 
     def set_filter(self, group_id: str, expression: str | None) -> int | None:
         """Set (``None``: delete, back to the config file's) a group's filter in ``__meta``.
-        Returns the log position after the record written (``None``: nothing written), which
-        ``store_filter`` waits to be durable."""
-        table = self.broker.topics.table
+        Returns the durable mark of the record written (``None``: nothing written), which
+        ``store_filter`` waits for."""
         end: int | None = None
         if expression is None:
             if self.runtime.pop(group_id, None) is not None:
-                deleted = table.delete(_CONFIG_KEY + group_id)
-                end = deleted.end if deleted is not None else None
+                end = self.api.delete_metadata(_CONFIG_KEY + group_id)
         else:
             self.runtime[group_id] = expression
-            end = table.put(_CONFIG_KEY + group_id, expression.encode()).end
+            end = self.api.put_metadata(_CONFIG_KEY + group_id, expression.encode())
         self._refresh()
         return end
 
@@ -195,7 +197,7 @@ class GroupTagFilters:
         """``set_filter``, returning once the change is durable (an admin client's answer)."""
         end = self.set_filter(group_id, expression)
         if end is not None:
-            await self.broker.store.wait_durable(end)
+            await self.api.when_durable(end)
 
     def _refresh(self) -> None:
         merged = {**self.configured, **self.runtime}
@@ -210,7 +212,7 @@ class GroupTagFilters:
     def on_sync(self, group_id: str) -> None:
         """A SyncGroup succeeded: record the members' assignments (the coordinator has them
         all once the leader's SyncGroup came)."""
-        described = self.broker.groups.describe(group_id)
+        described = self.api.describe_group(_REGISTRY_CONTEXT, group_id)
         self._drop_group(group_id)
         now = time.monotonic()
         for peer, (_, _, seen) in list(self._claims.items()):
@@ -256,12 +258,12 @@ class GroupTagFilters:
         if not owners:
             return None
         wanted = (topic, partition)
-        groups = self.broker.groups
+        api = self.api
         candidates = [
             owner
             for owner in owners
             if wanted in owner.partitions
-            and groups.state(owner.group_id) not in (None, GroupState.EMPTY, GroupState.DEAD)
+            and api.group_state(owner.group_id) not in (None, GroupState.EMPTY, GroupState.DEAD)
         ]
         if not candidates:
             return None
@@ -313,18 +315,19 @@ class GroupTagFilters:
         return left or candidates
 
 
-_registries: weakref.WeakKeyDictionary[Broker, GroupTagFilters] = weakref.WeakKeyDictionary()
+# One registry per Broker API (the server makes one per broker: braid/server.py).
+_registries: weakref.WeakKeyDictionary[BrokerAPI, GroupTagFilters] = weakref.WeakKeyDictionary()
 
 
-def group_tag_filters(broker: Broker) -> GroupTagFilters:
+def group_tag_filters(api: BrokerAPI) -> GroupTagFilters:
     """The broker's registry, made on first use (every Kafka listener of it shares it)."""
-    registry = _registries.get(broker)
+    registry = _registries.get(api)
     if registry is None:
-        registry = _registries[broker] = GroupTagFilters(broker)
+        registry = _registries[api] = GroupTagFilters(api)
     return registry
 
 
-def active_tag_filters(broker: Broker) -> GroupTagFilters | None:
+def active_tag_filters(api: BrokerAPI) -> GroupTagFilters | None:
     """The registry if some group has a filter (the fetch path's one test), else None."""
-    registry = _registries.get(broker)
+    registry = _registries.get(api)
     return registry if registry is not None and registry.active else None

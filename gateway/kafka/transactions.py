@@ -1,19 +1,19 @@
 """Kafka transactions (KIP-98) on the core's transactional half messages.
 
-How a transaction is stored (``core.transactions.TransactionService``, ``Broker.transactions``):
+How a transaction is stored (the Broker API's transactions of half messages):
 
-- A transaction's first batch opens a service transaction (producer group
-  ``kafka:<transactional.id>``, no check-back); each transactional batch is appended as a
-  **half message** (``add_nowait``, ``FLAG_BATCH``): in the commit log, indexed only in
+- A transaction's first batch opens a service transaction (``begin_transaction``: producer
+  group ``kafka:<transactional.id>``, no check-back); each transactional batch is appended as
+  a **half message** (``produce_batch(transaction=...)``): in the commit log, indexed only in
   ``__half``, invisible in its partition.
-- EndTxn(commit): ``service.commit`` appends one LINK naming every half, so all of them become
+- EndTxn(commit): ``commit_transaction`` appends one LINK naming every half, so all of them become
   visible in their partitions at once (a crash leaves all or none); then a COMMIT control batch
   goes to every partition of the transaction, and the offsets staged by TxnOffsetCommit are
   committed.
-- EndTxn(abort), a transaction timeout: ``service.rollback`` (the halves are never indexed where
-  consumers read) and an ABORT control batch to every partition. Aborted data is never visible,
-  to read_committed and read_uncommitted consumers alike, and the last stable offset is always
-  the high watermark.
+- EndTxn(abort), a transaction timeout: ``roll_back_transaction`` (the halves are never
+  indexed where consumers read) and an ABORT control batch to every partition. Aborted data is
+  never visible, to read_committed and read_uncommitted consumers alike, and the last stable
+  offset is always the high watermark.
 
 Differences from Kafka, by design of the half messages: a read_uncommitted consumer does not
 see open or aborted transactions either; the Produce response of a transactional batch carries
@@ -46,16 +46,12 @@ from typing import TYPE_CHECKING, Final
 
 from kio.schema.errors import ErrorCode
 
-from core.broker.topics import TopicError
-from core.log import Appended
-from core.log import record as rec
-from core.log.store import now_ms
-from core.transactions import TransactionError
+from core.api import PROTOCOL_KAFKA, ClientContext, TopicError, TransactionError, now_ms
 from gateway.kafka.producers import KeyValueTable, ProducerIdAllocator
 from gateway.kafka.records import ControlType, build_control_batch
 
 if TYPE_CHECKING:
-    from core.broker import Broker
+    from core.api import BrokerAPI
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +65,8 @@ MAX_TRANSACTION_TIMEOUT_MS: Final = 15 * 60 * 1000
 SERVICE_TIMEOUT_GRACE_MS: Final = 60_000
 # Epochs are int16; Kafka moves to a new producer id before the epoch overflows.
 MAX_EPOCH: Final = 2**15 - 2
+# Who the coordinator's own calls are made as (markers, commits, rollbacks, timeouts).
+COORDINATOR_CONTEXT: Final = ClientContext(PROTOCOL_KAFKA, connection_id="kafka-transactions")
 
 
 class TxnState(enum.Enum):
@@ -111,14 +109,13 @@ class TransactionCoordinator:
 
     def __init__(
         self,
-        broker: Broker,
+        api: BrokerAPI,
         table: KeyValueTable,
         producer_ids: ProducerIdAllocator,
         *,
         metrics: dict[str, int] | None = None,
     ) -> None:
-        self.broker = broker
-        self.service = broker.transactions
+        self.api = api
         self.table = table
         self.producer_ids = producer_ids
         self._by_id: dict[str, Transaction] = {}
@@ -145,15 +142,15 @@ class TransactionCoordinator:
         their producers: the part of such a transaction sent before the restart cannot be
         committed together with the part sent after it."""
         end = 0
-        for pending in self.service.pending():
+        for pending in self.api.open_transactions():
             if not pending.producer_group.startswith(GROUP_PREFIX):
                 continue
             transactional_id = pending.producer_group[len(GROUP_PREFIX) :]
-            await self.service.rollback(pending.txn_id)
+            await self.api.roll_back_transaction(COORDINATOR_CONTEXT, pending.transaction_id)
             txn = self._by_id.get(transactional_id)
             if txn is not None:
                 self._bump_epoch(txn)
-                end = max(end, self.table.put(_TXN_KEY + transactional_id, txn.to_json()).end)
+                end = max(end, self.table.put(_TXN_KEY + transactional_id, txn.to_json()))
             log.warning(
                 "kafka: transaction of %r was open at shutdown (%d batches): aborted, "
                 "producer fenced",
@@ -161,7 +158,7 @@ class TransactionCoordinator:
                 pending.halves,
             )
         if end:
-            await self.broker.store.wait_durable(end)
+            await self.api.when_durable(end)
 
     def close(self) -> None:
         for txn in self._by_id.values():
@@ -212,9 +209,7 @@ class TransactionCoordinator:
             self._bump_epoch(txn)
             txn.timeout_ms = timeout_ms
             self._reset(txn, TxnState.EMPTY)
-        await self.broker.store.wait_durable(
-            self.table.put(_TXN_KEY + transactional_id, txn.to_json()).end
-        )
+        await self.api.when_durable(self.table.put(_TXN_KEY + transactional_id, txn.to_json()))
         return ErrorCode.none, txn.producer_id, txn.producer_epoch
 
     # -- checks ----------------------------------------------------------------------------
@@ -235,10 +230,10 @@ class TransactionCoordinator:
         if txn.state is TxnState.ONGOING:
             return
         txn.state = TxnState.ONGOING
-        group = GROUP_PREFIX + txn.transactional_id
-        self.service.set_check_back(group, None)  # Kafka never asks back: a timeout aborts
-        txn.service_id = self.service.begin(
-            group,
+        # Kafka never asks the producer back: a timeout aborts.
+        txn.service_id = self.api.begin_transaction(
+            COORDINATOR_CONTEXT,
+            GROUP_PREFIX + txn.transactional_id,
             next(self._service_ids),
             timeout_ms=txn.timeout_ms + SERVICE_TIMEOUT_GRACE_MS,
         )
@@ -262,7 +257,7 @@ class TransactionCoordinator:
         unknown = {
             (topic, partition)
             for topic, partition in partitions
-            if (info := self.broker.topics.get(topic)) is None or not 0 <= partition < info.queues
+            if (info := self.api.topic_info(topic)) is None or not 0 <= partition < info.queues
         }
         if unknown:
             return {
@@ -335,31 +330,6 @@ class TransactionCoordinator:
         txn.partitions.add((topic, partition))
         return ErrorCode.none, txn
 
-    def store_half(
-        self,
-        txn: Transaction,
-        topic: str,
-        partition: int,
-        batch: bytes | memoryview,
-        record_count: int,
-        *,
-        born_ms: int,
-        client: str,
-    ) -> Appended:
-        """Append a transactional batch as a half message of ``txn`` (not yet durable)."""
-        assert txn.service_id is not None  # check_produce began it
-        return self.service.add_nowait(
-            txn.service_id,
-            topic,
-            partition,
-            batch,
-            protocol=rec.PROTOCOL_KAFKA,
-            flags=rec.FLAG_BATCH,
-            record_count=record_count,
-            born_ms=born_ms,
-            client=client,
-        )
-
     # -- EndTxn ----------------------------------------------------------------------------
 
     async def end_transaction(
@@ -393,7 +363,7 @@ class TransactionCoordinator:
         if txn.service_id is not None:
             try:
                 # One LINK: every half becomes visible in its partition at once; durable.
-                await self.service.commit(txn.service_id)
+                await self.api.commit_transaction(COORDINATOR_CONTEXT, txn.service_id)
             except TransactionError as error:  # decided behind our back (its safety net)
                 log.warning("kafka: transaction %r: %s", txn.transactional_id, error)
                 await self._abort(txn, str(error))
@@ -401,9 +371,12 @@ class TransactionCoordinator:
         end = await self._write_markers(txn, ControlType.COMMIT)
         for group_id, staged in txn.offsets.items():
             if staged:
-                end = max(end, self.broker.offsets.commit_nowait(group_id, staged.values()))
+                end = max(
+                    end,
+                    self.api.commit_offsets_nowait(COORDINATOR_CONTEXT, group_id, staged.values()),
+                )
         if end:
-            await self.broker.store.wait_durable(end)
+            await self.api.when_durable(end)
         self._reset(txn, TxnState.COMPLETE_COMMIT)
         self.metrics["committed"] += 1
         return ErrorCode.none
@@ -416,12 +389,12 @@ class TransactionCoordinator:
         log.debug("kafka: transaction %r aborted: %s", txn.transactional_id, reason)
         if txn.service_id is not None:
             try:
-                await self.service.rollback(txn.service_id)
+                await self.api.roll_back_transaction(COORDINATOR_CONTEXT, txn.service_id)
             except TransactionError as error:
                 log.warning("kafka: transaction %r: %s", txn.transactional_id, error)
         end = await self._write_markers(txn, ControlType.ABORT)
         if end:
-            await self.broker.store.wait_durable(end)
+            await self.api.when_durable(end)
         self._reset(txn, TxnState.COMPLETE_ABORT)
         self.metrics["aborted"] += 1
 
@@ -436,18 +409,14 @@ class TransactionCoordinator:
                 timestamp_ms=stamp,
             )
             try:
-                result = await self.broker.publish_batch(
-                    topic,
-                    partition,
-                    marker,
-                    1,
-                    born_ms=stamp,
-                    flags=rec.FLAG_TXN_CONTROL,
-                    wait_durable=False,
+                publication = self.api.write_transaction_marker(
+                    COORDINATOR_CONTEXT, topic, partition, marker, born_ms=stamp
                 )
             except TopicError:
                 continue  # deleted meanwhile
-            end = max(end, result.appended.end)
+            # Held back by flow control (rare): wait for it to be stored, and durable.
+            outcome = publication.outcome if publication.stored else await publication
+            end = max(end, outcome.durable_mark)
         return end
 
     def _expire(self, txn: Transaction, epoch: int) -> None:
@@ -466,8 +435,9 @@ class TransactionCoordinator:
         async def expire() -> None:
             await self._abort(txn, "timed out")
             self._bump_epoch(txn)
-            appended = self.table.put(_TXN_KEY + txn.transactional_id, txn.to_json())
-            await self.broker.store.wait_durable(appended.end)
+            await self.api.when_durable(
+                self.table.put(_TXN_KEY + txn.transactional_id, txn.to_json())
+            )
 
         task = asyncio.get_running_loop().create_task(expire())
         self._tasks.add(task)

@@ -33,7 +33,7 @@ async def handle_init_producer_id(
     if body.transactional_id is None:
         producer_id, reservation = context.producer_ids.next_id()
         if reservation is not None:
-            await context.broker.store.wait_durable(reservation.end)
+            await context.api.when_durable(reservation)
         error, epoch = ErrorCode.none, 0
         context.metrics["producer_ids"] += 1
     else:
@@ -134,8 +134,13 @@ async def handle_txn_offset_commit(
         # v3 (KIP-447): the producer proves it is a current member of the consumer group.
         error = ErrorCode(
             int(
-                context.broker.groups.validate_member(
-                    body.group_id, member_id, generation, instance_id, transactional=True
+                context.api.validate_group_member(
+                    connection.client,
+                    body.group_id,
+                    member_id,
+                    generation,
+                    instance_id,
+                    transactional=True,
                 )
             )
         )

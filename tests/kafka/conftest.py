@@ -2,20 +2,23 @@
 
 End-to-end tests run the real clients against a real ``braid serve`` subprocess with only the
 Kafka listener on (``braid``: one per test module, so its tests use their own topic names);
-the in-process tests run ``KafkaServer`` over a ``Broker`` on a temporary directory in the
-test's own event loop (``kafka_server``).
+the in-process tests run ``KafkaServer`` over the Broker API of a ``Broker`` on a temporary
+directory in the test's own event loop (``kafka_server``; ``broker_of`` gives its Broker back to
+the tests that set up records through the core directly).
 """
 
 from __future__ import annotations
 
 import itertools
 import os
+import weakref
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
+from core.api import BrokerAPI
 from core.broker import Broker, BrokerConfig
 from core.log import LogConfig, LogStore
 from gateway.kafka.server import KafkaServer
@@ -44,6 +47,24 @@ def braid(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BraidProcess]:
         yield process
 
 
+_apis: weakref.WeakKeyDictionary[Broker, BrokerAPI] = weakref.WeakKeyDictionary()
+_brokers: weakref.WeakKeyDictionary[BrokerAPI, Broker] = weakref.WeakKeyDictionary()
+
+
+def api_of(broker: Broker) -> BrokerAPI:
+    """The one BrokerAPI of ``broker`` in these tests (as braid/server.py makes one)."""
+    api = _apis.get(broker)
+    if api is None:
+        api = _apis[broker] = BrokerAPI(broker)
+        _brokers[api] = broker
+    return api
+
+
+def broker_of(server: KafkaServer) -> Broker:
+    """The Broker behind a ``kafka_server``."""
+    return _brokers[server.api]
+
+
 def open_broker(data_dir: Path) -> Broker:
     store = LogStore(LogConfig(data_dir, segment_size=4 * 1024 * 1024, index_entries_per_file=4096))
     return Broker(store, BrokerConfig())
@@ -54,7 +75,7 @@ async def kafka_server(tmp_path: Path) -> AsyncIterator[KafkaServer]:
     broker = open_broker(tmp_path / "data")
     await broker.store.start()
     await broker.start()
-    server = KafkaServer(broker)
+    server = KafkaServer(api_of(broker))
     await server.start("127.0.0.1", 0)
     yield server
     await server.close()

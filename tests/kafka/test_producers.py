@@ -6,7 +6,6 @@ from collections.abc import Iterable
 
 from kio.schema.errors import ErrorCode
 
-from core.log.store import Appended
 from gateway.kafka.producers import (
     BATCHES_PER_PRODUCER,
     MAX_SEQUENCE,
@@ -82,10 +81,11 @@ class _Table:
     def get(self, key: str) -> bytes | None:
         return self.values.get(key)
 
-    def put(self, key: str, value: bytes) -> Appended:
+    def put(self, key: str, value: bytes) -> int:
+        """The durable mark of the write (here: how many writes so far)."""
         self.values[key] = value
         self.writes += 1
-        return Appended(0, self.writes, [])
+        return self.writes
 
     def items(self):  # type: ignore[no-untyped-def]
         return iter(self.values.items())

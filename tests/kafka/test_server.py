@@ -26,7 +26,7 @@ from core.log import record as rec
 from gateway.kafka import server as server_module
 from gateway.kafka.records import build_batch, iter_records, read_batch_header, split_batches
 from gateway.kafka.server import KafkaServer
-from tests.kafka.conftest import bootstrap
+from tests.kafka.conftest import bootstrap, broker_of
 from tests.kafka.raw import AsyncRawClient
 
 T0 = 1_700_000_000_000
@@ -195,7 +195,7 @@ async def test_fetch_limits_and_errors(kafka_server: KafkaServer) -> None:
 async def test_records_of_other_protocols_are_served_as_record_batches(
     kafka_server: KafkaServer,
 ) -> None:
-    broker = kafka_server.broker
+    broker = broker_of(kafka_server)
     broker.declare_topic("mixed", 1)
     await broker.publish(
         "mixed", b"from amqp", key=b"rk", headers=[("h", b"1")], born_ms=T0, queue=0
@@ -288,7 +288,7 @@ async def test_expired_transaction_is_aborted_and_its_producer_fenced(
             await producer.commit_transaction()
     finally:
         await producer.stop()
-    store = kafka_server.broker.store
+    store = broker_of(kafka_server).store
     entries = store.read("expiring", 0, 0)
     # Only the ABORT marker is in the partition; the data stayed a half message.
     assert len(entries) == 1

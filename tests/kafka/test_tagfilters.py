@@ -22,7 +22,7 @@ from gateway.kafka.tagfilters import (
     expression_error,
     group_tag_filters,
 )
-from tests.kafka.conftest import open_broker
+from tests.kafka.conftest import api_of, open_broker
 
 TOPIC = "orders"
 CLIENT_ID = "app"  # every consumer below runs with this client id on this host
@@ -65,7 +65,7 @@ async def form_group(
         {joined.member_id: assignment({TOPIC: partitions})},
     )
     assert int(synced.error_code) == 0
-    group_tag_filters(broker).on_sync(group)
+    group_tag_filters(api_of(broker)).on_sync(group)
     return joined.member_id
 
 
@@ -120,7 +120,7 @@ def test_invalid_expressions(bad: str) -> None:
 
 
 async def test_one_candidate_gets_its_groups_filter(broker: Broker) -> None:
-    registry = group_tag_filters(broker)
+    registry = group_tag_filters(api_of(broker))
     registry.configure({"billing": "TagA || TagB"})
     await form_group(broker, "billing", [0])
     assert tags_of(registry.filter_for(fetcher(5001), TOPIC, 0)) == {"TagA", "TagB"}
@@ -134,7 +134,7 @@ async def test_one_candidate_gets_its_groups_filter(broker: Broker) -> None:
 async def test_two_groups_same_client_id_and_host_are_served_unfiltered(broker: Broker) -> None:
     """Members of two groups with different filters, same client id and host, same partition:
     with no earlier claim to tell them apart, the fetch is unfiltered (nobody loses records)."""
-    registry = group_tag_filters(broker)
+    registry = group_tag_filters(api_of(broker))
     registry.configure({"billing": "TagA", "audit": "*"})
     await form_group(broker, "billing", [0])
     await form_group(broker, "audit", [0])
@@ -145,7 +145,7 @@ async def test_two_groups_same_client_id_and_host_are_served_unfiltered(broker: 
 
 
 async def test_two_groups_with_the_same_filter_are_not_ambiguous(broker: Broker) -> None:
-    registry = group_tag_filters(broker)
+    registry = group_tag_filters(api_of(broker))
     registry.configure({"billing": "TagA", "audit": "TagA"})
     await form_group(broker, "billing", [0])
     await form_group(broker, "audit", [0])
@@ -156,7 +156,7 @@ async def test_two_groups_with_the_same_filter_are_not_ambiguous(broker: Broker)
 async def test_claims_tell_the_members_apart(broker: Broker) -> None:
     """A connection that fetched a partition only one of the members owns claims that member
     and keeps it; another connection then leaves the claimed member out."""
-    registry = group_tag_filters(broker)
+    registry = group_tag_filters(api_of(broker))
     registry.configure({"billing": "TagA", "audit": "TagB"})
     await form_group(broker, "billing", [0, 1])
     await form_group(broker, "audit", [0])
@@ -169,7 +169,7 @@ async def test_claims_tell_the_members_apart(broker: Broker) -> None:
 
 
 async def test_a_group_that_is_left_stops_counting(broker: Broker) -> None:
-    registry = group_tag_filters(broker)
+    registry = group_tag_filters(api_of(broker))
     registry.configure({"billing": "TagA", "audit": "TagB"})
     billing = await form_group(broker, "billing", [0])
     await form_group(broker, "audit", [0])
@@ -183,7 +183,7 @@ async def test_runtime_setting_overrides_the_file_and_is_kept_in_meta(tmp_path: 
     broker = open_broker(tmp_path / "data")
     await broker.store.start()
     await broker.start()
-    registry: GroupTagFilters = group_tag_filters(broker)
+    registry: GroupTagFilters = group_tag_filters(api_of(broker))
     registry.configure({"billing": "TagA", "audit": "TagB"})
     assert registry.setting("billing") == ("TagA", "file")
     assert registry.setting("nobody") == (None, "none")
@@ -200,7 +200,7 @@ async def test_runtime_setting_overrides_the_file_and_is_kept_in_meta(tmp_path: 
     await reopened.store.start()
     await reopened.start()
     try:
-        again = group_tag_filters(reopened)
+        again = group_tag_filters(api_of(reopened))
         assert again is not registry
         again.configure({"billing": "TagA", "audit": "TagB"})
         assert again.setting("billing") == ("TagC || TagD", "runtime")
