@@ -125,18 +125,26 @@ def mqtt_matches(topic_filter: str, topic: str) -> bool:
     shared = parse_shared_subscription(topic_filter)
     if shared is not None:
         topic_filter = shared.filter
-    filter_levels = split_topic(topic_filter)
-    if topic.startswith(SYSTEM_PREFIX) and filter_levels[0] in (ONE_LEVEL, MULTI_LEVEL):
+    return filter_levels_match(split_topic(topic_filter), topic)
+
+
+def filter_levels_match(filter_levels: list[str], topic: str) -> bool:
+    """Whether a valid (non-shared) filter, already split into levels, matches a topic name,
+    with the ``$``-rule [MQTT-4.7.2-1]; ``#`` also matches the parent level [MQTT-4.7.1-2].
+    The form for a filter matched against many topic names (a session's deliveries, the
+    retained messages at SUBSCRIBE)."""
+    if topic[:1] == SYSTEM_PREFIX and filter_levels[0] in (ONE_LEVEL, MULTI_LEVEL):
         return False  # [MQTT-4.7.2-1]
-    topic_levels = split_topic(topic)
+    topic_levels = topic.split(LEVEL_SEPARATOR)
+    size = len(topic_levels)
     for index, level in enumerate(filter_levels):
         if level == MULTI_LEVEL:
             return True  # matches the parent level and everything below it
-        if index == len(topic_levels):
+        if index == size:
             return False
         if level != ONE_LEVEL and level != topic_levels[index]:
             return False
-    return len(filter_levels) == len(topic_levels)
+    return len(filter_levels) == size
 
 
 def _check_string(

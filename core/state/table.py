@@ -131,6 +131,18 @@ class DurableTable:
         self._records_since_snapshot = len(self._values) + 1
         return marker
 
+    def needs_segment_before(self, end: int) -> bool:
+        """Retention guard of the table's owner: whether replay still needs a record before
+        commit-log position ``end`` after compacting (which rewrites the live keys at the
+        log's end, so that old segments are freed)."""
+        needed = self.oldest_needed_position()
+        if needed is not None and needed < end:
+            self.compact()
+            needed = self.oldest_needed_position()
+            if needed is not None and needed < end:
+                return True
+        return False
+
     def oldest_needed_position(self) -> int | None:
         """Commit-log position of the first record replay needs (for the retention guard)."""
         records = self.store.read(self.topic, self.queue, self.snapshot_offset, max_records=1)

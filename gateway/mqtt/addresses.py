@@ -34,14 +34,21 @@ from __future__ import annotations
 import hashlib
 from typing import Final, NamedTuple
 
-from core.routing.mqtt_topic import LEVEL_SEPARATOR, MULTI_LEVEL, ONE_LEVEL, SYSTEM_PREFIX
+from core.api import (
+    LEVEL_SEPARATOR,
+    MULTI_LEVEL,
+    ONE_LEVEL,
+    filter_levels_match,
+    mqtt_name_of,
+    routing_key_of,
+)
 
 # Binding source of the filters with a wildcard first level. Names starting with "__" are the
 # broker's (core/log/names.py), so no client can publish to it.
 GLOBAL_SOURCE: Final = "__mqtt"
 # The log topic of MQTT topic names with an empty first level ("/a/b").
 EMPTY_LEVEL_TOPIC: Final = "/"
-# A topic name of the log: at most 255 bytes (core.broker.topics.MAX_TOPIC_NAME_BYTES), no
+# A topic name of the log: at most 255 bytes (MAX_TOPIC_NAME_BYTES of the topic registry), no
 # control characters, not starting with "__" (reserved for the broker's system topics).
 MAX_LOG_TOPIC_BYTES: Final = 255
 RESERVED_TOPIC_PREFIX: Final = "__"
@@ -60,8 +67,6 @@ MAX_QUEUE_NAME_CHARS: Final = 120
 
 # Log addresses of recent topic names (a device publishes to a handful): bounded, cleared when full.
 ADDRESS_CACHE_SIZE: Final = 4096
-
-_SWAP_DOT_SLASH: Final = str.maketrans({".": "/", "/": "."})
 
 
 class LogAddress(NamedTuple):
@@ -101,8 +106,7 @@ def to_log_address(mqtt_topic: str) -> LogAddress | None:
     topic = first or EMPTY_LEVEL_TOPIC
     address: LogAddress | None = None
     if first == "" or log_topic_ok(first):
-        subject = rest.translate(_SWAP_DOT_SLASH) if "." in rest else rest.replace("/", ".")
-        address = LogAddress(topic, subject)
+        address = LogAddress(topic, routing_key_of(rest))
     if len(_addresses) >= ADDRESS_CACHE_SIZE:
         _addresses.clear()
     _addresses[mqtt_topic] = address
@@ -116,7 +120,7 @@ def mqtt_topic_of(topic: str, subject: str, key: bytes | None = None) -> str:
         subject = key.decode("utf-8", "replace")  # a Kafka record's key as its routing key
     if not subject:
         return first
-    rest = subject.translate(_SWAP_DOT_SLASH) if "/" in subject else subject.replace(".", "/")
+    rest = mqtt_name_of(subject)
     # '+', '#' and U+0000 cannot appear in a topic name [MQTT-4.7.0-1].
     if "+" in rest or "#" in rest or "\x00" in rest:
         rest = rest.replace("+", "_").replace("#", "_").replace("\x00", "_")
@@ -143,22 +147,9 @@ def binding_plan(topic_filter: str) -> list[BindingSpec] | None:
     return plan
 
 
-def filter_matches(filter_levels: list[str], topic: str) -> bool:
-    """Whether a valid filter (split into levels) matches a topic name, with the ``$``-rule
-    [MQTT-4.7.2-1]; '#' also matches the parent level [MQTT-4.7.1-2]."""
-    first = filter_levels[0]
-    if topic[:1] == SYSTEM_PREFIX and first in (ONE_LEVEL, MULTI_LEVEL):
-        return False
-    topic_levels = topic.split(LEVEL_SEPARATOR)
-    size = len(topic_levels)
-    for index, level in enumerate(filter_levels):
-        if level == MULTI_LEVEL:
-            return True
-        if index == size:
-            return False
-        if level != ONE_LEVEL and level != topic_levels[index]:
-            return False
-    return len(filter_levels) == size
+# Whether a valid filter (split into levels) matches a topic name, with the ``$``-rule
+# [MQTT-4.7.2-1]; '#' also matches the parent level [MQTT-4.7.1-2].
+filter_matches = filter_levels_match
 
 
 def parse_delayed(topic: str) -> DelayedTopic | None:

@@ -1,26 +1,29 @@
 """``MqttHub``: the MQTT side of the broker, shared by the TCP and WebSocket listeners of one
-``Broker``: the sessions by client id, the live router of clean sessions, shared-subscription
-groups, retained messages, durable session state, and the publish path.
+broker (one per :class:`BrokerAPI`): the sessions by client id, the live subscriptions of clean
+sessions, shared-subscription groups, retained messages, durable session state, and the publish
+path. It uses the broker through the Broker API only (``core/api.py``).
 
 Durable state (everything is in the log, ARCHITECTURE.md):
 
-- a persistent session's ack queue ``__mqtt.session.<client id>`` and its subscriptions as core
-  bindings to it (durable in ``__meta`` through ``Broker.bind``);
+- a persistent session's queue ``__mqtt.session.<client id>`` and its subscriptions as core
+  bindings to it (``declare_session_queue``, ``bind_session_queue``: durable in ``__meta``);
 - shared groups' ack queues ``__mqtt.share.<group>/<filter>`` and their bindings;
 - ``__sessions``: per persistent session a JSON record (session expiry, subscriptions with their
   options, QoS 2 identifiers in flight, the time it went offline), so a restart rebuilds the
-  sessions and reconciles the bindings with them;
-- ``__retained``: retained messages (``retained.py``).
+  sessions and reconciles the bindings with them (``save_session_state``, ``session_states``);
+- ``__retained``: retained messages (``retained.py``, ``store_retained``).
 
-Publishing (``publish``): topic name -> (log topic, subject) (``addresses.py``), headers from the
-properties (``messages.py``), ``Broker.publish`` run eagerly (appends now, in packet order; the
-PUBACK waits for durability in the connection), then the retained table and the live router.
-The filters with a wildcard first level are bindings on ``GLOBAL_SOURCE``, routed here by the
-full topic name and passed as ``extra_destinations``.
+Publishing (``publish_packet``): topic name -> (log topic, subject) (``addresses.py``), headers
+from the properties (``messages.py``), ``BrokerAPI.publish_delivering_live`` (stores now, in
+packet order; the PUBACK waits for durability in the connection), then the retained table and the
+live subscriptions, handed the message in hand. The filters with a wildcard first level are
+bindings on ``GLOBAL_SOURCE``, routed by the full topic name in the broker's route hook
+(``_route_hook``), whatever protocol published the record.
 
-Clean sessions see records of other protocols (and delayed records when their time comes)
-through the log's index notifications (``_on_index``): an entry of a topic the live router has
-subscriptions for is read back once and handed to the live subscribers.
+A clean session's plain subscriptions are live subscriptions of the broker's one live router
+(``subscribe_live``, core/routing/live.py). Records of other protocols (and delayed records when
+their time comes) reach them through ``follow_live_records``: the core reads back each record of
+a topic the live router has subscriptions for and hands it to ``_on_live_record``.
 
 Not thread-safe: the event loop's thread.
 """
@@ -36,23 +39,26 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, Final
 
-from core.broker import Broker
-from core.broker.eager import Pending, run_eagerly
-from core.broker.topics import TopicError
-from core.deadletter.policy import DEAD_LETTER_TOPIC_HEADER
-from core.delivery import AckQueue, Message, messages_of
-from core.delivery.ackqueue import AckQueueConfig
-from core.log import TagFilter
-from core.log import record as rec
-from core.log.names import SESSIONS_TOPIC
-from core.log.store import now_ms
-from core.log.tags import tags_from_headers
-from core.routing.errors import RoutingError
-from core.routing.mqtt_topic import parse_shared_subscription, validate_topic_filter
-from core.routing.trie import WildcardTrie
-from core.state import DurableTable
-from core.transactions.control import GROUP_HEADER as PRODUCER_GROUP_HEADER
-from core.transactions.control import TXN_ID_HEADER
+from core.api import (
+    LEVEL_SEPARATOR,
+    PRODUCER_GROUP_HEADER,
+    PROTOCOL_MQTT,
+    TXN_ID_HEADER,
+    BrokerAPI,
+    ClientContext,
+    Destination,
+    Message,
+    Publication,
+    RoutingError,
+    TagFilter,
+    TopicError,
+    mqtt_name_of,
+    now_ms,
+    parse_shared_subscription,
+    routing_key_of,
+    tags_from_headers,
+    validate_topic_filter,
+)
 from gateway.mqtt.addresses import (
     DELAYED_PREFIX,
     GLOBAL_SOURCE,
@@ -103,26 +109,12 @@ DEFAULT_TOPIC_ALIAS_MAXIMUM: Final = 1024
 DEFAULT_RECEIVE_MAXIMUM: Final = 65_535
 # A connection that sends no CONNECT within this many seconds is closed (EMQX idle_timeout 15s).
 DEFAULT_CONNECT_TIMEOUT_S: Final = 10.0
-# Topics whose live-router matches are kept (bounded: topics come from clients).
-LIVE_MATCH_CACHE_SIZE: Final = 8192
 ASSIGNED_CLIENT_ID_PREFIX: Final = "braid-"
 SESSION_RECORD_VERSION: Final = 1
 
 Outcome = tuple[int, int, str]  # (reason code, end position to wait durable for, log topic)
 _NO_HEADERS: Final[list[tuple[str, bytes]]] = []  # never mutated
 _REFUSED_TOPIC: Final[Outcome] = (ReasonCode.TOPIC_NAME_INVALID, 0, "")
-
-
-_SWAP_DOT_SLASH: Final = str.maketrans({".": "/", "/": "."})
-
-
-def _routing_key_of(mqtt_topic: str) -> str:
-    """RabbitMQ's MQTT plugin: topic ``a/b.c`` is routing key ``a.b/c`` on amq.topic."""
-    return mqtt_topic.translate(_SWAP_DOT_SLASH)
-
-
-def _mqtt_name_of(routing_key: str) -> str:
-    return routing_key.translate(_SWAP_DOT_SLASH)
 
 
 @dataclass
@@ -149,93 +141,31 @@ class MqttOptions:
 
 
 class SharedGroup:
-    """``$share/<share>/<filter>``: one ack queue the members consume, round robin."""
+    """``$share/<share>/<filter>``: one durable queue (named ``name``) the members consume,
+    round robin."""
 
-    __slots__ = ("filter", "members", "name", "plan", "queue", "share")
+    __slots__ = ("filter", "members", "name", "plan", "share")
 
-    def __init__(
-        self, name: str, share: str, topic_filter: str, plan: list[BindingSpec], queue: AckQueue
-    ) -> None:
+    def __init__(self, name: str, share: str, topic_filter: str, plan: list[BindingSpec]) -> None:
         self.name = name
         self.share = share
         self.filter = topic_filter
         self.plan = plan
-        self.queue = queue
         self.members: dict[Session, Sub] = {}
 
 
-class LiveRouter:
-    """The plain subscriptions of clean sessions: an MQTT trie over full topic names, with the
-    matches of recent topics cached (devices publish to the same topics over and over;
-    subscriptions change far less often than messages arrive, and any change clears it)."""
-
-    __slots__ = ("cache", "count", "filtered", "first_levels", "trie", "wildcards")
-
-    def __init__(self) -> None:
-        self.trie: WildcardTrie[Sub, str] = WildcardTrie("+", "#", dollar_rule=True)
-        self.count = 0
-        self.filtered = 0  # subscriptions with a tag filter (records' tags are looked at then)
-        self.first_levels: dict[str, int] = {}  # log topic -> subscriptions bound to it
-        self.wildcards = 0  # subscriptions whose first level is a wildcard
-        self.cache: dict[str, tuple[Sub, ...]] = {}
-
-    def add(self, sub: Sub) -> None:
-        self.cache.clear()
-        self.trie.add(sub.levels, sub)
-        self.count += 1
-        if sub.tag_filter is not None:
-            self.filtered += 1
-        first = sub.levels[0]
-        if first in ("+", "#"):
-            self.wildcards += 1
-        else:
-            topic = first or "/"
-            self.first_levels[topic] = self.first_levels.get(topic, 0) + 1
-
-    def remove(self, sub: Sub) -> None:
-        self.cache.clear()
-        if not self.trie.remove(sub.levels, sub):
-            return
-        self.count -= 1
-        if sub.tag_filter is not None:
-            self.filtered -= 1
-        first = sub.levels[0]
-        if first in ("+", "#"):
-            self.wildcards -= 1
-        else:
-            topic = first or "/"
-            left = self.first_levels[topic] - 1
-            if left:
-                self.first_levels[topic] = left
-            else:
-                del self.first_levels[topic]
-
-    def wants(self, log_topic: str) -> bool:
-        return bool(self.wildcards) or log_topic in self.first_levels
-
-    def match(self, topic: str) -> tuple[Sub, ...]:
-        cached = self.cache.get(topic)
-        if cached is not None:
-            return cached
-        found: set[Sub] = set()
-        self.trie.collect(topic.split("/"), found)
-        if len(self.cache) >= LIVE_MATCH_CACHE_SIZE:
-            self.cache.clear()
-        matched = self.cache[topic] = tuple(found)
-        return matched
-
-
-_hubs: weakref.WeakKeyDictionary[Broker, MqttHub] = weakref.WeakKeyDictionary()
+_hubs: weakref.WeakKeyDictionary[BrokerAPI, MqttHub] = weakref.WeakKeyDictionary()
 
 
 class MqttHub:
     @classmethod
-    def acquire(cls, broker: Broker, options: MqttOptions | None = None) -> MqttHub:
-        """The hub of ``broker``, made on first use; every listener of the broker shares it
-        (sessions are per client id, whichever transport it comes over). Pair with release."""
-        hub = _hubs.get(broker)
+    def acquire(cls, api: BrokerAPI, options: MqttOptions | None = None) -> MqttHub:
+        """The hub of the broker behind ``api``, made on first use; every listener built on the
+        same API shares it (sessions are per client id, whichever transport it comes over).
+        Pair with release."""
+        hub = _hubs.get(api)
         if hub is None or hub.closed:
-            hub = _hubs[broker] = cls(broker, options or MqttOptions())
+            hub = _hubs[api] = cls(api, options or MqttOptions())
         hub.users += 1
         return hub
 
@@ -244,16 +174,20 @@ class MqttHub:
         if self.users <= 0:
             self.close()
 
-    def __init__(self, broker: Broker, options: MqttOptions) -> None:
-        self.broker = broker
+    def __init__(self, api: BrokerAPI, options: MqttOptions) -> None:
+        self.api = api
         self.options = options
+        # What the hub does on its own behalf (restoring sessions, expiring them, retained
+        # messages' upkeep); a client's own actions carry its connection's context.
+        self.context = ClientContext(PROTOCOL_MQTT, connection_id="mqtt-hub")
         self.users = 0
         self.closed = False
         self.sessions: dict[str, Session] = {}
-        self.live = LiveRouter()
+        # Live subscriptions (clean sessions' plain ones, in the broker's live router) that
+        # have a tag filter: records' tags are looked at only while there are any.
+        self.live_tag_filtered = 0
         self.groups: dict[str, SharedGroup] = {}
-        self.retained = RetainedStore(broker.store)
-        self.session_table = DurableTable(broker.store, SESSIONS_TOPIC)
+        self.retained = RetainedStore(api, self.context)
         self.global_bindings = 0
         self.metrics: dict[str, int] = {
             "sessions_expired": 0,
@@ -264,34 +198,26 @@ class MqttHub:
             "tapped_records": 0,
         }
         self._tasks: set[asyncio.Task[Any]] = set()
-        # Inside our own Broker.publish, the index notifications of the record's own topic are
-        # ours (the live router gets the message straight from the publish path); others are
-        # kept for the tap (records that publish moved elsewhere).
-        self._own_topic: str | None = None
-        self._own_entries: list[tuple[str, int, int]] = []
-        self._tapped: list[tuple[str, int, int]] = []
-        self._tap_scheduled = False
         self._loop = asyncio.get_running_loop()
-        self.amqp_exchange = options.amqp_exchange or broker.config.mqtt_exchange
-        broker.store.index_listeners.append(self._on_index)
-        broker.store.retention_guards.append(self._segment_is_owed)
-        broker.add_route_hook(self._route_hook, may_route=self._may_route)
+        self.amqp_exchange = options.amqp_exchange or api.mqtt_compat_exchange()
+        api.follow_live_records(self.context, self._on_live_record)
+        api.add_route_hook(self.context, self._route_hook, may_route=self._may_route)
         self._load()
 
     def close(self) -> None:
         if self.closed:
             return
         self.closed = True
-        store = self.broker.store
-        self.broker.remove_route_hook(self._route_hook)
-        if self._on_index in store.index_listeners:
-            store.index_listeners.remove(self._on_index)
-        if self._segment_is_owed in store.retention_guards:
-            store.retention_guards.remove(self._segment_is_owed)
+        api = self.api
+        api.remove_route_hook(self._route_hook)
+        api.unfollow_live_records(self._on_live_record)
         for session in self.sessions.values():
             for timer in (session.expiry_timer, session.will_timer):
                 if timer is not None:
                     timer.cancel()
+            if session.queue_name is None:  # the broker's live router outlives this hub
+                for sub in session.plain:
+                    api.unsubscribe_live(session.context, sub.filter, sub)
         for task in list(self._tasks):
             task.cancel()
 
@@ -346,11 +272,11 @@ class MqttHub:
             existing.disconnected_ms = None  # online: a crash now restarts its expiry clock
             self.persist(existing)
             return existing, True
-        session = Session(self, client_id, expiry)
+        session = Session(self, client_id, expiry, connection.context)
         if session.persistent:
             name = session.queue_name = session_queue_name(client_id)
-            queue, _ = self.broker.declare_ack_queue(name, 0)
-            queue.purge()  # a new session starts empty, whatever an old queue held
+            # A new session starts empty, whatever an old queue held.
+            self.api.declare_session_queue(connection.context, name, empty=True)
         self.sessions[client_id] = session
         self.persist(session)
         return session, False
@@ -361,7 +287,7 @@ class MqttHub:
             return
         session.detach()
         if will is not None:
-            self._schedule_will(session, will, connection.client_id)
+            self._schedule_will(session, will, connection.context)
         if session.expiry_interval == 0 or session.ended:
             self.end_session(session)
             return
@@ -378,15 +304,15 @@ class MqttHub:
         for topic_filter in list(session.subscriptions):
             self.unsubscribe(session, topic_filter, persist=False)
         if session.queue_name is not None:
-            self.broker.discard_ack_queue(session.queue_name)
+            self.api.discard_session_queue(session.context, session.queue_name)
         if session.persistent:
-            self.session_table.delete(session.client_id)
+            self.api.delete_session_state(session.context, session.client_id)
         if self.sessions.get(session.client_id) is session:
             del self.sessions[session.client_id]
         will = session.pending_will
         if will is not None:
             session.pending_will = None
-            self._publish_will(session.client_id, will)
+            self._publish_will(session.context, will)
 
     def set_expiry(self, session: Session, expiry: int) -> None:
         cap = self.options.max_session_expiry
@@ -397,7 +323,9 @@ class MqttHub:
         if session.persistent and not session.ended:
             record = session.to_json()
             record["v"] = SESSION_RECORD_VERSION
-            self.session_table.put(session.client_id, json.dumps(record).encode())
+            self.api.save_session_state(
+                session.context, session.client_id, json.dumps(record).encode()
+            )
 
     def _cancel_timers(self, session: Session) -> None:
         for timer in (session.expiry_timer, session.will_timer):
@@ -420,10 +348,10 @@ class MqttHub:
 
     # -- wills -----------------------------------------------------------------------------
 
-    def _schedule_will(self, session: Session, will: Will, client_id: str) -> None:
+    def _schedule_will(self, session: Session, will: Will, context: ClientContext) -> None:
         delay = will.properties.will_delay_interval or 0
         if delay == 0 or session.expiry_interval == 0:
-            self._publish_will(client_id, will)
+            self._publish_will(context, will)
             return
         session.pending_will = will
         wait = min(delay, session.expiry_interval)
@@ -433,9 +361,9 @@ class MqttHub:
         session.will_timer = None
         will, session.pending_will = session.pending_will, None
         if will is not None:
-            self._publish_will(session.client_id, will)
+            self._publish_will(session.context, will)
 
-    def _publish_will(self, client_id: str, will: Will) -> None:
+    def _publish_will(self, context: ClientContext, will: Will) -> None:
         packet = Publish(
             will.topic,
             will.payload,
@@ -446,27 +374,28 @@ class MqttHub:
             will.properties,
         )
         self.metrics["wills_published"] += 1
-        if self.broker.flow.reasons:
-            self.spawn(self._publish_will_later(client_id, packet))
+        if self.api.publishing_blocked():
+            self.spawn(self._publish_will_later(context, packet))
             return
-        outcome = self.publish_packet(client_id, None, packet.topic, packet)
-        if isinstance(outcome, Pending):
-            self.spawn(_await(outcome))
+        outcome = self.publish_packet(context, None, packet.topic, packet)
+        if not isinstance(outcome, tuple):
+            self.spawn(outcome)
 
-    async def _publish_will_later(self, client_id: str, packet: Publish) -> None:
-        await self.broker.flow.wait_unblocked()
-        outcome = self.publish_packet(client_id, None, packet.topic, packet)
-        if isinstance(outcome, Pending):
+    async def _publish_will_later(self, context: ClientContext, packet: Publish) -> None:
+        await self.api.wait_publishing_allowed()
+        outcome = self.publish_packet(context, None, packet.topic, packet)
+        if not isinstance(outcome, tuple):
             await outcome
 
     # -- publishing ------------------------------------------------------------------------
 
     def publish_packet(
-        self, client_id: str, publisher: Connection | None, topic: str, packet: Publish
-    ) -> Outcome | Pending[Outcome]:
-        """Store one PUBLISH in the log and hand it to live subscribers; returns the reason
-        code of the acknowledgement and what to wait durable for. Call with flow control not
-        blocked: then it never suspends (else a Pending finishes it)."""
+        self, context: ClientContext, publisher: Connection | None, topic: str, packet: Publish
+    ) -> Outcome | Coroutine[Any, Any, Outcome]:
+        """Store one PUBLISH of ``context``'s client in the log and hand it to live
+        subscribers; returns the reason code of the acknowledgement and what to wait durable
+        for. Call with flow control not blocked: then the record is stored now (else a
+        coroutine to await finishes it)."""
         deliver_at = 0
         target = topic
         half = None
@@ -509,75 +438,67 @@ class MqttHub:
                 (PRODUCER_GROUP_HEADER, half.producer_group.encode()),
             ]
         log_topic = address.topic
-        self._own_topic = log_topic
         try:
-            started = run_eagerly(
-                self.broker.publish(
-                    log_topic,
-                    packet.payload,
-                    subject=address.subject,
-                    headers=headers,
-                    protocol=rec.PROTOCOL_MQTT,
-                    client=client_id,
-                    address=target,
-                    deliver_at_ms=deliver_at,
-                    create_topic=True,
-                    wait_durable=False,
-                )
+            publication = self.api.publish_delivering_live(
+                context,
+                log_topic,
+                packet.payload,
+                subject=address.subject,
+                headers=headers,
+                address=target,
+                deliver_at_ms=deliver_at,
+                create_topic=True,
             )
         except TopicError as error:
-            log.info("mqtt %s: publish to %r refused: %s", client_id, target, error)
+            log.info("mqtt %s: publish to %r refused: %s", context.client_id, target, error)
             return _REFUSED_TOPIC
-        finally:
-            self._own_topic = None
-        if isinstance(started, Pending):  # flow control blocked after all: finish later
-            if self._own_entries:  # indexed before it suspended (e.g. a commit's records)
-                self._tap_foreign()
-            return run_eagerly(self._publish_finish(started, client_id, target, packet))
+        if not publication.stored:  # flow control blocked after all: finish later
+            return self._publish_finish(publication, context, target, packet)
+        outcome = publication.outcome
         if deliver_at:
             self.metrics["delayed_published"] += 1
-        elif started.half:
+        elif outcome.half:
             # A transactional half message (x-braid-txn-id): invisible, and never retained,
             # until its commit; the commit's LINK reaches live subscribers as an index entry.
             self.metrics["half_published"] += 1
-        elif retain or self.live.count:
+        elif retain or self.api.has_live_subscriptions():
             message = OutMessage(
                 target,
                 packet.payload,
                 qos,
                 retain,
-                client_id,
+                context.client_id,
                 expires_at,
                 forwarded_properties(props),
             )
             if retain:
-                self._retain(message)
-            tags = tags_from_headers(headers) if self.live.filtered else None
+                self._retain(context, message)
+            tags = tags_from_headers(headers) if self.live_tag_filtered else None
             self.deliver_live(message, publisher, tags)
-        if self._own_entries:
-            self._tap_foreign()
-        return (0, started.appended.end, log_topic)
+        return (0, outcome.durable_mark, log_topic)
 
     async def _publish_finish(
-        self, started: Pending[Any], client_id: str, target: str, packet: Publish
+        self, publication: Publication, context: ClientContext, target: str, packet: Publish
     ) -> Outcome:
-        result = await started  # the live router gets it through the index notification
-        if packet.retain and not result.half:
+        # Live subscribers get it read back from the log (it was stored after our publish call).
+        outcome = await publication
+        if packet.retain and not outcome.half:
             self._retain(
+                context,
                 OutMessage(
                     target,
                     packet.payload,
                     packet.qos,
                     True,
-                    client_id,
+                    context.client_id,
                     0,
                     forwarded_properties(packet.properties),
-                )
+                ),
             )
-        return (0, result.appended.end, result.destinations[0][0])
+        return (0, outcome.durable_mark, outcome.delivered_to[0][0])
 
-    def _retain(self, message: OutMessage) -> None:
-        self.retained.put(message)
+    def _retain(self, context: ClientContext, message: OutMessage) -> None:
+        self.retained.put(message, context)
         self.metrics["retained_stored"] += 1
 
     def deliver_live(
@@ -585,10 +506,7 @@ class MqttHub:
     ) -> None:
         """Hand a message to the clean sessions subscribed to its topic (``tags``: the record's,
         given when some live subscription has a tag filter)."""
-        live = self.live
-        if not live.count:
-            return
-        subs = live.match(message.topic)
+        subs: tuple[Sub, ...] = self.api.live_subscribers(message.topic)
         if not subs:
             return
         origin = message.origin
@@ -623,7 +541,7 @@ class MqttHub:
                 publisher.block_on(session)
 
     def send_retained(self, session: Session, sub: Sub) -> None:
-        for message in self.retained.matching(sub.levels, now_ms()):
+        for message in self.retained.matching(LEVEL_SEPARATOR.join(sub.levels), now_ms()):
             if sub.no_local and message.origin == session.client_id:
                 continue
             if sub.tag_filter is not None and not sub.takes(_properties_tags(message)):
@@ -640,83 +558,39 @@ class MqttHub:
 
     def _route_hook(
         self, topic: str, subject: str, key: bytes | None, protocol: int, address: str
-    ) -> list[tuple[str, int]]:
+    ) -> list[Destination]:
         """Broker route hook: the session queues of filters with a wildcard first level (bound
         on GLOBAL_SOURCE) that the record's MQTT topic name matches, whatever protocol published
         it; in RabbitMQ compatibility mode also amq.topic's bindings and back."""
         if topic[:2] == "__":
             return []
         exchange = self.amqp_exchange
-        route = self.broker.bindings.route
-        found: list[tuple[str, int]] = []
-        if protocol == rec.PROTOCOL_MQTT and address:
+        api = self.api
+        found: list[Destination] = []
+        if protocol == PROTOCOL_MQTT and address:
             name = address
             if exchange:
-                found.extend(self.broker.route(exchange, _routing_key_of(name)))
+                found.extend(api.route_through(exchange, routing_key_of(name)))
         elif exchange and topic == exchange:
             # An AMQP publish to amq.topic with routing key a.b.c is MQTT a/b/c.
-            name = _mqtt_name_of(subject)
+            name = mqtt_name_of(subject)
             log_address = to_log_address(name)
             if log_address is not None:
-                found.extend(self.broker.route(log_address.topic, log_address.subject))
+                found.extend(api.route_through(log_address.topic, log_address.subject))
         else:
             name = mqtt_topic_of(topic, subject, key)
         if self.global_bindings:
-            found.extend(route(GLOBAL_SOURCE, name))
+            found.extend(api.bound_destinations(GLOBAL_SOURCE, name))
         return found
 
     # -- records of other protocols for clean sessions -------------------------------------
 
-    def _on_index(self, topic: str, queue: int, offset: int) -> None:
-        """The log indexed a record (store index listener, inside the append)."""
-        live = self.live
-        if not live.count or topic[:2] == "__" or not live.wants(topic):
-            return
-        own = self._own_topic
-        if own is not None:
-            if topic != own:
-                self._own_entries.append((topic, queue, offset))
-            return
-        self._tapped.append((topic, queue, offset))
-        if not self._tap_scheduled:
-            self._tap_scheduled = True
-            self._loop.call_soon(self._drain_tap)
-
-    def _tap_foreign(self) -> None:
-        """Entries made during our own publish in other topics (records that the publish moved
-        elsewhere, e.g. dead-lettered by a queue's max-length, or routed copies, which the tap
-        recognises and skips)."""
-        self._tapped += self._own_entries
-        self._own_entries = []
-        if self._tapped and not self._tap_scheduled:
-            self._tap_scheduled = True
-            self._loop.call_soon(self._drain_tap)
-
-    def _drain_tap(self) -> None:
-        self._tap_scheduled = False
-        entries, self._tapped = self._tapped, []
-        store = self.broker.store
-        for topic, queue, offset in entries:
-            try:
-                found = store.read(topic, queue, offset, max_records=1)
-            except Exception:
-                log.exception(
-                    "mqtt: cannot read %s/%d@%d for live subscribers", topic, queue, offset
-                )
-                continue
-            for queued in found:
-                if queued.offset > offset:
-                    continue
-                for message in messages_of(queued):
-                    # Only the record's own topic entry: copies routed into queues are not
-                    # publishes to those queues.
-                    if message.offset < offset or (
-                        message.topic != topic and not is_dead_letter_in(message, topic)
-                    ):
-                        continue
-                    self.metrics["tapped_records"] += 1
-                    tags = record_tags(message) if self.live.filtered else None
-                    self.deliver_live(out_message_of(message), None, tags)
+    def _on_live_record(self, message: Message) -> None:
+        """A record stored by someone else that a live subscription may match (the core reads
+        it back for us: ``follow_live_records``)."""
+        self.metrics["tapped_records"] += 1
+        tags = record_tags(message) if self.live_tag_filtered else None
+        self.deliver_live(out_message_of(message), None, tags)
 
     # -- subscriptions ---------------------------------------------------------------------
 
@@ -785,7 +659,11 @@ class MqttHub:
         identifier: int,
         tag_filter: TagFilter | None = None,
     ) -> Sub:
-        group = self._group(share, inner, plan, tag_filter) if share is not None else None
+        group = (
+            self._group(session.context, share, inner, plan, tag_filter)
+            if share is not None
+            else None
+        )
         sub = Sub(
             session,
             topic_filter,
@@ -802,9 +680,9 @@ class MqttHub:
             group.members[session] = sub
         else:
             if session.queue_name is not None:
-                self._bind(plan, session.queue_name)
+                self._bind(session.context, plan, session.queue_name)
             else:
-                self.live.add(sub)
+                self._add_live(session, sub)
             session.plain.append(sub)
             if tag_filter is not None:
                 session.filtered += 1
@@ -816,12 +694,23 @@ class MqttHub:
         """A plain subscription's tag filter replaced (a SUBSCRIBE to the same filter)."""
         live = session.queue_name is None
         if live:
-            self.live.remove(sub)
+            self._remove_live(session, sub)
         session.filtered += (tag_filter is not None) - (sub.tag_filter is not None)
         sub.tag_filter = tag_filter
         if live:
-            self.live.add(sub)
+            self._add_live(session, sub)
         self._sync_queue_filter(session)
+
+    def _add_live(self, session: Session, sub: Sub) -> None:
+        self.api.subscribe_live(session.context, sub.filter, sub)
+        if sub.tag_filter is not None:
+            self.live_tag_filtered += 1
+
+    def _remove_live(self, session: Session, sub: Sub) -> None:
+        if self.api.unsubscribe_live(session.context, sub.filter, sub) and (
+            sub.tag_filter is not None
+        ):
+            self.live_tag_filtered -= 1
 
     def _sync_queue_filter(self, session: Session) -> None:
         """A persistent session's queue skips, by the index's tag mask and without reading
@@ -831,18 +720,11 @@ class MqttHub:
         subscription (``Session._on_queue_delivery``)."""
         if session.queue_name is None:
             return
-        queue = self.broker.ack_queue(session.queue_name)
-        if queue is None:
-            return
         plain = session.plain
         union: TagFilter | None = None
         if plain and session.filtered == len(plain):
             union = TagFilter(tag for sub in plain if sub.tag_filter for tag in sub.tag_filter.tags)
-        current = queue.config.tag_filter
-        if (current is None) != (union is None) or (
-            current is not None and union is not None and current.tags != union.tags
-        ):
-            queue.config.tag_filter = union
+        self.api.set_session_queue_tag_filter(session.context, session.queue_name, union)
 
     def unsubscribe(self, session: Session, topic_filter: str, *, persist: bool = True) -> bool:
         sub = session.subscriptions.pop(topic_filter, None)
@@ -853,7 +735,7 @@ class MqttHub:
             group.members.pop(session, None)
             session.stop_consumer(group.name)
             if not group.members:
-                self._drop_group(group)
+                self._drop_group(session.context, group)
         else:
             session.plain.remove(sub)
             if sub.tag_filter is not None:
@@ -866,28 +748,30 @@ class MqttHub:
                 }
                 for spec in binding_plan(inner) or ():
                     if spec not in still:
-                        self._unbind(spec, session.queue_name)
+                        self._unbind(session.context, spec, session.queue_name)
             else:
-                self.live.remove(sub)
+                self._remove_live(session, sub)
         if persist:
             self.persist(session)
         return True
 
-    def _bind(self, plan: list[BindingSpec], queue_name: str) -> None:
+    def _bind(self, context: ClientContext, plan: list[BindingSpec], queue_name: str) -> None:
+        bind = self.api.bind_session_queue
         for spec in plan:
-            if self.broker.bind(spec.source, spec.kind, spec.pattern, (queue_name, 0)) and (
+            if bind(context, spec.source, spec.kind, spec.pattern, queue_name) and (
                 spec.source == GLOBAL_SOURCE
             ):
                 self.global_bindings += 1
 
-    def _unbind(self, spec: BindingSpec, queue_name: str) -> None:
-        if self.broker.unbind(spec.source, spec.kind, spec.pattern, (queue_name, 0)) and (
-            spec.source == GLOBAL_SOURCE
-        ):
+    def _unbind(self, context: ClientContext, spec: BindingSpec, queue_name: str) -> None:
+        if self.api.unbind_session_queue(
+            context, spec.source, spec.kind, spec.pattern, queue_name
+        ) and (spec.source == GLOBAL_SOURCE):
             self.global_bindings -= 1
 
     def _group(
         self,
+        context: ClientContext,
         share: str,
         inner: str,
         plan: list[BindingSpec],
@@ -897,19 +781,16 @@ class MqttHub:
         group = self.groups.get(name)
         if group is not None:
             return group
-        queue = self.broker.ack_queue(name)
-        if queue is None:
-            # The group's tag filter is set when its queue is created (durable with it).
-            queue, _ = self.broker.declare_ack_queue(name, 0, AckQueueConfig(tag_filter=tag_filter))
-            queue.purge()
-        self._bind(plan, name)
-        group = self.groups[name] = SharedGroup(name, share, inner, plan, queue)
+        # The group's tag filter is set when its queue is created (durable with it).
+        self.api.declare_session_queue(context, name, tag_filter=tag_filter)
+        self._bind(context, plan, name)
+        group = self.groups[name] = SharedGroup(name, share, inner, plan)
         return group
 
-    def _drop_group(self, group: SharedGroup) -> None:
+    def _drop_group(self, context: ClientContext, group: SharedGroup) -> None:
         self.groups.pop(group.name, None)
         global_specs = sum(1 for spec in group.plan if spec.source == GLOBAL_SOURCE)
-        if self.broker.discard_ack_queue(group.name) is not None:
+        if self.api.discard_session_queue(context, group.name):
             self.global_bindings -= global_specs
 
     # -- restart ---------------------------------------------------------------------------
@@ -917,18 +798,19 @@ class MqttHub:
     def _load(self) -> None:
         """Rebuild persistent sessions from ``__sessions`` and reconcile queues and bindings."""
         now = now_ms()
-        for client_id, raw in self.session_table.items():
+        api = self.api
+        context = self.context
+        for client_id, raw in api.session_states():
             try:
                 self._restore(client_id, json.loads(raw), now)
             except (ValueError, KeyError, TypeError):
                 log.exception("mqtt: session %r cannot be restored; dropped", client_id)
-                self.session_table.delete(client_id)
+                api.delete_session_state(context, client_id)
+        ours = (SESSION_QUEUE_PREFIX, GROUP_QUEUE_PREFIX)
         expected_queues = {s.queue_name for s in self.sessions.values()} | set(self.groups)
-        for topic, _queue in list(self.broker.ack_queues):
-            if topic.startswith((SESSION_QUEUE_PREFIX, GROUP_QUEUE_PREFIX)) and (
-                topic not in expected_queues
-            ):
-                self.broker.discard_ack_queue(topic)
+        for name in api.session_queue_names(ours):
+            if name not in expected_queues:
+                api.discard_session_queue(context, name)
         expected: set[tuple[str, str, str, str]] = set()
         for session in self.sessions.values():
             if session.queue_name is not None:
@@ -939,26 +821,21 @@ class MqttHub:
             for spec in group.plan:
                 expected.add((*spec, group.name))
         self.global_bindings = 0
-        for binding in self.broker.bindings.bindings():
-            destination = binding.destination
-            name = destination[0]
-            if not name.startswith((SESSION_QUEUE_PREFIX, GROUP_QUEUE_PREFIX)):
-                continue
-            key = (binding.source, binding.kind.value, binding.pattern, name)
+        for key in api.session_queue_bindings(ours):
+            source, kind, pattern, name = key
             if key not in expected:
-                self.broker.unbind(binding.source, binding.kind, binding.pattern, destination)
-            elif binding.source == GLOBAL_SOURCE:
+                api.unbind_session_queue(context, source, kind, pattern, name)
+            elif source == GLOBAL_SOURCE:
                 self.global_bindings += 1
         if self.sessions:
             log.info("mqtt: %d persistent sessions restored", len(self.sessions))
 
     def _restore(self, client_id: str, data: dict[str, Any], now: int) -> None:
         expiry = int(data["expiry"])
-        session = Session(self, client_id, expiry)
+        context = ClientContext(PROTOCOL_MQTT, connection_id="mqtt-hub", client_id=client_id)
+        session = Session(self, client_id, expiry, context)
         session.queue_name = name = session_queue_name(client_id)
-        if self.broker.ack_queue(name) is None:
-            queue, _ = self.broker.declare_ack_queue(name, 0)
-            queue.purge()
+        self.api.declare_session_queue(context, name)  # one lost with its index starts empty
         self.sessions[client_id] = session
         for entry in data["subs"]:
             topic_filter, qos, no_local, rap, handling, identifier = entry[:6]
@@ -999,31 +876,8 @@ class MqttHub:
         if not data.get("disconnected_ms"):
             self.persist(session)  # it was connected when the broker stopped: offline since now
 
-    def _segment_is_owed(self, start: int, end: int) -> bool:
-        """Retention guard: the records our durable tables replay from stay (the tables compact
-        themselves to free old segments)."""
-        for table in (self.retained.table, self.session_table):
-            needed = table.oldest_needed_position()
-            if needed is not None and needed < end:
-                table.compact()
-                needed = table.oldest_needed_position()
-                if needed is not None and needed < end:
-                    return True
-        return False
-
-
-def is_dead_letter_in(message: Message, topic: str) -> bool:
-    """Whether ``message`` is a record dead-lettered to ``topic`` (its entry there is the dead
-    letter's own, as a publish to the dead-letter exchange)."""
-    target = message.header(DEAD_LETTER_TOPIC_HEADER) if message.headers else None
-    return target is not None and target == topic.encode()
-
 
 _PLACEHOLDER: Final = OutMessage("", b"", 2, False, "", 0, NO_PROPERTIES)
-
-
-async def _await(pending: Pending[Any]) -> None:
-    await pending
 
 
 def _properties_tags(message: OutMessage) -> list[str]:

@@ -32,9 +32,14 @@ from __future__ import annotations
 import math
 from typing import Final
 
-from core.deadletter.policy import DEAD_LETTER_SUBJECT_HEADER, DEAD_LETTER_TOPIC_HEADER
-from core.delivery.message import EXPIRES_AT_HEADER, Message
-from core.log import record as rec
+from core.api import (
+    DEAD_LETTER_SUBJECT_HEADER,
+    DEAD_LETTER_TOPIC_HEADER,
+    EXPIRES_AT_HEADER,
+    PROTOCOL_KAFKA,
+    PROTOCOL_MQTT,
+    Message,
+)
 from gateway.mqtt._wire import U16, U32
 from gateway.mqtt.addresses import mqtt_topic_of
 from gateway.mqtt.packets import Payload
@@ -188,7 +193,7 @@ class OutMessage:
 def out_message_of(message: Message) -> OutMessage:
     """The OutMessage of a record read from the log (any protocol)."""
     protocol = message.protocol
-    mqtt = protocol == rec.PROTOCOL_MQTT
+    mqtt = protocol == PROTOCOL_MQTT
     dead_letter_topic = message.header(DEAD_LETTER_TOPIC_HEADER) if message.headers else None
     if dead_letter_topic is not None:
         # A dead letter is read under its dead-letter exchange and routing key: <dlx>/a/b.
@@ -200,7 +205,7 @@ def out_message_of(message: Message) -> OutMessage:
     elif mqtt and message.address:
         topic = message.address
     else:
-        key = message.key if protocol == rec.PROTOCOL_KAFKA else None
+        key = message.key if protocol == PROTOCOL_KAFKA else None
         topic = mqtt_topic_of(message.topic, message.subject, key)
     qos = 0 if mqtt else FOREIGN_RECORD_QOS
     retain = False

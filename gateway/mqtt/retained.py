@@ -1,7 +1,8 @@
-"""Retained messages, durable in the log: a ``DurableTable`` over the system topic ``__retained``.
+"""Retained messages, kept by the Broker API's retained-message store (``store_retained``,
+``retained_matching``: durable in the system topic ``__retained``, core/state/retained.py).
 
-Key: the MQTT topic name. Value (one record per change; an empty retained PUBLISH deletes the key
-[MQTT-3.3.1-6]; replay on start rebuilds the map)::
+Key: the MQTT topic name. Value, in this gateway's layout (one record per change; an empty
+retained PUBLISH deletes the key [MQTT-3.3.1-6])::
 
     offset  size  field
     0       1     layout version (RETAINED_VERSION)
@@ -12,9 +13,8 @@ Key: the MQTT topic name. Value (one record per change; an empty retained PUBLIS
                   encoded as on the wire without the length prefix)
     ..            payload, to the end
 
-Lookups: a filter without wildcards is one dict lookup; a wildcard filter is checked against
-every retained topic (Mosquitto walks a topic tree; a device fleet keeps a few thousand retained
-messages, and this runs at SUBSCRIBE only). Not thread-safe: the event loop's thread.
+An expired message is deleted when a lookup finds it [MQTT-3.3.2-5]. Not thread-safe: the event
+loop's thread.
 """
 
 from __future__ import annotations
@@ -22,11 +22,8 @@ from __future__ import annotations
 import struct
 from typing import Final
 
-from core.log import LogStore
-from core.log.names import RETAINED_TOPIC
-from core.state import DurableTable
+from core.api import BrokerAPI, ClientContext
 from gateway.mqtt._wire import Reader, encode_varint
-from gateway.mqtt.addresses import filter_matches
 from gateway.mqtt.errors import MqttProtocolError
 from gateway.mqtt.messages import OutMessage
 from gateway.mqtt.packet_types import PacketType
@@ -82,40 +79,30 @@ def _block_bytes(props: bytes) -> bytes:
 
 
 class RetainedStore:
-    def __init__(self, store: LogStore) -> None:
-        self.table = DurableTable(store, RETAINED_TOPIC)
+    """The retained messages of one broker as :class:`OutMessage` values."""
+
+    def __init__(self, api: BrokerAPI, context: ClientContext) -> None:
+        self.api = api
+        self.context = context
 
     def __len__(self) -> int:
-        return len(self.table)
+        return self.api.retained_count()
 
-    def put(self, message: OutMessage) -> None:
+    def put(self, message: OutMessage, context: ClientContext | None = None) -> None:
         """Retain ``message`` for its topic; an empty payload clears the topic instead."""
-        if len(message.payload) == 0:
-            self.table.delete(message.topic)
-        else:
-            self.table.put(message.topic, encode_retained(message))
+        value = encode_retained(message) if len(message.payload) else None
+        self.api.store_retained(context or self.context, message.topic, value)
 
-    def get(self, topic: str) -> OutMessage | None:
-        raw = self.table.get(topic)
-        return decode_retained(topic, raw) if raw is not None else None
-
-    def matching(self, filter_levels: list[str], now_ms: int) -> list[OutMessage]:
-        """The unexpired retained messages whose topic matches a filter (expired ones are
-        deleted on the way, as their expiry passed [MQTT-3.3.2-5])."""
-        if "+" not in filter_levels and "#" not in filter_levels:
-            found = self.get("/".join(filter_levels))
-            candidates = [found] if found is not None else []
-        else:
-            candidates = []
-            for topic, raw in self.table.items():
-                if filter_matches(filter_levels, topic):
-                    message = decode_retained(topic, raw)
-                    if message is not None:
-                        candidates.append(message)
+    def matching(self, topic_filter: str, now_ms: int) -> list[OutMessage]:
+        """The unexpired retained messages whose topic matches a (non-shared) filter (expired
+        ones are deleted on the way, as their expiry passed [MQTT-3.3.2-5])."""
         live = []
-        for message in candidates:
+        for topic, raw in self.api.retained_matching(topic_filter):
+            message = decode_retained(topic, raw)
+            if message is None:
+                continue
             if message.expired(now_ms):
-                self.table.delete(message.topic)
+                self.api.store_retained(self.context, topic, None)
             else:
                 live.append(message)
         return live

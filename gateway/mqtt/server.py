@@ -1,6 +1,7 @@
 """The MQTT listener: a thin ``asyncio.Protocol`` per connection around the sans-IO codec and the
-``Connection`` state machine (``session.py``). ``MQTTServer(broker, websocket=True)`` serves MQTT
-over WebSocket instead (``websocket.py`` frames the same bytes).
+``Connection`` state machine (``session.py``), built on the Broker API (``core/api.py``).
+``MQTTServer(api, websocket=True)`` serves MQTT over WebSocket instead (``websocket.py`` frames
+the same bytes).
 
 I/O batching (ARCHITECTURE.md): every packet of a read is decoded and handled before yielding;
 what the connection writes during one loop iteration goes out in one ``transport.write``
@@ -30,9 +31,10 @@ import logging
 import socket
 from collections import deque
 from collections.abc import Awaitable
+from dataclasses import replace
 from typing import Any, Final, cast
 
-from core.broker import Broker
+from core.api import BrokerAPI
 from gateway.mqtt.decoder import MqttDecoder
 from gateway.mqtt.errors import MqttProtocolError
 from gateway.mqtt.hub import MqttHub, MqttOptions
@@ -100,6 +102,9 @@ class MqttProtocol(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports implement asyncio.Transport without subclassing it.
         self.transport = transport = cast(asyncio.Transport, transport)
+        peer = transport.get_extra_info("peername")
+        if isinstance(peer, tuple) and len(peer) >= 2:
+            self.connection.context = replace(self.connection.context, peer=f"{peer[0]}:{peer[1]}")
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             with contextlib.suppress(OSError):
@@ -284,13 +289,13 @@ class MqttProtocol(asyncio.Protocol):
 class MQTTServer:
     """MQTT 3.1.1 / 5.0 over TCP (or over WebSocket with ``websocket=True``).
 
-    ``await start(host, port)``; ``address``; ``await close()``; ``metrics``. Every server of one
-    broker shares its sessions (``MqttHub``)."""
+    ``await start(host, port)``; ``address``; ``await close()``; ``metrics``. Every server built
+    on one :class:`BrokerAPI` shares its sessions (``MqttHub``)."""
 
     def __init__(
-        self, broker: Broker, *, websocket: bool = False, options: MqttOptions | None = None
+        self, api: BrokerAPI, *, websocket: bool = False, options: MqttOptions | None = None
     ) -> None:
-        self.broker = broker
+        self.api = api
         self.websocket = websocket
         self.options = options
         self.connections: set[MqttProtocol] = set()
@@ -330,7 +335,7 @@ class MQTTServer:
 
     async def start(self, host: str, port: int) -> None:
         self._loop = asyncio.get_running_loop()
-        self._hub = MqttHub.acquire(self.broker, self.options)
+        self._hub = MqttHub.acquire(self.api, self.options)
         factory: Any
         if self.websocket:
             from gateway.mqtt.websocket import WebSocketProtocol

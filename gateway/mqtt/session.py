@@ -10,13 +10,15 @@ it is a Protocol Error (0x82) [MQTT-3.1.0-1, 3.1.0-2, 4.8.0-1].
 Delivery to a session (docs/mqtt.md, "Sessions"):
 
 - a *clean* session (3.1.1 Clean Session 1; 5.0 Session Expiry 0) lives as long as its network
-  connection: its plain subscriptions are in the gateway's live router and messages are handed
-  to it straight from the publish path (and, for records of other protocols, from the log's
-  index notifications), so it costs the log nothing beyond the record itself;
-- a *persistent* session (Clean Session 0; Session Expiry > 0) has a durable ack queue in the log
-  (``core.delivery.AckQueue``): its subscriptions are core bindings, every matching record is
-  indexed into its queue (never copied), read back when it is connected, acked on PUBACK/PUBREC,
-  and redelivered (DUP, same Packet Identifier) after a reconnect or a broker restart;
+  connection: its plain subscriptions are live subscriptions in the broker's live router
+  (``BrokerAPI.subscribe_live``) and messages are handed to it straight from the publish path
+  (and, for records of other protocols, read back by the core: ``follow_live_records``), so it
+  costs the log nothing beyond the record itself;
+- a *persistent* session (Clean Session 0; Session Expiry > 0) has a durable queue in the log
+  (``BrokerAPI.declare_session_queue``): its subscriptions are core bindings, every matching
+  record is indexed into its queue (never copied), pushed to it while it is connected
+  (``consume_session_queue``), acked on PUBACK/PUBREC, and redelivered (DUP, same Packet
+  Identifier) after a reconnect or a broker restart;
 - a shared subscription ``$share/<group>/<filter>`` is one ack queue per group and filter that
   the members consume, round robin, each within its Receive Maximum.
 
@@ -31,18 +33,25 @@ Not thread-safe: the event loop's thread.
 from __future__ import annotations
 
 import enum
+import itertools
 import logging
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
-from core.broker.eager import Pending, run_eagerly
-from core.delivery import Consumer, Delivery, Message
-from core.log import TagFilter
-from core.log import record as rec
-from core.log.store import now_ms
-from core.log.tags import tags_from_headers
+from core.api import (
+    PROTOCOL_KAFKA,
+    PROTOCOL_MQTT,
+    ClientContext,
+    Delivery,
+    Message,
+    Subscription,
+    TagFilter,
+    now_ms,
+    tags_from_headers,
+)
 from gateway.mqtt.addresses import filter_matches
 from gateway.mqtt.encoder import encode, encode_ack, encode_publish
 from gateway.mqtt.errors import MqttProtocolError, protocol_error
@@ -72,6 +81,14 @@ from gateway.mqtt.reason_codes import ReasonCode
 
 if TYPE_CHECKING:
     from gateway.mqtt.hub import MqttHub, SharedGroup
+
+_connection_numbers = itertools.count(1)
+
+
+def new_connection_id() -> str:
+    """A name for one MQTT connection in logs and the management API."""
+    return f"mqtt-{next(_connection_numbers)}"
+
 
 log = logging.getLogger(__name__)
 
@@ -206,16 +223,20 @@ Queued = tuple[OutMessage, int, bool, tuple[int, ...], Delivery | None]
 
 
 class Session:
-    def __init__(self, hub: MqttHub, client_id: str, expiry_interval: int) -> None:
+    def __init__(
+        self, hub: MqttHub, client_id: str, expiry_interval: int, context: ClientContext
+    ) -> None:
         self.hub = hub
         self.client_id = client_id
+        # Who acts for the session: its last connection's context (its client id in any case).
+        self.context = context
         self.expiry_interval = expiry_interval  # seconds; NEVER_EXPIRES
         self.persistent = expiry_interval > 0  # has an ack queue (fixed at creation)
         self.queue_name: str | None = None
         self.subscriptions: dict[str, Sub] = {}
         self.plain: list[Sub] = []  # non-shared subscriptions, for matching queue deliveries
         self.filtered = 0  # plain subscriptions with a tag filter
-        self.consumers: dict[str, Consumer] = {}  # ack-queue topic -> our consumer
+        self.consumers: dict[str, Subscription] = {}  # queue name -> our consumer
         self.connection: Connection | None = None
         self.inflight: dict[int, Inflight] = {}
         self.pending: deque[Queued] = deque()
@@ -241,6 +262,7 @@ class Session:
     def attach(self, connection: Connection, present: bool) -> None:
         """A connection took this session (after its CONNACK was written)."""
         self.connection = connection
+        self.context = connection.context
         self.disconnected_ms = None
         if present:
             # [MQTT-4.4.0-1]: unacknowledged PUBLISH (DUP) and PUBREL again, same identifiers.
@@ -266,24 +288,23 @@ class Session:
         if connection is None:
             return
         prefetch = min(connection.send_quota, CONSUMER_PREFETCH)
-        hub = self.hub
+        consume = self.hub.api.consume_session_queue
+        context = self.context
         if self.queue_name is not None and self.queue_name not in self.consumers:
-            queue = hub.broker.ack_queue(self.queue_name)
-            if queue is not None:
-                self.consumers[self.queue_name] = queue.add_consumer(
-                    self.client_id, prefetch, self._on_queue_delivery
-                )
+            consumer = consume(context, self.queue_name, prefetch, self._on_queue_delivery)
+            if consumer is not None:
+                self.consumers[self.queue_name] = consumer
         for sub in self.subscriptions.values():
             group = sub.group
             if group is not None and group.name not in self.consumers:
-                self.consumers[group.name] = group.queue.add_consumer(
-                    self.client_id, prefetch, _GroupDeliver(self, sub)
-                )
+                consumer = consume(context, group.name, prefetch, _GroupDeliver(self, sub))
+                if consumer is not None:
+                    self.consumers[group.name] = consumer
 
     def stop_consumer(self, queue_name: str) -> None:
         consumer = self.consumers.pop(queue_name, None)
-        if consumer is not None and consumer in consumer.queue.consumers:
-            consumer.queue.remove_consumer(consumer)  # in-flight records go back to the queue
+        if consumer is not None:
+            consumer.detach()  # in-flight records go back to the queue
 
     def detach(self) -> None:
         """The connection is gone: ack-queue records in flight go back to their queues (they
@@ -513,7 +534,7 @@ def tag_expression(tag_filter: TagFilter) -> str:
 def record_tags(message: Message) -> list[str]:
     """A record's own tags: a Kafka batch record's are the union of its records' (the log's
     tags field), so each record of it is judged by its own ``x-braid-tags`` header."""
-    if message.protocol == rec.PROTOCOL_KAFKA:
+    if message.protocol == PROTOCOL_KAFKA:
         headers = message.headers
         if not headers:
             return []
@@ -557,10 +578,13 @@ Handler = Callable[["Connection", Any], "Awaitable[None] | None"]
 class Connection:
     """One network connection's MQTT protocol state machine. See the module docstring."""
 
-    def __init__(self, hub: MqttHub, link: Link, metrics: dict[str, int]) -> None:
+    def __init__(self, hub: MqttHub, link: Link, metrics: dict[str, int], peer: str = "") -> None:
         self.hub = hub
         self.link = link
         self.metrics = metrics
+        # Who is calling, in every Broker API call made for this connection: completed with
+        # the user and client id at CONNECT. ``peer``: the client's ``host:port``.
+        self.context = ClientContext(PROTOCOL_MQTT, peer=peer, connection_id=new_connection_id())
         self.state = State.AWAIT_CONNECT
         self.version = MQTT_5
         self.session: Session | None = None
@@ -786,6 +810,7 @@ class Connection:
         ):
             keep_alive = server_keep_alive = options.max_keep_alive
         self.client_id = client_id
+        self.context = replace(self.context, user=packet.username or "", client_id=client_id)
         self.keep_alive = keep_alive
         self.will = packet.will
         session, present = hub.open_session(self, client_id, packet.clean_start, granted_expiry)
@@ -848,10 +873,10 @@ class Connection:
                     "more QoS 1/2 publishes in flight than Receive Maximum [MQTT-3.3.4-9]",
                 )
         hub = self.hub
-        if hub.broker.flow.reasons:
+        if hub.api.publishing_blocked():
             return self._publish_when_unblocked(packet, topic)
-        outcome = hub.publish_packet(self.client_id, self, topic, packet)
-        if isinstance(outcome, Pending):
+        outcome = hub.publish_packet(self.context, self, topic, packet)
+        if not isinstance(outcome, tuple):
             return self._publish_later(packet, outcome)
         if qos:
             self._acknowledge(packet, outcome)
@@ -860,7 +885,7 @@ class Connection:
     async def _publish_when_unblocked(self, packet: Publish, topic: str) -> None:
         self.link.pause_reading("flow")
         try:
-            await self.hub.broker.flow.wait_unblocked()
+            await self.hub.api.wait_publishing_allowed()
         finally:
             self.link.resume_reading("flow")
         pending = self._publish(packet, topic)
@@ -868,8 +893,8 @@ class Connection:
             await pending
 
     def _publish(self, packet: Publish, topic: str) -> Awaitable[None] | None:
-        outcome = self.hub.publish_packet(self.client_id, self, topic, packet)
-        if isinstance(outcome, Pending):
+        outcome = self.hub.publish_packet(self.context, self, topic, packet)
+        if not isinstance(outcome, tuple):
             return self._publish_later(packet, outcome)
         self._acknowledge(packet, outcome)
         return None
@@ -908,19 +933,18 @@ class Connection:
         for end, log_topic, _ in acks:
             if end:
                 last_end[log_topic] = end
-        waits: list[Pending[None]] = []
-        store = self.hub.broker.store
+        waits: list[Awaitable[None]] = []
+        api = self.hub.api
         for log_topic, end in last_end.items():
-            started = run_eagerly(store.wait_durable(end, log_topic))
-            if isinstance(started, Pending):
-                waits.append(started)
+            if not api.is_durable(end, log_topic):
+                waits.append(api.when_durable(end, log_topic))
         if not waits:
             self._write_acks(len(acks))
             return
         self.acks_waiting = True
         self.hub.spawn(self._acks_when_durable(waits, len(acks)))
 
-    async def _acks_when_durable(self, waits: list[Pending[None]], count: int) -> None:
+    async def _acks_when_durable(self, waits: list[Awaitable[None]], count: int) -> None:
         try:
             for wait in waits:
                 await wait

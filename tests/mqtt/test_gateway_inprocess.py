@@ -5,6 +5,7 @@ Receive Maximum window, the clean-session queue limit."""
 from __future__ import annotations
 
 import asyncio
+import weakref
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -13,6 +14,7 @@ import pytest
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties as PahoProperties
 
+from core.api import BrokerAPI
 from core.broker import Broker
 from core.delivery import Delivery
 from core.log import LogConfig, LogStore, names
@@ -49,8 +51,19 @@ async def broker(tmp_path: Path) -> AsyncIterator[Broker]:
     await store.aclose()
 
 
+_apis: weakref.WeakKeyDictionary[Broker, BrokerAPI] = weakref.WeakKeyDictionary()
+
+
+def api_of(broker: Broker) -> BrokerAPI:
+    """One Broker API per broker, as braid/server.py has: its listeners share one MQTT hub."""
+    api = _apis.get(broker)
+    if api is None:
+        api = _apis[broker] = BrokerAPI(broker)
+    return api
+
+
 async def start_server(broker: Broker, options: MqttOptions | None = None) -> MQTTServer:
-    server = MQTTServer(broker, options=options)
+    server = MQTTServer(api_of(broker), options=options)
     await server.start("127.0.0.1", 0)
     return server
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from core.api import BrokerAPI
 from core.broker import Broker
 from core.log import LogConfig, LogStore
 from gateway.mqtt.codec import (
@@ -70,7 +71,7 @@ async def hub(tmp_path: Path) -> AsyncIterator[MqttHub]:
     await store.start()
     broker = Broker(store)
     await broker.start()
-    hub = MqttHub.acquire(broker, MqttOptions())
+    hub = MqttHub.acquire(BrokerAPI(broker), MqttOptions())
     yield hub
     hub.release()
     await broker.close()
