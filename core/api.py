@@ -73,14 +73,14 @@ from core.delivery.ackqueue import AckQueueConfig
 from core.delivery.ackqueue import Delivery as Delivery
 from core.delivery.handles import Subscription as Subscription
 from core.delivery.live import LiveFeed
-from core.delivery.live import LiveReader as LiveReader
+from core.delivery.live import LiveReader
 from core.delivery.message import EXPIRES_AT_HEADER as EXPIRES_AT_HEADER
 from core.delivery.message import Message as Message
 from core.routing.errors import RoutingError as RoutingError
 from core.routing.mqtt_topic import LEVEL_SEPARATOR as LEVEL_SEPARATOR
 from core.routing.mqtt_topic import MULTI_LEVEL as MULTI_LEVEL
 from core.routing.mqtt_topic import ONE_LEVEL as ONE_LEVEL
-from core.routing.mqtt_topic import SYSTEM_PREFIX as SYSTEM_PREFIX
+from core.routing.live import EMPTY_LEVEL_TOPIC as EMPTY_LEVEL_TOPIC
 from core.routing.mqtt_topic import filter_levels_match as filter_levels_match
 from core.routing.mqtt_topic import parse_shared_subscription as parse_shared_subscription
 from core.routing.mqtt_topic import validate_topic_filter as validate_topic_filter

@@ -35,6 +35,7 @@ import hashlib
 from typing import Final, NamedTuple
 
 from core.api import (
+    EMPTY_LEVEL_TOPIC,
     LEVEL_SEPARATOR,
     MULTI_LEVEL,
     ONE_LEVEL,
@@ -46,8 +47,6 @@ from core.api import (
 # Binding source of the filters with a wildcard first level. Names starting with "__" are the
 # broker's (core/log/names.py), so no client can publish to it.
 GLOBAL_SOURCE: Final = "__mqtt"
-# The log topic of MQTT topic names with an empty first level ("/a/b").
-EMPTY_LEVEL_TOPIC: Final = "/"
 # A topic name of the log: at most 255 bytes (MAX_TOPIC_NAME_BYTES of the topic registry), no
 # control characters, not starting with "__" (reserved for the broker's system topics).
 MAX_LOG_TOPIC_BYTES: Final = 255
