@@ -31,21 +31,33 @@ Not thread-safe: the event loop's thread, like the broker behind it.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Generator, Mapping, Sequence
+# (AMQP section's imports)
+# (MQTT section's imports)
+# (Kafka section's imports)
+# Re-exported for gateway/kafka (``X as X``: an explicit re-export).
+from collections.abc import (
+    Awaitable,
+    Callable,
+    Collection,
+    Generator,
+    Hashable,
+    Iterable,
+    Mapping,
+    Sequence,
+)
 from dataclasses import dataclass
 from typing import Any, Final
 
+from core.broker.broker import BRAID_HEADER_PREFIX as BRAID_HEADER_PREFIX
 from core.broker.broker import EXCHANGE_QUEUE, Broker, Destination, PublishResult
+from core.broker.broker import may_carry_braid_headers as may_carry_braid_headers
 from core.broker.eager import Pending, run_eagerly
 from core.broker.topics import TopicError, TopicInfo
-from core.log import record as rec
-from core.log.store import now_ms
-from core.routing.mqtt_topic import mqtt_name_of, routing_key_of
-
-# (AMQP section's imports)
-from collections.abc import Callable, Iterable
-
 from core.deadletter.policy import DEAD_LETTER_REASON_HEADER as DEAD_LETTER_REASON_HEADER
+
+# Re-exported for gateway/mqtt (``X as X``: an explicit re-export).
+from core.deadletter.policy import DEAD_LETTER_SUBJECT_HEADER as DEAD_LETTER_SUBJECT_HEADER
+from core.deadletter.policy import DEAD_LETTER_TOPIC_HEADER as DEAD_LETTER_TOPIC_HEADER
 from core.deadletter.policy import X_DEATH_HEADER as X_DEATH_HEADER
 from core.deadletter.policy import DeadLetterPolicy as DeadLetterPolicy
 from core.delivery.ackqueue import OVERFLOW_DROP_HEAD as OVERFLOW_DROP_HEAD
@@ -58,42 +70,9 @@ from core.delivery.handles import QueueStats as QueueStats
 from core.delivery.handles import Settlements as Settlements
 from core.delivery.handles import Subscription as Subscription
 from core.delivery.handles import attach, take_one
+from core.delivery.live import LiveFeed, LiveReader
 from core.delivery.message import EXPIRES_AT_HEADER as EXPIRES_AT_HEADER
 from core.delivery.message import Message as Message
-from core.log.tags import TagFilter as TagFilter
-from core.routing.errors import RoutingError as RoutingError
-from core.transactions import TransactionError as TransactionError
-# (MQTT section's imports)
-from collections.abc import Hashable
-
-# Re-exported for gateway/mqtt (``X as X``: an explicit re-export).
-from core.deadletter.policy import DEAD_LETTER_SUBJECT_HEADER as DEAD_LETTER_SUBJECT_HEADER
-from core.deadletter.policy import DEAD_LETTER_TOPIC_HEADER as DEAD_LETTER_TOPIC_HEADER
-from core.delivery.ackqueue import AckQueueConfig
-from core.delivery.ackqueue import Delivery as Delivery
-from core.delivery.handles import Subscription as Subscription
-from core.delivery.live import LiveFeed
-from core.delivery.live import LiveReader
-from core.delivery.message import EXPIRES_AT_HEADER as EXPIRES_AT_HEADER
-from core.delivery.message import Message as Message
-from core.routing.errors import RoutingError as RoutingError
-from core.routing.mqtt_topic import LEVEL_SEPARATOR as LEVEL_SEPARATOR
-from core.routing.mqtt_topic import MULTI_LEVEL as MULTI_LEVEL
-from core.routing.mqtt_topic import ONE_LEVEL as ONE_LEVEL
-from core.routing.live import EMPTY_LEVEL_TOPIC as EMPTY_LEVEL_TOPIC
-from core.routing.mqtt_topic import filter_levels_match as filter_levels_match
-from core.routing.mqtt_topic import parse_shared_subscription as parse_shared_subscription
-from core.routing.mqtt_topic import validate_topic_filter as validate_topic_filter
-from core.state.retained import RetainedMessages
-from core.state.sessions import SessionStates
-from core.transactions.control import GROUP_HEADER as PRODUCER_GROUP_HEADER
-from core.transactions.control import TXN_ID_HEADER as TXN_ID_HEADER
-# (Kafka section's imports)
-# Re-exported for gateway/kafka (``X as X``: an explicit re-export).
-from collections.abc import Callable, Collection, Iterable
-
-from core.broker.broker import BRAID_HEADER_PREFIX as BRAID_HEADER_PREFIX
-from core.broker.broker import may_carry_braid_headers as may_carry_braid_headers
 from core.groups.results import GroupDescription as GroupDescription
 from core.groups.results import GroupListing as GroupListing
 from core.groups.results import JoinResult as JoinResult
@@ -103,11 +82,23 @@ from core.groups.state import GroupState as GroupState
 from core.kafka_values import OffsetCommit as OffsetCommit
 from core.kafka_values import OpenTransaction as OpenTransaction
 from core.kafka_values import StorageSettings as StorageSettings
+from core.log import record as rec
 from core.log.batches import unpack_batch as unpack_batch
 from core.log.names import is_system_topic as is_system_topic
+from core.log.store import now_ms
+from core.log.tags import TagFilter as TagFilter
 from core.log.tags import parse_tag_expression as parse_tag_expression
 from core.log.tags import tags_from_headers as tags_from_headers
 from core.offsets.store import CommittedOffset as CommittedOffset
+from core.routing.errors import RoutingError as RoutingError
+from core.routing.live import EMPTY_LEVEL_TOPIC as EMPTY_LEVEL_TOPIC
+from core.routing.mqtt_topic import LEVEL_SEPARATOR as LEVEL_SEPARATOR
+from core.routing.mqtt_topic import MULTI_LEVEL as MULTI_LEVEL
+from core.routing.mqtt_topic import ONE_LEVEL as ONE_LEVEL
+from core.routing.mqtt_topic import filter_levels_match as filter_levels_match
+from core.routing.mqtt_topic import mqtt_name_of, routing_key_of
+from core.routing.mqtt_topic import parse_shared_subscription as parse_shared_subscription
+from core.routing.mqtt_topic import validate_topic_filter as validate_topic_filter
 from core.scoped_reads import STORED_BATCH as STORED_BATCH
 from core.scoped_reads import STORED_TXN_CONTROL as STORED_TXN_CONTROL
 from core.scoped_reads import StoredEntry as StoredEntry
@@ -115,6 +106,11 @@ from core.scoped_reads import StoredRecordReader as StoredRecordReader
 from core.scoped_reads import stored_body as stored_body
 from core.scoped_reads import stored_flags as stored_flags
 from core.scoped_reads import stored_tags as stored_tags
+from core.state.retained import RetainedMessages
+from core.state.sessions import SessionStates
+from core.transactions import TransactionError as TransactionError
+from core.transactions.control import GROUP_HEADER as PRODUCER_GROUP_HEADER
+from core.transactions.control import TXN_ID_HEADER as TXN_ID_HEADER
 
 # (TagFilter and TransactionError: re-exported by the AMQP section's imports above.)
 # The Kafka listener runs each request handler eagerly, to its first real wait, so that what
@@ -554,9 +550,7 @@ class BrokerAPI:
             destinations=destinations if len(destinations) > 1 else None,
             protocol=context.protocol,
         )
-        return PublishOutcome(
-            -1, queue, tuple(refused), tuple(destinations), True, appended.end
-        )
+        return PublishOutcome(-1, queue, tuple(refused), tuple(destinations), True, appended.end)
 
     # (end of the AMQP section)
 
@@ -573,7 +567,9 @@ class BrokerAPI:
             feed = self._live = LiveFeed(self._broker.store)
         return feed
 
-    def subscribe_live(self, context: ClientContext, topic_filter: str, subscriber: Hashable) -> None:
+    def subscribe_live(
+        self, context: ClientContext, topic_filter: str, subscriber: Hashable
+    ) -> None:
         """Add a live subscription: a valid, non-shared MQTT filter over full topic names."""
         self._live_feed().router.add(topic_filter, subscriber)
 
