@@ -18,7 +18,7 @@ def quick_start_commands() -> list[str]:
 
 
 def test_quick_start_is_exactly_two_commands():
-    assert quick_start_commands() == ["pip install . && braid serve", "bash scripts/test"]
+    assert quick_start_commands() == ["bash scripts/serve", "bash scripts/test"]
 
 
 def test_ci_runs_the_readme_test_command_and_the_checks():
@@ -30,5 +30,5 @@ def test_ci_runs_the_readme_test_command_and_the_checks():
 
 
 def test_shell_scripts_parse():
-    for script in (".ci/run", "scripts/test", "scripts/check"):
+    for script in (".ci/run", "scripts/test", "scripts/check", "scripts/serve"):
         subprocess.run(["bash", "-n", str(ROOT / script)], check=True)
