@@ -75,7 +75,7 @@ class ServerContext:
 
     settings: ServerSettings
     broker: Broker  # the core itself: for braid's own metrics and health, never a gateway
-    api: BrokerAPI  # the Broker API (core/api.py): the only thing a gateway talks to
+    api: BrokerAPI  # the Broker API (core/api/): the only thing a gateway talks to
     metrics: MetricsRegistry  # register(...) / register_counters(...) the listener's metrics
     health: HealthCheck
 

@@ -1,4 +1,4 @@
-"""Value types of the Kafka part of the Broker API (``core/api.py`` re-exports them).
+"""Value types of the Kafka part of the Broker API (``core/api/`` re-exports them).
 
 Small frozen records the API returns instead of core objects: the log's settings a
 DescribeConfigs shows, an open transaction, a committed offset as it is given.

@@ -1,7 +1,7 @@
 """``MqttHub``: the MQTT side of the broker, shared by the TCP and WebSocket listeners of one
 broker (one per :class:`BrokerAPI`): the sessions by client id, the live subscriptions of clean
 sessions, shared-subscription groups, retained messages, durable session state, and the publish
-path. It uses the broker through the Broker API only (``core/api.py``).
+path. It uses the broker through the Broker API only (``core/api/``).
 
 Durable state (everything is in the log, ARCHITECTURE.md):
 

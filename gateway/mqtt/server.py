@@ -1,5 +1,5 @@
 """The MQTT listener: a thin ``asyncio.Protocol`` per connection around the sans-IO codec and the
-``Connection`` state machine (``session.py``), built on the Broker API (``core/api.py``).
+``Connection`` state machine (``session.py``), built on the Broker API (``core/api/``).
 ``MQTTServer(api, websocket=True)`` serves MQTT over WebSocket instead (``websocket.py`` frames
 the same bytes).
 

@@ -1,0 +1,135 @@
+"""The Broker API: everything a gateway may use of the core, and nothing else.
+
+A gateway (``gateway/amqp``, ``gateway/mqtt``, ``gateway/kafka``) imports ``core.api`` and no
+other ``core`` module (``tests/test_layers.py`` enforces it). It is handed one
+:class:`BrokerAPI` by the process that assembles the listeners (``braid/server.py``) and calls
+only its methods; it never reaches into the broker's parts.
+
+The contract, so that security, limits and the cluster fit behind the same calls later:
+
+- **Who is calling.** Every call that acts for a client takes a :class:`ClientContext`
+  (protocol, vhost, user, peer address, connection id). Authorization and limits are decided
+  here, once, for every protocol.
+- **Durability is a handle.** :meth:`BrokerAPI.publish` is a plain call: it routes and stores
+  the record now (in the order the frames came) and returns a :class:`Publication`, whose
+  ``result`` is there at once unless flow control holds the publish back, and which is
+  *awaited* for durability. Where the record is stored (this process's log, another shard or
+  node) is behind it.
+- **Deliveries are pushed under credit.** :meth:`BrokerAPI.consume` attaches a consumer with a
+  prefetch (AMQP prefetch, MQTT Receive Maximum) and returns a :class:`Subscription` with ack,
+  nack/requeue, pause, resume and detach.
+- **Nothing outlives the call.** No call returns a core object (a store, a queue, a table) or a
+  buffer into the log's mappings that the caller may keep: what comes back is values
+  (:class:`PublishOutcome`, :class:`QueueStats`, ``bytes``), value types re-exported below, or
+  handles defined in this module.
+
+Value types and constants a gateway needs (record fields, protocol codes, header names, error
+types) are re-exported here, so this module is the one place that says what the boundary is.
+
+Not thread-safe: the event loop's thread, like the broker behind it.
+"""
+
+from __future__ import annotations
+
+from core.api.base import INTERNAL_CONTEXT as INTERNAL_CONTEXT
+from core.api.base import (
+    PROTOCOL_AMQP,
+    PROTOCOL_INTERNAL,
+    PROTOCOL_KAFKA,
+    PROTOCOL_MQTT,
+    ClientContext,
+    Headers,
+    Publication,
+    PublishOutcome,
+)
+from core.api.partitions import PartitionCalls
+from core.api.queues import QueueCalls
+from core.api.sessions import SessionCalls
+from core.broker.broker import BRAID_HEADER_PREFIX as BRAID_HEADER_PREFIX
+from core.broker.broker import EXCHANGE_QUEUE, Destination
+from core.broker.broker import may_carry_braid_headers as may_carry_braid_headers
+from core.broker.eager import Pending, run_eagerly
+from core.broker.topics import TopicError, TopicInfo
+from core.deadletter.policy import DEAD_LETTER_REASON_HEADER as DEAD_LETTER_REASON_HEADER
+from core.deadletter.policy import DEAD_LETTER_SUBJECT_HEADER as DEAD_LETTER_SUBJECT_HEADER
+from core.deadletter.policy import DEAD_LETTER_TOPIC_HEADER as DEAD_LETTER_TOPIC_HEADER
+from core.deadletter.policy import X_DEATH_HEADER as X_DEATH_HEADER
+from core.deadletter.policy import DeadLetterPolicy as DeadLetterPolicy
+from core.delivery.ackqueue import OVERFLOW_DROP_HEAD as OVERFLOW_DROP_HEAD
+from core.delivery.ackqueue import OVERFLOW_REJECT_PUBLISH as OVERFLOW_REJECT_PUBLISH
+from core.delivery.ackqueue import AckQueueConfig as AckQueueConfig
+from core.delivery.ackqueue import Delivery as Delivery
+from core.delivery.handles import NO_CREDIT as NO_CREDIT
+from core.delivery.handles import QueueHandle as QueueHandle
+from core.delivery.handles import QueueStats as QueueStats
+from core.delivery.handles import Settlements as Settlements
+from core.delivery.handles import Subscription as Subscription
+from core.delivery.message import EXPIRES_AT_HEADER as EXPIRES_AT_HEADER
+from core.delivery.message import Message as Message
+from core.groups.results import GroupDescription as GroupDescription
+from core.groups.results import GroupListing as GroupListing
+from core.groups.results import JoinResult as JoinResult
+from core.groups.results import LeaveResult as LeaveResult
+from core.groups.results import SyncResult as SyncResult
+from core.groups.state import GroupState as GroupState
+from core.kafka_values import OffsetCommit as OffsetCommit
+from core.kafka_values import OpenTransaction as OpenTransaction
+from core.kafka_values import StorageSettings as StorageSettings
+from core.log.batches import unpack_batch as unpack_batch
+from core.log.names import is_system_topic as is_system_topic
+from core.log.store import now_ms
+from core.log.tags import TagFilter as TagFilter
+from core.log.tags import parse_tag_expression as parse_tag_expression
+from core.log.tags import tags_from_headers as tags_from_headers
+from core.offsets.store import CommittedOffset as CommittedOffset
+from core.routing.errors import RoutingError as RoutingError
+from core.routing.live import EMPTY_LEVEL_TOPIC as EMPTY_LEVEL_TOPIC
+from core.routing.mqtt_topic import LEVEL_SEPARATOR as LEVEL_SEPARATOR
+from core.routing.mqtt_topic import MULTI_LEVEL as MULTI_LEVEL
+from core.routing.mqtt_topic import ONE_LEVEL as ONE_LEVEL
+from core.routing.mqtt_topic import filter_levels_match as filter_levels_match
+from core.routing.mqtt_topic import mqtt_name_of, routing_key_of
+from core.routing.mqtt_topic import parse_shared_subscription as parse_shared_subscription
+from core.routing.mqtt_topic import validate_topic_filter as validate_topic_filter
+from core.scoped_reads import STORED_BATCH as STORED_BATCH
+from core.scoped_reads import STORED_TXN_CONTROL as STORED_TXN_CONTROL
+from core.scoped_reads import StoredEntry as StoredEntry
+from core.scoped_reads import StoredRecordReader as StoredRecordReader
+from core.scoped_reads import stored_body as stored_body
+from core.scoped_reads import stored_flags as stored_flags
+from core.scoped_reads import stored_tags as stored_tags
+from core.transactions import TransactionError as TransactionError
+from core.transactions.control import GROUP_HEADER as PRODUCER_GROUP_HEADER
+from core.transactions.control import TXN_ID_HEADER as TXN_ID_HEADER
+
+# (TagFilter and TransactionError: re-exported by the AMQP section's imports above.)
+# The Kafka listener runs each request handler eagerly, to its first real wait, so that what
+# a handler does before waiting happens in request order (core/broker/eager.py says why).
+RestOfCoroutine = Pending
+run_until_first_wait = run_eagerly
+
+__all__ = [
+    "EXCHANGE_QUEUE",
+    "PRODUCER_GROUP_HEADER",
+    "PROTOCOL_AMQP",
+    "PROTOCOL_INTERNAL",
+    "PROTOCOL_KAFKA",
+    "PROTOCOL_MQTT",
+    "BrokerAPI",
+    "ClientContext",
+    "Destination",
+    "Headers",
+    "Publication",
+    "PublishOutcome",
+    "TopicError",
+    "TopicInfo",
+    "mqtt_name_of",
+    "now_ms",
+    "routing_key_of",
+]
+
+
+class BrokerAPI(QueueCalls, SessionCalls, PartitionCalls):
+    """The one object a gateway talks to (the contract is the module docstring's): the calls
+    every protocol uses (``base.py``) and those of each consumption model: queues
+    (``queues.py``), sessions (``sessions.py``) and partitions (``partitions.py``)."""

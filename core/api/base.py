@@ -1,0 +1,211 @@
+"""The Broker API's own types (:class:`ClientContext`, :class:`PublishOutcome`,
+:class:`Publication`) and the calls every protocol uses: publish, durability, topics.
+
+The contract is in ``core/api/__init__.py``."""
+
+from __future__ import annotations
+
+# (AMQP section's imports)
+# (MQTT section's imports)
+# (Kafka section's imports)
+from collections.abc import (
+    Awaitable,
+    Generator,
+    Mapping,
+    Sequence,
+)
+from dataclasses import dataclass
+from typing import Any, Final
+
+from core.broker.broker import (
+    Broker,
+    Destination,
+    PublishResult,
+)
+from core.broker.eager import Pending, run_eagerly
+from core.broker.topics import TopicInfo
+from core.log import record as rec
+
+# -- value types and constants of the boundary ------------------------------------------------
+
+PROTOCOL_INTERNAL: Final = rec.PROTOCOL_INTERNAL
+PROTOCOL_AMQP: Final = rec.PROTOCOL_AMQP
+PROTOCOL_MQTT: Final = rec.PROTOCOL_MQTT
+PROTOCOL_KAFKA: Final = rec.PROTOCOL_KAFKA
+Headers = rec.Headers
+
+
+@dataclass(frozen=True, slots=True)
+class ClientContext:
+    """Who is calling: one per connection (or per session), passed with every call.
+
+    ``protocol`` is one of the ``PROTOCOL_*`` codes; ``vhost`` is the AMQP virtual host (``/``
+    for MQTT and Kafka, whose names map into vhosts as docs/security.md says); ``user`` the
+    authenticated user name (``""``: anonymous); ``peer`` the client's ``host:port``;
+    ``connection_id`` names the connection in logs and in the management API; ``client_id`` is
+    the protocol's own client name (MQTT client id, Kafka ``client.id``, AMQP
+    ``connection_name``) recorded with each record it publishes.
+    """
+
+    protocol: int
+    vhost: str = "/"
+    user: str = ""
+    peer: str = ""
+    connection_id: str = ""
+    client_id: str = ""
+
+
+# The context of what the broker does on its own behalf (timers, dead letters, tools).
+INTERNAL_CONTEXT: Final = ClientContext(PROTOCOL_INTERNAL, connection_id="internal")
+
+
+@dataclass(frozen=True, slots=True)
+class PublishOutcome:
+    """What became of one publish once it is stored.
+
+    ``offset``: the record's offset in its topic's own queue ``queue`` (-1 for a half message,
+    which gets its offset when committed); ``refused``: destinations that refused it (an AMQP
+    queue at ``x-overflow: reject-publish``; a transaction outcome that could not be applied),
+    which AMQP answers with a nack; ``delivered_to``: every destination it was indexed in;
+    ``durable_mark``: what :meth:`BrokerAPI.when_durable` takes to wait for this record and
+    everything stored before it.
+    """
+
+    offset: int
+    queue: int
+    refused: tuple[Destination, ...]
+    delivered_to: tuple[Destination, ...]
+    half: bool
+    durable_mark: int
+    record_count: int = 1
+
+    @staticmethod
+    def of(result: PublishResult) -> PublishOutcome:
+        return PublishOutcome(
+            result.offset,
+            result.queue,
+            tuple(result.refused),
+            tuple(result.destinations),
+            result.half,
+            result.appended.end,
+        )
+
+
+class Publication(Awaitable[PublishOutcome]):
+    """The durability handle :meth:`BrokerAPI.publish` returns.
+
+    ``stored``: the record is in the log (always, unless flow control held the publish back);
+    then ``outcome`` says where it went. Awaiting the handle returns the outcome once the record
+    is durable at its topic's durability (at once for an ``async`` topic). Await it at most once.
+    """
+
+    __slots__ = ("_api", "_outcome", "_pending", "_topic")
+
+    def __init__(
+        self,
+        api: BrokerCalls,
+        topic: str,
+        outcome: PublishOutcome | None,
+        pending: Pending[PublishResult] | None,
+    ) -> None:
+        self._api = api
+        self._topic = topic
+        self._outcome = outcome
+        self._pending = pending
+
+    @property
+    def stored(self) -> bool:
+        return self._outcome is not None
+
+    @property
+    def outcome(self) -> PublishOutcome:
+        """Where the record went; only once ``stored`` (else :class:`RuntimeError`)."""
+        if self._outcome is None:
+            raise RuntimeError("publish held back by flow control: await the publication")
+        return self._outcome
+
+    def __await__(self) -> Generator[Any, Any, PublishOutcome]:
+        outcome = self._outcome
+        if outcome is None:
+            assert self._pending is not None
+            result = yield from self._pending.__await__()
+            outcome = self._outcome = PublishOutcome.of(result)
+        yield from self._api.when_durable(outcome.durable_mark, self._topic).__await__()
+        return outcome
+
+    def cancel(self) -> None:
+        """Give up a publish held back by flow control (the connection closed)."""
+        if self._pending is not None and self._outcome is None:
+            self._pending.close()
+
+
+class BrokerCalls:
+    """What every protocol uses: publish, durability, topics; the other parts of
+    :class:`core.api.BrokerAPI` build on it."""
+
+    def __init__(self, broker: Broker) -> None:
+        self._broker = broker
+
+    # -- publishing ----------------------------------------------------------------------------
+
+    def publish(
+        self,
+        context: ClientContext,
+        topic: str,
+        body: bytes | memoryview | None,
+        *,
+        queue: int | None = None,
+        key: bytes | None = None,
+        subject: str = "",
+        headers: Headers = (),
+        routing_headers: Mapping[str, Any] | None = None,
+        tags: Sequence[str] = (),
+        address: str = "",
+        born_ms: int = 0,
+        deliver_at_ms: int = 0,
+        extra_destinations: Sequence[Destination] = (),
+        create_topic: bool | None = None,
+    ) -> Publication:
+        """Route and store one record now; the handle is awaited for durability.
+
+        Raises :class:`TopicError` for an unknown topic (unless auto-created) or queue.
+        """
+        started = run_eagerly(
+            self._broker.publish(
+                topic,
+                body,
+                queue=queue,
+                key=key,
+                subject=subject,
+                headers=headers,
+                routing_headers=routing_headers,
+                tags=tags,
+                protocol=context.protocol,
+                client=context.client_id,
+                address=address,
+                born_ms=born_ms,
+                deliver_at_ms=deliver_at_ms,
+                extra_destinations=extra_destinations,
+                create_topic=create_topic,
+                wait_durable=False,
+            )
+        )
+        if isinstance(started, Pending):
+            return Publication(self, topic, None, started)
+        return Publication(self, topic, PublishOutcome.of(started), None)
+
+    def when_durable(self, durable_mark: int, topic: str | None = None) -> Awaitable[None]:
+        """Wait until everything stored up to ``durable_mark`` (a
+        :attr:`PublishOutcome.durable_mark`) is durable at ``topic``'s durability (the sync
+        durability when no topic is given). Marks only grow: waiting for the last of several
+        publishes covers them all."""
+        return self._broker.store.wait_durable(durable_mark, topic)
+
+    # -- topics --------------------------------------------------------------------------------
+
+    def topic_info(self, name: str) -> TopicInfo | None:
+        """The topic's description (a value), or None when there is none."""
+        return self._broker.topics.get(name)
+
+    def has_topic(self, name: str) -> bool:
+        return name in self._broker.topics

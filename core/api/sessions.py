@@ -1,0 +1,284 @@
+"""Live subscriptions, session queues, retained messages and session states: the Broker
+API's calls for MQTT's sessions."""
+
+from __future__ import annotations
+
+# (AMQP section's imports)
+# (MQTT section's imports)
+# (Kafka section's imports)
+from collections.abc import (
+    Callable,
+    Hashable,
+)
+from typing import Any
+
+from core.api.base import BrokerCalls, ClientContext, Headers, Publication
+from core.broker.broker import (
+    Destination,
+)
+from core.delivery.ackqueue import (
+    AckQueueConfig,
+    Delivery,
+)
+from core.delivery.handles import (
+    Subscription,
+)
+from core.delivery.live import LiveFeed, LiveReader
+from core.log.tags import TagFilter
+from core.state.retained import RetainedMessages
+from core.state.sessions import SessionStates
+
+
+class SessionCalls(BrokerCalls):
+    """Live subscriptions, session queues, retained messages, session states."""
+
+    # Live subscriptions (MQTT clean sessions): no queue; one router for every protocol
+    # (core/routing/live.py). A subscriber is the caller's own hashable object, handed back by
+    # live_subscribers. Records stored by others reach the followers (follow_live_records).
+
+    _live: LiveFeed | None = None
+
+    def _live_feed(self) -> LiveFeed:
+        feed = self._live
+        if feed is None:
+            feed = self._live = LiveFeed(self._broker.store)
+        return feed
+
+    def subscribe_live(
+        self, context: ClientContext, topic_filter: str, subscriber: Hashable
+    ) -> None:
+        """Add a live subscription: a valid, non-shared MQTT filter over full topic names."""
+        self._live_feed().router.add(topic_filter, subscriber)
+
+    def unsubscribe_live(
+        self, context: ClientContext, topic_filter: str, subscriber: Hashable
+    ) -> bool:
+        """Undo one :meth:`subscribe_live`; False if there was none."""
+        return self._live_feed().router.remove(topic_filter, subscriber)
+
+    def has_live_subscriptions(self) -> bool:
+        feed = self._live
+        return feed is not None and feed.router.count > 0
+
+    def live_subscribers(self, topic_name: str) -> tuple[Any, ...]:
+        """The subscribers of every live subscription matching ``topic_name`` (each once)."""
+        return self._live_feed().router.match(topic_name)
+
+    def follow_live_records(self, context: ClientContext, reader: LiveReader) -> None:
+        """Call ``reader(message)`` for every record stored by someone else (another
+        protocol's publish, a delayed record when due, a commit, a dead letter) that a live
+        subscription may match, soon after it is stored (core/delivery/live.py). A
+        :class:`Message` is valid during the call only."""
+        self._live_feed().follow(reader)
+
+    def unfollow_live_records(self, reader: LiveReader) -> None:
+        if self._live is not None:
+            self._live.unfollow(reader)
+
+    def publish_delivering_live(
+        self,
+        context: ClientContext,
+        topic: str,
+        body: bytes | memoryview | None,
+        *,
+        subject: str = "",
+        headers: Headers = (),
+        address: str = "",
+        deliver_at_ms: int = 0,
+        create_topic: bool | None = None,
+    ) -> Publication:
+        """:meth:`publish` for a caller that hands the record to the live subscriptions itself
+        (the MQTT gateway, from the PUBLISH in hand, without reading it back): the record's own
+        index entry is not read back for the followers; entries the publish made elsewhere
+        (dead letters, a record held back by flow control and stored later) still are."""
+        feed = self._live
+        if feed is None:
+            return self.publish(
+                context,
+                topic,
+                body,
+                subject=subject,
+                headers=headers,
+                address=address,
+                deliver_at_ms=deliver_at_ms,
+                create_topic=create_topic,
+            )
+        feed.begin_own_publish(topic)
+        try:
+            return self.publish(
+                context,
+                topic,
+                body,
+                subject=subject,
+                headers=headers,
+                address=address,
+                deliver_at_ms=deliver_at_ms,
+                create_topic=create_topic,
+            )
+        finally:
+            feed.end_own_publish()
+
+    def is_durable(self, durable_mark: int, topic: str | None = None) -> bool:
+        """Whether :meth:`when_durable` would return at once (a synchronous check for a batch
+        of acknowledgements that mostly need no wait)."""
+        store = self._broker.store
+        return store.commitlog.flushed_position >= durable_mark or (
+            topic is not None and not store.is_sync(topic)
+        )
+
+    # Routing every protocol's records to MQTT subscriptions (a route hook), and the amq.topic
+    # compatibility exchange (RabbitMQ's MQTT plugin).
+
+    def mqtt_compat_exchange(self) -> str | None:
+        """The AMQP topic exchange MQTT publishes also go through (BrokerConfig.mqtt_exchange)."""
+        return self._broker.config.mqtt_exchange
+
+    def add_route_hook(
+        self,
+        context: ClientContext,
+        hook: Callable[[str, str, bytes | None, int, str], list[Destination]],
+        *,
+        may_route: Callable[[str], bool] | None = None,
+    ) -> None:
+        """Every publish (any protocol, plain or batch) also goes to what ``hook(topic,
+        subject, key, protocol, address)`` returns; ``may_route(topic)`` False promises it
+        returns nothing for ``topic`` now (a Kafka batch is then stored without decoding it)."""
+        self._broker.add_route_hook(hook, may_route=may_route)
+
+    def remove_route_hook(
+        self, hook: Callable[[str, str, bytes | None, int, str], list[Destination]]
+    ) -> None:
+        self._broker.remove_route_hook(hook)
+
+    def route_through(self, source: str, subject: str) -> list[Destination]:
+        """The queues a record published to ``source`` with ``subject`` reaches through
+        bindings, following exchange-to-exchange bindings."""
+        return self._broker.route(source, subject)
+
+    def bound_destinations(self, source: str, subject: str) -> set[Destination]:
+        """The destinations bound on ``source`` matching ``subject`` directly (one lookup, no
+        exchange-to-exchange hops: the per-publish path of the MQTT global bindings)."""
+        return self._broker.bindings.route(source, subject)
+
+    # Durable queues of persistent sessions and shared groups: ack queues of their own (no
+    # topic), fed by bindings, read through consume_session_queue.
+
+    def declare_session_queue(
+        self,
+        context: ClientContext,
+        name: str,
+        *,
+        tag_filter: TagFilter | None = None,
+        empty: bool = False,
+    ) -> bool:
+        """Get or create the durable queue ``name`` (True: created, starting empty, with
+        ``tag_filter``); ``empty`` drops an existing queue's backlog too."""
+        queue, created = self._broker.declare_ack_queue(
+            name, 0, AckQueueConfig(tag_filter=tag_filter) if tag_filter is not None else None
+        )
+        if created or empty:
+            queue.purge()
+        return created
+
+    def discard_session_queue(self, context: ClientContext, name: str) -> bool:
+        """Delete the queue, its bindings and its index; False if there was none."""
+        return self._broker.discard_ack_queue(name) is not None
+
+    def has_session_queue(self, name: str) -> bool:
+        return self._broker.ack_queue(name) is not None
+
+    def session_queue_names(self, prefixes: tuple[str, ...]) -> list[str]:
+        """The names of the queues (of queue number 0) starting with one of ``prefixes``."""
+        return [
+            topic
+            for topic, number in self._broker.ack_queues
+            if number == 0 and topic.startswith(prefixes)
+        ]
+
+    def set_session_queue_tag_filter(
+        self, context: ClientContext, name: str, tag_filter: TagFilter | None
+    ) -> None:
+        """The queue skips, by the index's tag mask, the records ``tag_filter`` refuses (None:
+        none); kept in memory (the caller sets it again after a restart)."""
+        queue = self._broker.ack_queue(name)
+        if queue is None:
+            return
+        current = queue.config.tag_filter
+        if (current is None) != (tag_filter is None) or (
+            current is not None and tag_filter is not None and current.tags != tag_filter.tags
+        ):
+            queue.config.tag_filter = tag_filter
+
+    def bind_session_queue(
+        self, context: ClientContext, source: str, kind: str, pattern: str, name: str
+    ) -> bool:
+        """A durable binding from ``source`` (``kind``: "topic" or "mqtt") to the queue; False if
+        it existed already."""
+        return self._broker.bind(source, kind, pattern, (name, 0))
+
+    def unbind_session_queue(
+        self, context: ClientContext, source: str, kind: str, pattern: str, name: str
+    ) -> bool:
+        return self._broker.unbind(source, kind, pattern, (name, 0))
+
+    def session_queue_bindings(self, prefixes: tuple[str, ...]) -> list[tuple[str, str, str, str]]:
+        """``(source, kind, pattern, queue name)`` of every binding to a queue named with one of
+        ``prefixes``."""
+        return [
+            (binding.source, binding.kind.value, binding.pattern, binding.destination[0])
+            for binding in self._broker.bindings.bindings()
+            if binding.destination[1] == 0 and binding.destination[0].startswith(prefixes)
+        ]
+
+    def consume_session_queue(
+        self,
+        context: ClientContext,
+        name: str,
+        prefetch: int,
+        deliver: Callable[[Delivery], None],
+    ) -> Subscription | None:
+        """Attach a consumer (tagged with the context's client id) that is pushed the queue's
+        records while it has fewer than ``prefetch`` in flight; None if there is no queue."""
+        queue = self._broker.ack_queue(name)
+        if queue is None:
+            return None
+        return Subscription(queue.add_consumer(context.client_id, prefetch, deliver))
+
+    # Retained messages (core/state/retained.py) and session states (core/state/sessions.py):
+    # durable in the log, values in the gateway's own layout.
+
+    _retained: RetainedMessages | None = None
+    _session_states: SessionStates | None = None
+
+    def _retained_messages(self) -> RetainedMessages:
+        table = self._retained
+        if table is None:
+            table = self._retained = RetainedMessages(self._broker.store)
+        return table
+
+    def _sessions(self) -> SessionStates:
+        table = self._session_states
+        if table is None:
+            table = self._session_states = SessionStates(self._broker.store)
+        return table
+
+    def store_retained(self, context: ClientContext, topic_name: str, value: bytes | None) -> None:
+        """Retain ``value`` for ``topic_name`` (None clears it)."""
+        self._retained_messages().put(topic_name, value)
+
+    def retained_matching(self, topic_filter: str) -> list[tuple[str, bytes]]:
+        """``(topic name, value)`` of the retained messages a (non-shared) filter matches."""
+        return self._retained_messages().matching(topic_filter)
+
+    def retained_count(self) -> int:
+        return len(self._retained_messages())
+
+    def save_session_state(self, context: ClientContext, client_id: str, state: bytes) -> None:
+        self._sessions().save(client_id, state)
+
+    def delete_session_state(self, context: ClientContext, client_id: str) -> None:
+        self._sessions().delete(client_id)
+
+    def session_states(self) -> list[tuple[str, bytes]]:
+        """``(client id, state)`` of every saved session."""
+        return self._sessions().items()
