@@ -9,16 +9,24 @@
 
 Every import counts, also one inside a function or under ``TYPE_CHECKING``. The last test runs
 the same check over a copy of the tree with one bad import added, so the check is seen to fail.
+
+And the Broker API's "who is calling" rule (``core/api/__init__.py``): every public method of
+``BrokerAPI`` takes ``context: ClientContext`` first, but the plumbing that docstring lists by
+name, and that list names only methods without one.
 """
 
 from __future__ import annotations
 
 import ast
+import inspect
 import re
 import shutil
 from pathlib import Path
 
 import pytest
+
+import core.api
+from core.api import BrokerAPI
 
 ROOT = Path(__file__).resolve().parent.parent
 PROTOCOLS = ("amqp", "mqtt", "kafka")
@@ -162,3 +170,39 @@ def test_the_check_fails_on_a_bad_import(
     target.write_text(target.read_text() + f"\n\ndef _late(api) -> None:\n    {line}\n")
     problems = layer_violations(copy)
     assert any(expected in problem and problem.startswith(file) for problem in problems), problems
+
+
+def calls_without_context(api: type) -> set[str]:
+    """The public methods of ``api`` whose first parameter after ``self`` is not
+    ``context: ClientContext``."""
+    found = set()
+    for name, method in inspect.getmembers(api, inspect.isfunction):
+        if name.startswith("_"):
+            continue
+        params = list(inspect.signature(method).parameters.values())[1:]
+        first = params[0] if params else None
+        if first is None or first.name != "context" or first.annotation != "ClientContext":
+            found.add(name)
+    return found
+
+
+def plumbing_listed(docstring: str) -> set[str]:
+    """The names (in double backquotes) of the list of calls without a context."""
+    start = docstring.index("The calls without")
+    end = docstring.index("``tests/test_layers.py``", start)
+    return set(re.findall(r"``(\w+)``", docstring[start:end]))
+
+
+def test_every_api_call_takes_the_client_context_but_the_plumbing_listed() -> None:
+    listed = plumbing_listed(core.api.__doc__ or "")
+    methods = {name for name, _ in inspect.getmembers(BrokerAPI, inspect.isfunction)}
+    assert listed <= methods, listed - methods  # a name that is no method
+    assert calls_without_context(BrokerAPI) == listed
+
+
+def test_a_call_without_context_is_reported() -> None:
+    class Wider(BrokerAPI):
+        def new_lookup(self, name: str) -> bool:
+            return bool(name)
+
+    assert calls_without_context(Wider) - calls_without_context(BrokerAPI) == {"new_lookup"}

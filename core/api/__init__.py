@@ -7,9 +7,35 @@ only its methods; it never reaches into the broker's parts.
 
 The contract, so that security, limits and the cluster fit behind the same calls later:
 
-- **Who is calling.** Every call that acts for a client takes a :class:`ClientContext`
-  (protocol, vhost, user, peer address, connection id). Authorization and limits are decided
-  here, once, for every protocol.
+- **Who is calling.** Every call that acts for a client, or reads what a client may be refused
+  (a topic, queue, partition, group or metadata entry it names; the retained messages a
+  filter matches), takes a :class:`ClientContext` (protocol, vhost, user, peer address,
+  connection id, client id) as its first argument, so that authorization and limits can be
+  decided here, once, for every protocol (no call decides anything on it yet). A gateway
+  passes the connection's or session's context, or, for what it does on its own behalf (its
+  vhost's or hub's own objects, the Kafka transaction coordinator, tag-filter registry and
+  producer-state table), a context of its own or :data:`INTERNAL_CONTEXT`. The calls without
+  one are the gateway's own plumbing, and only these:
+
+  - durability checks: ``when_durable``, ``is_durable``, ``waits_for_fsync``;
+  - flow control and its listeners: ``publishing_blocked``, ``publishing_blocked_reason``,
+    ``wait_publishing_allowed``, ``add_flow_listener``, ``remove_flow_listener``;
+  - start-up loading (finding back what the gateway stored, and the configured MQTT
+    exchange): ``topics_with_config``, ``open_queue``, ``session_states``,
+    ``session_queue_names``, ``session_queue_bindings``, ``open_transactions``,
+    ``read_tail_batch_headers``, ``mqtt_compat_exchange``;
+  - live-router lookups on the publish path (the publish itself carries the context):
+    ``routed_destinations``, ``has_ack_queue``, ``route_through``, ``bound_destinations``,
+    ``live_subscribers``, ``has_live_subscriptions``;
+  - the rest of a call that carried a context: ``enforce_max_length`` (after a transaction's
+    commit), ``exchange_has_bindings`` (AMQP's if-unused and auto-delete checks around
+    :meth:`~BrokerAPI.delete_exchange` and :meth:`~BrokerAPI.unbind`),
+    ``unfollow_live_records`` and ``remove_route_hook`` (undoing
+    :meth:`~BrokerAPI.follow_live_records` and :meth:`~BrokerAPI.add_route_hook`);
+  - a gauge: ``retained_count``.
+
+  ``tests/test_layers.py`` holds the class to this list (each name above in double
+  backquotes, one list, ending here).
 - **Durability is a handle.** :meth:`BrokerAPI.publish` is a plain call: it routes and stores
   the record now (in the order the frames came) and returns a :class:`Publication`, whose
   ``result`` is there at once unless flow control holds the publish back, and which is

@@ -203,9 +203,9 @@ class BrokerCalls:
 
     # -- topics --------------------------------------------------------------------------------
 
-    def topic_info(self, name: str) -> TopicInfo | None:
+    def topic_info(self, context: ClientContext, name: str) -> TopicInfo | None:
         """The topic's description (a value), or None when there is none."""
         return self._broker.topics.get(name)
 
-    def has_topic(self, name: str) -> bool:
+    def has_topic(self, context: ClientContext, name: str) -> bool:
         return name in self._broker.topics

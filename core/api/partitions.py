@@ -39,7 +39,7 @@ class PartitionCalls(BrokerCalls):
 
     # Topics as Kafka sees them: partitions are the topic's queues; system topics are hidden.
 
-    def list_topics(self) -> list[TopicInfo]:
+    def list_topics(self, context: ClientContext) -> list[TopicInfo]:
         """Every topic but the system ones, by name."""
         return self._broker.topics.all()
 
@@ -61,7 +61,7 @@ class PartitionCalls(BrokerCalls):
         """Grow the topic to ``total`` queues (:class:`TopicError` if unknown)."""
         return self._broker.topics.add_queues(name, total)
 
-    def storage_settings(self, topic: str | None = None) -> StorageSettings:
+    def storage_settings(self, context: ClientContext, topic: str | None = None) -> StorageSettings:
         """The log's retention and segment size, and ``topic``'s durability (DescribeConfigs)."""
         config = self._broker.store.config
         return StorageSettings(
@@ -212,17 +212,23 @@ class PartitionCalls(BrokerCalls):
         finally:
             reader.close()
 
-    def partition_offsets(self, topic: str, partition: int) -> tuple[int, int]:
+    def partition_offsets(
+        self, context: ClientContext, topic: str, partition: int
+    ) -> tuple[int, int]:
         """``(log start offset, high watermark)``; the last stable offset is the high
         watermark (open transactions are half messages, invisible in the partition)."""
         return self._broker.store.queue_bounds(topic, partition)
 
-    def first_offset_stored_since(self, topic: str, partition: int, timestamp_ms: int) -> int:
+    def first_offset_stored_since(
+        self, context: ClientContext, topic: str, partition: int, timestamp_ms: int
+    ) -> int:
         """The first offset the broker stored at or after ``timestamp_ms`` (the index's store
         time); the high watermark if none."""
         return self._broker.store.offset_for_time(topic, partition, timestamp_ms)
 
-    def stored_time_of(self, topic: str, partition: int, offset: int) -> tuple[int, int] | None:
+    def stored_time_of(
+        self, context: ClientContext, topic: str, partition: int, offset: int
+    ) -> tuple[int, int] | None:
         """``(offset, store time in ms)`` of the entry holding ``offset``; None if none."""
         entries = self._broker.store.read(topic, partition, offset, max_records=1)
         return (entries[0].offset, entries[0].store_ms) if entries else None
@@ -311,7 +317,7 @@ class PartitionCalls(BrokerCalls):
     def describe_group(self, context: ClientContext, group_id: str) -> GroupDescription:
         return self._broker.groups.describe(group_id)
 
-    def group_state(self, group_id: str) -> GroupState | None:
+    def group_state(self, context: ClientContext, group_id: str) -> GroupState | None:
         """The group's state; None for a group the coordinator does not know."""
         return self._broker.groups.state(group_id)
 
@@ -402,18 +408,18 @@ class PartitionCalls(BrokerCalls):
 
     # The broker's metadata table (``__meta``): small durable settings a gateway keeps.
 
-    def metadata_items(self, prefix: str) -> list[tuple[str, bytes]]:
+    def metadata_items(self, context: ClientContext, prefix: str) -> list[tuple[str, bytes]]:
         """Every ``(key, value)`` whose key starts with ``prefix``."""
         return [item for item in self._broker.topics.table.items() if item[0].startswith(prefix)]
 
-    def metadata_value(self, key: str) -> bytes | None:
+    def metadata_value(self, context: ClientContext, key: str) -> bytes | None:
         return self._broker.topics.table.get(key)
 
-    def put_metadata(self, key: str, value: bytes) -> int:
+    def put_metadata(self, context: ClientContext, key: str, value: bytes) -> int:
         """Store ``key``; returns the durable mark to wait for (:meth:`when_durable`)."""
         return self._broker.topics.table.put(key, value).end
 
-    def delete_metadata(self, key: str) -> int | None:
+    def delete_metadata(self, context: ClientContext, key: str) -> int | None:
         """Delete ``key``; the durable mark to wait for, None if there was no such key."""
         deleted = self._broker.topics.table.delete(key)
         return deleted.end if deleted is not None else None

@@ -158,7 +158,7 @@ class QueueCalls(BrokerCalls):
         broker.delete_topic(topic)
         return sources
 
-    def queue_info(self, topic: str) -> QueueStats | None:
+    def queue_info(self, context: ClientContext, topic: str) -> QueueStats | None:
         """The counts of the queue ``topic`` now, or None when there is none."""
         ack = self._broker.ack_queue(topic)
         return None if ack is None else QueueHandle(ack).stats()

@@ -184,7 +184,7 @@ class SessionCalls(BrokerCalls):
         """Delete the queue, its bindings and its index; False if there was none."""
         return self._broker.discard_ack_queue(name) is not None
 
-    def has_session_queue(self, name: str) -> bool:
+    def has_session_queue(self, context: ClientContext, name: str) -> bool:
         return self._broker.ack_queue(name) is not None
 
     def session_queue_names(self, prefixes: tuple[str, ...]) -> list[str]:
@@ -266,7 +266,9 @@ class SessionCalls(BrokerCalls):
         """Retain ``value`` for ``topic_name`` (None clears it)."""
         self._retained_messages().put(topic_name, value)
 
-    def retained_matching(self, topic_filter: str) -> list[tuple[str, bytes]]:
+    def retained_matching(
+        self, context: ClientContext, topic_filter: str
+    ) -> list[tuple[str, bytes]]:
         """``(topic name, value)`` of the retained messages a (non-shared) filter matches."""
         return self._retained_messages().matching(topic_filter)
 

@@ -643,7 +643,7 @@ class Channel:
                 return  # refused by a reject-publish queue (no confirms in tx mode)
             topic = queue.topic
         else:
-            ex = self.vhost.exchange(exchange)
+            ex = self.vhost.exchange(self.context, exchange)
             self._check_internal(ex.internal, exchange)
             if ex.delayed and info.delay_ms > 0:
                 # A half message cannot also be delayed: published normally at commit.
@@ -733,7 +733,7 @@ class Channel:
                 return None
             topic = queue.topic
         else:
-            ex = self.vhost.exchange(exchange)
+            ex = self.vhost.exchange(self.context, exchange)
             if ex.internal:
                 self._check_internal(True, exchange)
             topic = ex.topic
@@ -838,7 +838,7 @@ class Channel:
         routed = api.routed_destinations(name, routing_key, info.table)
         if any(api.has_ack_queue(d) for d in routed):
             return []
-        target = self.vhost.find_exchange(alternate)
+        target = self.vhost.find_exchange(self.context, alternate)
         if target is None:
             return []
         return [

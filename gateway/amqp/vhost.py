@@ -301,7 +301,7 @@ class VirtualHost:
                 log.info("amqp: transient exchange %r removed on restart", info.name)
                 self.api.delete_exchange(self.context, info.name)
         for name, ex_type in BUILTIN_EXCHANGES:
-            if not self.api.has_topic(self.prefix + name):
+            if not self.api.has_topic(self.context, self.prefix + name):
                 self._create_exchange(self.context, name, ex_type, True, False, False, {})
         self._schedule_sweep()
 
@@ -375,11 +375,11 @@ class VirtualHost:
 
     # -- exchanges ---------------------------------------------------------------------------
 
-    def find_exchange(self, name: str) -> Exchange | None:
+    def find_exchange(self, context: ClientContext, name: str) -> Exchange | None:
         if name.startswith(self._hidden):
             return None
         topic = self.prefix + name if self.prefix else name
-        info = self.api.topic_info(topic)
+        info = self.api.topic_info(context, topic)
         if info is None:
             self._exchanges.pop(name, None)
             return None
@@ -388,9 +388,9 @@ class VirtualHost:
             exchange = self._exchanges[name] = Exchange.from_topic(info, name)
         return exchange
 
-    def exchange(self, name: str) -> Exchange:
+    def exchange(self, context: ClientContext, name: str) -> Exchange:
         """The exchange named ``name``; 404 if there is none."""
-        exchange = self.find_exchange(name)
+        exchange = self.find_exchange(context, name)
         if exchange is None:
             raise _not_found(f"no exchange '{name}' in vhost '{self.name}'")
         return exchange
@@ -413,14 +413,14 @@ class VirtualHost:
     ) -> None:
         self._check_not_default(name)
         if passive:
-            self.exchange(name)
+            self.exchange(context, name)
             return
         if ex_type not in EXCHANGE_TYPES and ex_type != DELAYED_TYPE:
             raise AmqpConnectionError(
                 COMMAND_INVALID, f"COMMAND_INVALID - unknown exchange type '{ex_type}'"
             )
         args = jsonable(dict(arguments or {}))
-        existing = self.find_exchange(name)
+        existing = self.find_exchange(context, name)
         if existing is not None and isinstance(existing.info.config.get(CONFIG_KEY), dict):
             self._assert_exchange_equivalent(
                 existing, ex_type, durable, auto_delete, internal, args
@@ -492,7 +492,7 @@ class VirtualHost:
         self._check_not_default(name)
         if name.startswith(RESERVED_PREFIX):
             raise _refused(f"deletion of system exchange '{name}' in vhost '{self.name}' refused")
-        exchange = self.find_exchange(name)
+        exchange = self.find_exchange(context, name)
         if exchange is None:
             return  # RabbitMQ 3.x: deleting a missing exchange is not an error
         if if_unused and self.api.exchange_has_bindings(exchange.topic):
@@ -508,7 +508,7 @@ class VirtualHost:
         """Auto-delete exchanges go with their last binding (as a source)."""
         for topic in topics:
             name = self._exchange_of_topic(topic)
-            exchange = None if name is None else self.find_exchange(name)
+            exchange = None if name is None else self.find_exchange(self.context, name)
             if (
                 exchange is not None
                 and exchange.auto_delete
@@ -555,7 +555,7 @@ class VirtualHost:
     ) -> None:
         target = self.queue(queue, owner)
         self._check_not_default(exchange)
-        source = self.exchange(exchange)
+        source = self.exchange(context, exchange)
         self._bind(context, source, routing_key, (target.topic, 0), arguments, unbind)
 
     def bind_exchange(
@@ -570,8 +570,8 @@ class VirtualHost:
     ) -> None:
         self._check_not_default(destination)
         self._check_not_default(source)
-        target = self.exchange(destination)
-        origin = self.exchange(source)
+        target = self.exchange(context, destination)
+        origin = self.exchange(context, source)
         self._bind(context, origin, routing_key, (target.topic, EXCHANGE_QUEUE), arguments, unbind)
 
     # -- queues ------------------------------------------------------------------------------

@@ -73,9 +73,9 @@ def broker_list(context: KafkaContext, connection: Connection) -> list[dict[str,
     return [{"node_id": NODE_ID, "broker_id": NODE_ID, "host": host, "port": port, "rack": None}]
 
 
-def kafka_topics(context: KafkaContext) -> list[TopicInfo]:
+def kafka_topics(context: KafkaContext, client: ClientContext) -> list[TopicInfo]:
     """The topics Kafka clients see (legal names, no system topics)."""
-    return [info for info in context.api.list_topics() if is_legal_topic_name(info.name)]
+    return [info for info in context.api.list_topics(client) if is_legal_topic_name(info.name)]
 
 
 def partition_metadata(count: int) -> list[dict[str, Any]]:
@@ -121,7 +121,7 @@ async def handle_metadata(
     topics: list[dict[str, Any]] = []
     if requested is None or (version == 0 and not requested):
         # null (v1+) or empty (v0): every topic
-        for listed in kafka_topics(context):
+        for listed in kafka_topics(context, connection.client):
             topics.append(
                 {
                     "error_code": ErrorCode.none,
@@ -139,7 +139,7 @@ async def handle_metadata(
             if name in seen:
                 continue
             seen.add(name)
-            info: TopicInfo | None = context.api.topic_info(name)
+            info: TopicInfo | None = context.api.topic_info(connection.client, name)
             error = ErrorCode.none
             if info is None or is_system_topic(name):
                 info = None
@@ -238,7 +238,7 @@ async def handle_create_topics(
             error, message = ErrorCode.invalid_request, "topic named more than once"
         elif not is_legal_topic_name(name) or is_system_topic(name):
             error, message = ErrorCode.invalid_topic_exception, f"illegal topic name {name!r}"
-        elif context.api.has_topic(name):
+        elif context.api.has_topic(connection.client, name):
             error, message = ErrorCode.topic_already_exists, f"topic {name!r} already exists"
         elif topic.replication_factor not in (-1, 1):
             error = ErrorCode.invalid_replication_factor
@@ -272,7 +272,7 @@ async def handle_delete_topics(
     body: Any = request.body
     for name in body.topic_names:
         error = ErrorCode.none
-        if is_system_topic(name) or not context.api.has_topic(name):
+        if is_system_topic(name) or not context.api.has_topic(connection.client, name):
             error = ErrorCode.unknown_topic_or_partition
         else:
             context.api.delete_topic(connection.client, name)
@@ -289,7 +289,7 @@ async def handle_create_partitions(
     body: Any = request.body
     results = []
     for topic in body.topics:
-        info = context.api.topic_info(topic.name)
+        info = context.api.topic_info(connection.client, topic.name)
         error = ErrorCode.none
         message: str | None = None
         if info is None or is_system_topic(topic.name):
@@ -309,9 +309,11 @@ async def handle_create_partitions(
     )
 
 
-def _topic_configs(context: KafkaContext, info: TopicInfo) -> list[ConfigRow]:
+def _topic_configs(
+    context: KafkaContext, client: ClientContext, info: TopicInfo
+) -> list[ConfigRow]:
     """(name, value, source, type) of a topic's configs, the ones Kafka tools ask for."""
-    storage = context.api.storage_settings(info.name)
+    storage = context.api.storage_settings(client, info.name)
     retention_ms = storage.retention_ms if storage.retention_ms is not None else -1
     retention_bytes = storage.retention_bytes if storage.retention_bytes is not None else -1
     durability = storage.durability
@@ -333,8 +335,8 @@ def _topic_configs(context: KafkaContext, info: TopicInfo) -> list[ConfigRow]:
     return out
 
 
-def _broker_configs(context: KafkaContext) -> list[ConfigRow]:
-    storage = context.api.storage_settings()
+def _broker_configs(context: KafkaContext, client: ClientContext) -> list[ConfigRow]:
+    storage = context.api.storage_settings(client)
     settings = context.settings
     retention_ms = storage.retention_ms if storage.retention_ms is not None else -1
     return [
@@ -371,10 +373,12 @@ def _group_configs(context: KafkaContext, group_id: str) -> list[ConfigRow]:
 _AlterResult = tuple[ErrorCode, str | None]
 
 
-def _alter_other(context: KafkaContext, resource_type: int, resource_name: str) -> _AlterResult:
+def _alter_other(
+    context: KafkaContext, client: ClientContext, resource_type: int, resource_name: str
+) -> _AlterResult:
     """The answer to altering a resource that is not a group (nothing here is alterable)."""
     if resource_type == RESOURCE_TOPIC:
-        if not context.api.has_topic(resource_name) or is_system_topic(resource_name):
+        if not context.api.has_topic(client, resource_name) or is_system_topic(resource_name):
             return ErrorCode.unknown_topic_or_partition, f"topic {resource_name!r} not found"
         return (
             ErrorCode.invalid_request,
@@ -416,7 +420,7 @@ def _unknown_group_config(name: str) -> _AlterResult:
 
 
 async def _alter_configs(
-    context: KafkaContext, request: Request, *, incremental: bool
+    context: KafkaContext, client: ClientContext, request: Request, *, incremental: bool
 ) -> ResponseBody:
     """AlterConfigs and IncrementalAlterConfigs: one answer per resource, in request order."""
     body: Any = request.body
@@ -435,7 +439,7 @@ async def _alter_configs(
         if seen[key] > 1:
             result = ErrorCode.invalid_request, f"resource {name!r} is named more than once"
         elif not is_group:
-            result = _alter_other(context, resource.resource_type, name)
+            result = _alter_other(context, client, resource.resource_type, name)
         elif not name:
             result = ErrorCode.invalid_request, "the group name must not be empty"
         else:
@@ -470,7 +474,7 @@ async def _alter_configs(
                 if result[0] != ErrorCode.none:
                     break
             if result[0] == ErrorCode.none and changed and not body.validate_only:
-                await registry.store_filter(name, change)
+                await registry.store_filter(client, name, change)
         responses.append(
             {
                 "error_code": result[0],
@@ -491,13 +495,13 @@ async def _alter_configs(
 async def handle_alter_configs(
     context: KafkaContext, connection: Connection, request: Request
 ) -> ResponseBody:
-    return await _alter_configs(context, request, incremental=False)
+    return await _alter_configs(context, connection.client, request, incremental=False)
 
 
 async def handle_incremental_alter_configs(
     context: KafkaContext, connection: Connection, request: Request
 ) -> ResponseBody:
-    return await _alter_configs(context, request, incremental=True)
+    return await _alter_configs(context, connection.client, request, incremental=True)
 
 
 async def handle_describe_configs(
@@ -510,16 +514,16 @@ async def handle_describe_configs(
         message: str | None = None
         entries: list[ConfigRow] = []
         if resource.resource_type == RESOURCE_TOPIC:
-            info = context.api.topic_info(resource.resource_name)
+            info = context.api.topic_info(connection.client, resource.resource_name)
             if info is None or is_system_topic(resource.resource_name):
                 error = ErrorCode.unknown_topic_or_partition
             else:
-                entries = _topic_configs(context, info)
+                entries = _topic_configs(context, connection.client, info)
         elif resource.resource_type == RESOURCE_BROKER:
             if resource.resource_name not in ("", str(NODE_ID)):
                 error, message = ErrorCode.invalid_request, "the only broker is node 0"
             else:
-                entries = _broker_configs(context)
+                entries = _broker_configs(context, connection.client)
         elif resource.resource_type in tagfilters.GROUP_RESOURCE_TYPES:
             if not resource.resource_name:
                 error, message = ErrorCode.invalid_request, "the group name must not be empty"

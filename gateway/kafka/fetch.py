@@ -239,19 +239,20 @@ def _read(
     plan: list[tuple[str, list[_Partition]]],
     max_bytes: int,
     isolation: int,
-    connection: Connection | None = None,
+    connection: Connection,
 ) -> tuple[list[tuple[str, list[FetchPartition]]], int, bool]:
     """One pass over the fetched partitions: (topic responses, bytes, any partition error).
     The record parts hold views of the log: encode them before ``reader``'s call returns."""
     api = context.api
     # Some consumer group has a tag filter: is this fetch one of its members'?
-    filters: GroupTagFilters | None = active_tag_filters(api) if connection is not None else None
+    filters: GroupTagFilters | None = active_tag_filters(api)
+    client = connection.client
     aborted = () if isolation == READ_COMMITTED else None
     topics = []
     total = 0
     errors = False
     for topic, partitions in plan:
-        info = None if is_system_topic(topic) else api.topic_info(topic)
+        info = None if is_system_topic(topic) else api.topic_info(client, topic)
         results = []
         for wanted in partitions:
             partition = wanted.partition
@@ -270,7 +271,7 @@ def _read(
                     limit = min(wanted.max_bytes, max_bytes - total) if total else wanted.max_bytes
                     tag_filter = (
                         filters.filter_for(connection, topic, partition)
-                        if filters is not None and connection is not None
+                        if filters is not None
                         else None
                     )
                     if tag_filter is not None:
@@ -355,11 +356,12 @@ async def handle_list_offsets(
     context: KafkaContext, connection: Connection, request: Request
 ) -> ResponseBody:
     api = context.api
+    client = connection.client
     topics = []
     body: Any = request.body
     for topic in body.topics:
         name = topic.name
-        info = None if is_system_topic(name) else api.topic_info(name)
+        info = None if is_system_topic(name) else api.topic_info(client, name)
         results = []
         for wanted in topic.partitions:
             partition = wanted.partition_index
@@ -375,22 +377,22 @@ async def handle_list_offsets(
                 result["leader_epoch"] = -1
                 results.append(result)
                 continue
-            start, end = api.partition_offsets(name, partition)
+            start, end = api.partition_offsets(client, name, partition)
             timestamp = wanted.timestamp
             if timestamp == LATEST_TIMESTAMP:
                 result["offset"] = end  # the last stable offset is the high watermark
             elif timestamp == EARLIEST_TIMESTAMP:
                 result["offset"] = start
             elif timestamp == MAX_TIMESTAMP:
-                last = api.stored_time_of(name, partition, end - 1) if end > start else None
+                last = api.stored_time_of(client, name, partition, end - 1) if end > start else None
                 if last is not None:
                     result["offset"], result["timestamp"] = last
             elif timestamp >= 0:
                 # By the time the broker stored the records (index store_ms), which is what
                 # the per-queue index can search; Kafka searches the records' max timestamps.
-                offset = api.first_offset_stored_since(name, partition, timestamp)
+                offset = api.first_offset_stored_since(client, name, partition, timestamp)
                 if offset < end:
-                    found = api.stored_time_of(name, partition, offset)
+                    found = api.stored_time_of(client, name, partition, offset)
                     result["offset"] = max(offset, start)
                     result["timestamp"] = found[1] if found is not None else timestamp
             else:
@@ -407,11 +409,12 @@ async def handle_offset_for_leader_epoch(
 ) -> ResponseBody:
     """One leader epoch ever (``LEADER_EPOCH``): it ends at the log end offset (KIP-101)."""
     api = context.api
+    client = connection.client
     topics = []
     body: Any = request.body
     for topic in body.topics:
         name = topic.topic
-        info = None if is_system_topic(name) else api.topic_info(name)
+        info = None if is_system_topic(name) else api.topic_info(client, name)
         results = []
         for wanted in topic.partitions:
             partition = wanted.partition
@@ -425,7 +428,7 @@ async def handle_offset_for_leader_epoch(
                     }
                 )
                 continue
-            _, end = api.partition_offsets(name, partition)
+            _, end = api.partition_offsets(client, name, partition)
             results.append(
                 {
                     "error_code": ErrorCode.none,

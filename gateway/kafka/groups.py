@@ -13,7 +13,7 @@ from typing import Any, Final
 
 from kio.schema.errors import ErrorCode
 
-from core.api import is_system_topic
+from core.api import ClientContext, is_system_topic
 from gateway.kafka.apis import ApiKey
 from gateway.kafka.codec import Request
 from gateway.kafka.context import Connection, Handler, KafkaContext, ResponseBody, ms
@@ -233,8 +233,10 @@ async def handle_delete_groups(
     )
 
 
-def partition_exists(context: KafkaContext, topic: str, partition: int) -> bool:
-    info = None if is_system_topic(topic) else context.api.topic_info(topic)
+def partition_exists(
+    context: KafkaContext, client: ClientContext, topic: str, partition: int
+) -> bool:
+    info = None if is_system_topic(topic) else context.api.topic_info(client, topic)
     return info is not None and 0 <= partition < info.queues
 
 
@@ -258,7 +260,9 @@ async def handle_offset_commit(
             partition_error: int = error
             metadata = partition.committed_metadata or ""
             if partition_error == ErrorCode.none:
-                if not partition_exists(context, topic.name, partition.partition_index):
+                if not partition_exists(
+                    context, connection.client, topic.name, partition.partition_index
+                ):
                     partition_error = ErrorCode.unknown_topic_or_partition
                 elif len(metadata.encode()) > MAX_METADATA_BYTES:
                     partition_error = ErrorCode.offset_metadata_too_large

@@ -73,7 +73,7 @@ async def handle_produce(
     responses: list[tuple[str, list[ProducePartition]]] = []
     for topic_data in body.topic_data:
         name = topic_data.name
-        info = None if is_system_topic(name) else api.topic_info(name)
+        info = None if is_system_topic(name) else api.topic_info(client, name)
         durable_end = 0
         partitions: list[ProducePartition] = []
         for partition_data in topic_data.partition_data:
@@ -108,7 +108,7 @@ async def handle_produce(
                     index,
                     error,
                     base_offset,
-                    api.partition_offsets(name, index)[0] if info is not None else -1,
+                    api.partition_offsets(client, name, index)[0] if info is not None else -1,
                     message,
                 )
             )

@@ -37,6 +37,8 @@ from typing import TYPE_CHECKING, Final, NamedTuple, Protocol
 
 from kio.schema.errors import ErrorCode
 
+from core.api import PROTOCOL_KAFKA, ClientContext
+
 if TYPE_CHECKING:
     from core.api import BrokerAPI
 
@@ -178,6 +180,10 @@ class ProducerStates:
             del self._partitions[key]
 
 
+# Who the gateway's own table calls are made as (producer id blocks, transactional ids).
+TABLE_CONTEXT: Final = ClientContext(PROTOCOL_KAFKA, connection_id="kafka-producer-state")
+
+
 class KeyValueTable(Protocol):
     """The durable key-value table state is kept in; ``put`` returns the durable mark to wait
     for (``BrokerAPI.when_durable``)."""
@@ -189,7 +195,8 @@ class KeyValueTable(Protocol):
 
 class MetadataTable:
     """The broker's metadata table (``__meta``) through the Broker API, as a ``KeyValueTable``
-    of the ``kafka:`` keys (producer id blocks, transactional ids)."""
+    of the ``kafka:`` keys (producer id blocks, transactional ids): the gateway's own state,
+    read and written as ``TABLE_CONTEXT``."""
 
     PREFIX: Final = "kafka:"
 
@@ -197,13 +204,13 @@ class MetadataTable:
         self._api = api
 
     def get(self, key: str) -> bytes | None:
-        return self._api.metadata_value(key)
+        return self._api.metadata_value(TABLE_CONTEXT, key)
 
     def put(self, key: str, value: bytes) -> int:
-        return self._api.put_metadata(key, value)
+        return self._api.put_metadata(TABLE_CONTEXT, key, value)
 
     def items(self) -> Iterator[tuple[str, bytes]]:
-        return iter(self._api.metadata_items(self.PREFIX))
+        return iter(self._api.metadata_items(TABLE_CONTEXT, self.PREFIX))
 
 
 PRODUCER_ID_KEY: Final = "kafka:producer-id-block"

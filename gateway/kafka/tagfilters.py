@@ -67,7 +67,9 @@ _CONFIG_KEY: Final = "kafka:group-tag-filter:"
 # A fetch connection's claim on a member lasts this long after its last fetch (clients fetch
 # every fetch.max.wait.ms, 500 ms by default, while they have room for records).
 CLAIM_TTL_S: Final = 5.0
-# Who the registry's own calls are made as (it reads groups the coordinator formed).
+# Who the registry's own calls are made as (it loads the filters set at runtime, and reads
+# groups the coordinator formed to pick a fetch's filter); a filter an admin client sets is
+# stored with that client's context.
 _REGISTRY_CONTEXT: Final = ClientContext(PROTOCOL_KAFKA, connection_id="kafka-tag-filters")
 _INT16 = struct.Struct(">h")
 _INT32 = struct.Struct(">i")
@@ -151,7 +153,7 @@ class GroupTagFilters:
         self._claims: dict[str, tuple[str, str, float]] = {}
         self._warned: set[tuple[str, str]] = set()
         self.metrics: dict[str, int] = {"filtered_fetches": 0, "ambiguous_fetches": 0}
-        for key, value in api.metadata_items(_CONFIG_KEY):
+        for key, value in api.metadata_items(_REGISTRY_CONTEXT, _CONFIG_KEY):
             self.runtime[key[len(_CONFIG_KEY) :]] = value.decode()
         self._refresh()
 
@@ -179,23 +181,27 @@ class GroupTagFilters:
             return self.configured[group_id], "file"
         return None, "none"
 
-    def set_filter(self, group_id: str, expression: str | None) -> int | None:
-        """Set (``None``: delete, back to the config file's) a group's filter in ``__meta``.
-        Returns the durable mark of the record written (``None``: nothing written), which
-        ``store_filter`` waits for."""
+    def set_filter(
+        self, context: ClientContext, group_id: str, expression: str | None
+    ) -> int | None:
+        """Set (``None``: delete, back to the config file's) a group's filter in ``__meta``,
+        for ``context`` (the admin client's). Returns the durable mark of the record written
+        (``None``: nothing written), which ``store_filter`` waits for."""
         end: int | None = None
         if expression is None:
             if self.runtime.pop(group_id, None) is not None:
-                end = self.api.delete_metadata(_CONFIG_KEY + group_id)
+                end = self.api.delete_metadata(context, _CONFIG_KEY + group_id)
         else:
             self.runtime[group_id] = expression
-            end = self.api.put_metadata(_CONFIG_KEY + group_id, expression.encode())
+            end = self.api.put_metadata(context, _CONFIG_KEY + group_id, expression.encode())
         self._refresh()
         return end
 
-    async def store_filter(self, group_id: str, expression: str | None) -> None:
+    async def store_filter(
+        self, context: ClientContext, group_id: str, expression: str | None
+    ) -> None:
         """``set_filter``, returning once the change is durable (an admin client's answer)."""
-        end = self.set_filter(group_id, expression)
+        end = self.set_filter(context, group_id, expression)
         if end is not None:
             await self.api.when_durable(end)
 
@@ -263,7 +269,8 @@ class GroupTagFilters:
             owner
             for owner in owners
             if wanted in owner.partitions
-            and api.group_state(owner.group_id) not in (None, GroupState.EMPTY, GroupState.DEAD)
+            and api.group_state(_REGISTRY_CONTEXT, owner.group_id)
+            not in (None, GroupState.EMPTY, GroupState.DEAD)
         ]
         if not candidates:
             return None

@@ -245,19 +245,23 @@ class TransactionCoordinator:
 
     def add_partitions(
         self,
+        client: ClientContext,
         transactional_id: str,
         producer_id: int,
         epoch: int,
         partitions: list[tuple[str, int]],
         fenced: ErrorCode,
     ) -> dict[tuple[str, int], ErrorCode]:
+        """AddPartitionsToTxn: each partition's error; the topics are looked up for ``client``
+        (the requesting connection's context), not as the coordinator."""
         error, txn = self._current(transactional_id, producer_id, epoch, fenced)
         if txn is None:
             return dict.fromkeys(partitions, error)
         unknown = {
             (topic, partition)
             for topic, partition in partitions
-            if (info := self.api.topic_info(topic)) is None or not 0 <= partition < info.queues
+            if (info := self.api.topic_info(client, topic)) is None
+            or not 0 <= partition < info.queues
         }
         if unknown:
             return {

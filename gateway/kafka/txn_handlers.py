@@ -62,6 +62,7 @@ async def handle_add_partitions_to_txn(
         for partition in topic.partitions
     ]
     errors = context.transactions.add_partitions(
+        connection.client,
         body.v3_and_below_transactional_id,
         body.v3_and_below_producer_id,
         body.v3_and_below_producer_epoch,
@@ -152,7 +153,7 @@ async def handle_txn_offset_commit(
             metadata = partition.committed_metadata or ""
             if error != ErrorCode.none:
                 partition_errors[key] = error
-            elif not partition_exists(context, *key):
+            elif not partition_exists(context, connection.client, *key):
                 partition_errors[key] = ErrorCode.unknown_topic_or_partition
             elif len(metadata.encode()) > MAX_METADATA_BYTES:
                 partition_errors[key] = ErrorCode.offset_metadata_too_large

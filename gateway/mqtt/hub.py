@@ -541,7 +541,9 @@ class MqttHub:
                 publisher.block_on(session)
 
     def send_retained(self, session: Session, sub: Sub) -> None:
-        for message in self.retained.matching(LEVEL_SEPARATOR.join(sub.levels), now_ms()):
+        for message in self.retained.matching(
+            session.context, LEVEL_SEPARATOR.join(sub.levels), now_ms()
+        ):
             if sub.no_local and message.origin == session.client_id:
                 continue
             if sub.tag_filter is not None and not sub.takes(_properties_tags(message)):

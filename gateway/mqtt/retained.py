@@ -93,11 +93,12 @@ class RetainedStore:
         value = encode_retained(message) if len(message.payload) else None
         self.api.store_retained(context or self.context, message.topic, value)
 
-    def matching(self, topic_filter: str, now_ms: int) -> list[OutMessage]:
-        """The unexpired retained messages whose topic matches a (non-shared) filter (expired
-        ones are deleted on the way, as their expiry passed [MQTT-3.3.2-5])."""
+    def matching(self, context: ClientContext, topic_filter: str, now_ms: int) -> list[OutMessage]:
+        """The unexpired retained messages whose topic matches a (non-shared) filter, looked
+        up for ``context`` (the subscribing session's); expired ones are deleted on the way,
+        as the store's own housekeeping, since their expiry passed [MQTT-3.3.2-5]."""
         live = []
-        for topic, raw in self.api.retained_matching(topic_filter):
+        for topic, raw in self.api.retained_matching(context, topic_filter):
             message = decode_retained(topic, raw)
             if message is None:
                 continue

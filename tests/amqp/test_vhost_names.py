@@ -97,20 +97,21 @@ async def test_names_map_to_topics_and_back(server: ServerUnderTest) -> None:
 
 async def test_builtin_exchanges_exist_in_every_vhost(server: ServerUnderTest) -> None:
     topics = server.broker.topics
+    root, staging = server.vhosts["/"], server.vhosts["staging"]
     for name in ("amq.direct", "amq.fanout", "amq.topic", "amq.headers", "amq.match"):
         assert name in topics
         assert f"amq.vhost.staging.{name}" in topics
-        exchange = server.vhosts["staging"].find_exchange(name)
+        exchange = staging.find_exchange(staging.context, name)
         assert exchange is not None
         assert (exchange.name, exchange.topic) == (name, f"amq.vhost.staging.{name}")
     # "/" does not see staging's topics as exchanges; staging does not see "/"'s.
-    assert server.vhosts["/"].find_exchange("amq.vhost.staging.amq.topic") is None
+    assert root.find_exchange(root.context, "amq.vhost.staging.amq.topic") is None
     server.broker.declare_topic("kafka-made", 1)
-    assert server.vhosts["/"].find_exchange("kafka-made") is not None
-    assert server.vhosts["staging"].find_exchange("kafka-made") is None
+    assert root.find_exchange(root.context, "kafka-made") is not None
+    assert staging.find_exchange(staging.context, "kafka-made") is None
     # A topic another protocol made under staging's prefix is a staging (topic) exchange.
     server.broker.declare_topic("amq.vhost.staging.kafka-made", 1)
-    found = server.vhosts["staging"].find_exchange("kafka-made")
+    found = staging.find_exchange(staging.context, "kafka-made")
     assert found is not None
     assert (found.type, found.topic) == ("topic", "amq.vhost.staging.kafka-made")
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from core.api import PROTOCOL_KAFKA, ClientContext
 from core.broker import Broker
 from core.groups.results import MemberIdentity
 from core.log import TagFilter
@@ -27,6 +28,8 @@ from tests.kafka.conftest import api_of, open_broker
 TOPIC = "orders"
 CLIENT_ID = "app"  # every consumer below runs with this client id on this host
 HOST = "127.0.0.1"
+# Who sets filters at runtime below: an admin client's connection.
+ADMIN = ClientContext(PROTOCOL_KAFKA, peer=f"{HOST}:9999", connection_id="kafka-admin")
 
 
 def assignment(partitions: dict[str, list[int]]) -> bytes:
@@ -187,8 +190,8 @@ async def test_runtime_setting_overrides_the_file_and_is_kept_in_meta(tmp_path: 
     registry.configure({"billing": "TagA", "audit": "TagB"})
     assert registry.setting("billing") == ("TagA", "file")
     assert registry.setting("nobody") == (None, "none")
-    await registry.store_filter("billing", "TagC || TagD")
-    await registry.store_filter("audit", "*")  # explicitly none, over the file's
+    await registry.store_filter(ADMIN, "billing", "TagC || TagD")
+    await registry.store_filter(ADMIN, "audit", "*")  # explicitly none, over the file's
     assert registry.setting("billing") == ("TagC || TagD", "runtime")
     assert tags_of(registry.filters["billing"]) == {"TagC", "TagD"}
     assert registry.filters["audit"] is None
@@ -205,8 +208,8 @@ async def test_runtime_setting_overrides_the_file_and_is_kept_in_meta(tmp_path: 
         again.configure({"billing": "TagA", "audit": "TagB"})
         assert again.setting("billing") == ("TagC || TagD", "runtime")
         assert again.setting("audit") == ("*", "runtime")
-        assert again.set_filter("nobody", None) is None  # nothing to delete, nothing written
-        await again.store_filter("billing", None)  # back to the file's
+        assert again.set_filter(ADMIN, "nobody", None) is None  # nothing to delete, nothing written
+        await again.store_filter(ADMIN, "billing", None)  # back to the file's
         assert again.setting("billing") == ("TagA", "file")
         assert tags_of(again.filters["billing"]) == {"TagA"}
     finally:
