@@ -13,8 +13,8 @@ whole tasks).
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Coroutine, Generator
-from typing import Any, TypeVar
+from collections.abc import Coroutine, Generator
+from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
 
@@ -39,8 +39,12 @@ def _continue(coro: Coroutine[Any, Any, T], suspended_on: Any) -> Generator[Any,
                 return stop.value  # type: ignore[no-any-return]
 
 
-class Pending(Awaitable[T]):
-    """The unfinished rest of an eagerly started coroutine: await it (once) for the result."""
+class Pending(Generic[T]):
+    """The unfinished rest of an eagerly started coroutine: await it (once) for the result.
+
+    Awaitable by its ``__await__`` alone, not a subclass of ``collections.abc.Awaitable``:
+    every publish asks ``isinstance(result, Pending)``, and against an ABC that check goes
+    through ``ABCMeta.__instancecheck__`` (0.5% of the broker's CPU in an MQTT QoS 1 run)."""
 
     __slots__ = ("_coro", "_suspended_on")
 
