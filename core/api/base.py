@@ -59,69 +59,16 @@ class ClientContext:
 INTERNAL_CONTEXT: Final = ClientContext(PROTOCOL_INTERNAL, connection_id="internal")
 
 
-class PublishOutcome:
-    """What became of one publish once it is stored.
-
-    ``offset``: the record's offset in its topic's own queue ``queue`` (-1 for a half message,
-    which gets its offset when committed); ``refused``: destinations that refused it (an AMQP
-    queue at ``x-overflow: reject-publish``; a transaction outcome that could not be applied),
-    which AMQP answers with a nack; ``delivered_to``: every destination it was indexed in (its
-    topic's own queue first); ``durable_mark``: what :meth:`BrokerAPI.when_durable` takes to
-    wait for this record and everything stored before it. A value: the sequences are the
-    outcome's own, read them, do not change them.
-
-    A plain slotted class, not a frozen dataclass: one is made per publish, and a frozen
-    dataclass's ``__init__`` (``object.__setattr__`` per field) plus copying the destinations
-    into tuples cost 6.8% of the broker's CPU in an MQTT QoS 0 run (py-spy, bench mqtt,
-    2026-11-26), about the throughput it lost against the code before the Broker API.
-    """
-
-    __slots__ = (
-        "delivered_to",
-        "durable_mark",
-        "half",
-        "offset",
-        "queue",
-        "record_count",
-        "refused",
-    )
-
-    def __init__(
-        self,
-        offset: int,
-        queue: int,
-        refused: Sequence[Destination],
-        delivered_to: Sequence[Destination],
-        half: bool,
-        durable_mark: int,
-        record_count: int = 1,
-    ) -> None:
-        self.offset = offset
-        self.queue = queue
-        self.refused = refused
-        self.delivered_to = delivered_to
-        self.half = half
-        self.durable_mark = durable_mark
-        self.record_count = record_count
-
-    def __repr__(self) -> str:
-        return (
-            f"PublishOutcome(offset={self.offset}, queue={self.queue}, refused={self.refused!r}, "
-            f"delivered_to={self.delivered_to!r}, half={self.half}, "
-            f"durable_mark={self.durable_mark})"
-        )
-
-    @staticmethod
-    def of(result: PublishResult) -> PublishOutcome:
-        """The outcome of a broker publish (its lists were made for this publish alone)."""
-        return PublishOutcome(
-            result.offset,
-            result.queue,
-            result.refused,
-            result.destinations,
-            result.half,
-            result.appended.end,
-        )
+# What became of one publish once it is stored: ``offset`` in its topic's own queue ``queue``
+# (-1 for a half message, which gets its offset when committed); ``refused``: destinations that
+# refused it (an AMQP queue at ``x-overflow: reject-publish``; a transaction outcome that could
+# not be applied), which AMQP answers with a nack; ``delivered_to``: every destination it was
+# indexed in (its topic's own queue first); ``half``; ``durable_mark``: what
+# :meth:`BrokerCalls.when_durable` takes to wait for this record and everything stored before
+# it. The broker's own result, handed out as a value (its lists were made for this publish):
+# one object per publish, where a copy into a frozen dataclass cost 6.8% of the broker's CPU
+# under MQTT QoS 0 (py-spy, bench mqtt, 2026-11-26).
+PublishOutcome = PublishResult
 
 
 class Publication(Awaitable[PublishOutcome]):
@@ -162,7 +109,7 @@ class Publication(Awaitable[PublishOutcome]):
         if outcome is None:
             assert self._pending is not None
             result = yield from self._pending.__await__()
-            outcome = self._outcome = PublishOutcome.of(result)
+            outcome = self._outcome = result
         yield from self._api.when_durable(outcome.durable_mark, self._topic).__await__()
         return outcome
 
@@ -225,7 +172,7 @@ class BrokerCalls:
         )
         if isinstance(started, Pending):
             return Publication(self, topic, None, started)
-        return Publication(self, topic, PublishOutcome.of(started), None)
+        return Publication(self, topic, started, None)
 
     def when_durable(self, durable_mark: int, topic: str | None = None) -> Awaitable[None]:
         """Wait until everything stored up to ``durable_mark`` (a

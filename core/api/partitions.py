@@ -117,7 +117,7 @@ class PartitionCalls(BrokerCalls):
             )
             # A half is indexed only in __half: its offset comes with the commit's LINK.
             outcome = PublishOutcome(
-                -1, partition, (), ((topic, partition),), True, appended.end, record_count
+                appended, [(topic, partition)], partition, half=True, record_count=record_count
             )
             return Publication(self, topic, outcome, None)
         return self._stored_batch(
@@ -168,7 +168,7 @@ class PartitionCalls(BrokerCalls):
     ) -> Publication:
         if isinstance(started, Pending):
             return Publication(self, topic, None, started)
-        return Publication(self, topic, PublishOutcome.of(started), None)
+        return Publication(self, topic, started, None)
 
     def read_tail_batch_headers(
         self, topic: str, partition: int, *, max_entries: int, header_size: int

@@ -263,4 +263,4 @@ class QueueCalls(BrokerCalls):
             destinations=destinations if len(destinations) > 1 else None,
             protocol=context.protocol,
         )
-        return PublishOutcome(-1, queue, tuple(refused), tuple(destinations), True, appended.end)
+        return PublishOutcome(appended, destinations, queue, list(refused), half=True)

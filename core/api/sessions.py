@@ -12,7 +12,7 @@ from collections.abc import (
 )
 from typing import Any
 
-from core.api.base import BrokerCalls, ClientContext, Headers, Publication, PublishOutcome
+from core.api.base import BrokerCalls, ClientContext, Headers, Publication
 from core.broker.broker import (
     Destination,
 )
@@ -117,7 +117,7 @@ class SessionCalls(BrokerCalls):
                 feed.end_own_publish()
         if isinstance(started, Pending):
             return Publication(self, topic, None, started)
-        return Publication(self, topic, PublishOutcome.of(started), None)
+        return Publication(self, topic, started, None)
 
     def is_durable(self, durable_mark: int, topic: str | None = None) -> bool:
         """Whether :meth:`when_durable` would return at once (a synchronous check for a batch

@@ -122,20 +122,35 @@ class BrokerConfig:
             raise ValueError("txn_max_checks must be >= 0")
 
 
-@dataclass
+@dataclass(slots=True)
 class PublishResult:
+    """What became of one publish; the Broker API hands it to gateways as ``PublishOutcome``
+    (one object per publish: a second one, copied from this, cost MQTT QoS 0 ~7% of the
+    broker's CPU). A value: the lists were made for this publish alone."""
+
     appended: Appended
     destinations: list[Destination]
     queue: int
     refused: list[Destination] = field(default_factory=list)
     # Stored as a half message (header x-braid-txn-id): invisible until committed.
     half: bool = False
+    record_count: int = 1
 
     @property
     def offset(self) -> int:
         """Offset of the record in the topic's own queue (-1 for a half message: it gets
         its offset when committed)."""
         return -1 if self.half else self.appended.offsets[0][2]
+
+    @property
+    def delivered_to(self) -> list[Destination]:
+        """Every destination the record was indexed in, its topic's own queue first."""
+        return self.destinations
+
+    @property
+    def durable_mark(self) -> int:
+        """What ``BrokerAPI.when_durable`` takes to wait for this record and all before it."""
+        return self.appended.end
 
 
 def _ack_queue_config_to_json(config: AckQueueConfig) -> dict[str, Any]:
