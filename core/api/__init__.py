@@ -25,7 +25,7 @@ The contract, so that security, limits and the cluster fit behind the same calls
     ``session_queue_names``, ``session_queue_bindings``, ``open_transactions``,
     ``read_tail_batch_headers``, ``mqtt_compat_exchange``;
   - live-router lookups on the publish path (the publish itself carries the context):
-    ``routed_destinations``, ``has_ack_queue``, ``route_through``, ``bound_destinations``,
+    ``routed_destinations``, ``has_ack_queue``, ``bound_destinations``,
     ``live_subscribers``, ``has_live_subscriptions``;
   - the rest of a call that carried a context: ``enforce_max_length`` (after a transaction's
     commit), ``exchange_has_bindings`` (AMQP's if-unused and auto-delete checks around

@@ -130,10 +130,7 @@ class QueueCalls(BrokerCalls):
         where an earlier queue of that name left index entries or ack state.
         :class:`TopicError` for a name that cannot be a topic."""
         broker = self._broker
-        info, created = broker.declare_topic(topic, 1, dict(config))
-        if not created:
-            info.config.update(config)
-            broker.topics.update(info)
+        self.declare_exchange(context, topic, config)  # the queue's topic, config merged
         if broker.ack_queue(topic) is not None:  # left by a queue deleted while its topic stayed
             broker.delete_ack_queue(topic)
         ack, _ = broker.declare_ack_queue(topic, 0, settings)

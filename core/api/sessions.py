@@ -151,11 +151,6 @@ class SessionCalls(BrokerCalls):
     ) -> None:
         self._broker.remove_route_hook(hook)
 
-    def route_through(self, source: str, subject: str) -> list[Destination]:
-        """The queues a record published to ``source`` with ``subject`` reaches through
-        bindings, following exchange-to-exchange bindings."""
-        return self._broker.route(source, subject)
-
     def bound_destinations(self, source: str, subject: str) -> set[Destination]:
         """The destinations bound on ``source`` matching ``subject`` directly (one lookup, no
         exchange-to-exchange hops: the per-publish path of the MQTT global bindings)."""

@@ -572,13 +572,13 @@ class MqttHub:
         if protocol == PROTOCOL_MQTT and address:
             name = address
             if exchange:
-                found.extend(api.route_through(exchange, routing_key_of(name)))
+                found.extend(api.routed_destinations(exchange, routing_key_of(name)))
         elif exchange and topic == exchange:
             # An AMQP publish to amq.topic with routing key a.b.c is MQTT a/b/c.
             name = mqtt_name_of(subject)
             log_address = to_log_address(name)
             if log_address is not None:
-                found.extend(api.route_through(log_address.topic, log_address.subject))
+                found.extend(api.routed_destinations(log_address.topic, log_address.subject))
         else:
             name = mqtt_topic_of(topic, subject, key)
         if self.global_bindings:
