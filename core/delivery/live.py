@@ -2,7 +2,7 @@
 
 A publisher that feeds live subscriptions itself (the MQTT gateway hands each PUBLISH to its
 clean sessions straight from the packet, without reading it back) brackets its publish with
-:meth:`LiveFeed.begin_own_publish` / :meth:`LiveFeed.end_own_publish`. Every other record a
+setting :attr:`LiveFeed.own_topic` / calling :meth:`LiveFeed.end_own_publish`. Every other record a
 live subscription may want (another protocol's publish, a delayed record whose time came, a
 transaction's commit, a dead letter) is seen through the log's index notifications
 (:meth:`_on_index`, inside the append): its entry is noted, and once the append is over (one
@@ -41,7 +41,10 @@ class LiveFeed:
         self.store = store
         self.router: LiveRouter[object] = LiveRouter()
         self.readers: list[LiveReader] = []
-        self._own_topic: str | None = None
+        # Set by a follower around its own publish (an attribute, not a method: the MQTT
+        # gateway's per-message path): index entries of this topic are the caller's to
+        # deliver, it has the message in hand; others are read back after the publish.
+        self.own_topic: str | None = None
         self._own_entries: list[_Entry] = []
         self._tapped: list[_Entry] = []
         self._scheduled = False
@@ -62,13 +65,9 @@ class LiveFeed:
 
     # -- a follower's own publish --------------------------------------------------------
 
-    def begin_own_publish(self, topic: str) -> None:
-        """The index entries of ``topic`` until :meth:`end_own_publish` are the caller's to
-        deliver (it has the message in hand); others are read back after the publish."""
-        self._own_topic = topic
-
     def end_own_publish(self) -> None:
-        self._own_topic = None
+        """The follower's publish is over: what it indexed elsewhere is read back now."""
+        self.own_topic = None
         if self._own_entries:
             self._tapped += self._own_entries
             self._own_entries = []
@@ -81,7 +80,7 @@ class LiveFeed:
         router = self.router
         if not router.count or topic[:2] == "__" or not self.readers or not router.wants(topic):
             return
-        own = self._own_topic
+        own = self.own_topic
         if own is not None:
             if topic != own:
                 self._own_entries.append((topic, queue, offset))

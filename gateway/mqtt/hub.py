@@ -49,6 +49,7 @@ from core.api import (
     Destination,
     Message,
     Publication,
+    PublishOutcome,
     RoutingError,
     TagFilter,
     TopicError,
@@ -439,7 +440,7 @@ class MqttHub:
             ]
         log_topic = address.topic
         try:
-            publication = self.api.publish_delivering_live(
+            outcome = self.api.publish_delivering_live(
                 context,
                 log_topic,
                 packet.payload,
@@ -452,9 +453,10 @@ class MqttHub:
         except TopicError as error:
             log.info("mqtt %s: publish to %r refused: %s", context.client_id, target, error)
             return _REFUSED_TOPIC
-        if not publication.stored:  # flow control blocked after all: finish later
-            return self._publish_finish(publication, context, target, packet)
-        outcome = publication.outcome
+        # (isinstance of the plain outcome class: Publication is an Awaitable, an ABC, whose
+        # isinstance check is slow)
+        if not isinstance(outcome, PublishOutcome):  # flow control held it back: finish later
+            return self._publish_finish(outcome, context, target, packet)
         if deliver_at:
             self.metrics["delayed_published"] += 1
         elif outcome.half:
