@@ -19,6 +19,9 @@ BENCHMARKS: dict[str, str] = {
     "mqtt": "bench.mqtt",
     "spark": "bench.spark",
     "interop": "bench.interop",
+    "codec": "bench.codec",
+    "routing": "bench.routing_table",
+    "timers": "bench.timers",
     "compare": "bench.compare",
 }
 

@@ -6,9 +6,9 @@
 3. Offset-group commit throughput: commits appended back to back, one durable wait at the end,
    and commits each awaited (sync durability: group commit shares the fsyncs).
 4. Delay: 1,000,000 scheduled timers (memory held, scheduling rate) and firing lateness of a
-   burst (core.timers.benchmark).
+   burst (bench.timers).
 5. Transactional half messages: half + commit throughput against plain durable publishes in the
-   same run (core.transactions.benchmark).
+   same run (bench.half_commit).
 6. Tag-filtered reads against unfiltered reads of the same queue.
 
 Every figure is printed beside the process CPU time it cost. The log runs in ``async``
@@ -28,13 +28,13 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from bench.half_commit import TARGET_PHASES as HALF_TARGET_PHASES
+from bench.half_commit import bench_half_commit_async
+from bench.timers import TARGET_LATENESS_P99_MS, bench_timers
+from bench.timers import format_results as format_timers
 from core.broker import Broker, BrokerConfig
 from core.delivery import Delivery
 from core.log import DURABILITY_ASYNC, DURABILITY_SYNC, LogConfig, LogStore, TagFilter
-from core.timers.benchmark import TARGET_LATENESS_P99_MS, bench_timers
-from core.timers.benchmark import format_results as format_timers
-from core.transactions.benchmark import TARGET_PHASES as HALF_TARGET_PHASES
-from core.transactions.benchmark import bench_half_commit_async
 
 BINDING_COUNTS = (1, 100, 100_000)
 PUBLISHES = 20_000
@@ -252,7 +252,7 @@ async def run(args: argparse.Namespace) -> int:
         half = await bench_half_commit_async(root / "half", args.half_records)
         print(
             f"{half.concurrency} producers, {half.records:,} records per phase x {half.rounds} "
-            "rounds, phases alternating; see core.transactions.benchmark for each flow."
+            "rounds, phases alternating; see bench.half_commit for each flow."
         )
         print()
         print("| mode | records/s | ratio to plain | CPU µs/record | fsyncs/record |")
@@ -296,7 +296,7 @@ async def run(args: argparse.Namespace) -> int:
         print("```")
         print(format_timers(timers))
         print("```")
-        # The target is on the lateness a consumer observes (see core.timers.benchmark).
+        # The target is on the lateness a consumer observes (see bench.timers).
         ok = timers["observed_p99_ms"] <= TARGET_LATENESS_P99_MS
         failures += not ok
         print(

@@ -12,7 +12,7 @@ from pamqp import header as pamqp_header
 from pamqp import heartbeat as pamqp_heartbeat
 from pamqp.common import FieldTable
 
-from gateway.amqp import bench_codec
+from bench import codec_amqp as bench_codec
 from gateway.amqp.codec import AmqpDecoder
 from gateway.amqp.constants import PROTOCOL_HEADER
 from gateway.amqp.events import HEARTBEAT, Ack, Method, Nack, ProtocolHeader, Publish, Reject

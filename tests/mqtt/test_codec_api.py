@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from gateway.mqtt import bench_codec
+from bench import codec_mqtt as bench_codec
 from gateway.mqtt.codec import (
     NO_PROPERTIES,
     Auth,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from core.routing.benchmark import BenchKind, bench_route, build_bench_table
+from bench.routing_table import BenchKind, bench_route, build_bench_table
 
 
 @pytest.mark.parametrize("kind", ["exact", "topic", "mqtt"])

@@ -1,6 +1,6 @@
 """Throughput of the Kafka codec: request decoding, response encoding, batch handling.
 
-Run: ``python -m gateway.kafka.bench_codec [--seconds 1.0]``. Prints one line per case with
+Run: ``python -m bench codec kafka [--seconds 1.0]``. Prints one line per case with
 operations per second (and MB/s where bytes matter). Single core, no I/O. Requests are written
 with kio's own writers (the bytes a client sends; the tests check that kafka-python's bytes
 are identical), many frames per buffer as a busy connection delivers them.

@@ -1,7 +1,7 @@
 """Timer benchmark: memory for N pending timers, scheduling rate, restart cost, firing lateness.
 
 ``await bench_timers(data_dir)`` (for ``python -m bench core``, whose sections run in one event
-loop); ``run_bench_timers`` and ``python -m core.timers.benchmark [DIR [COUNT]]`` run it alone:
+loop); ``run_bench_timers`` and ``python -m bench.timers [DIR [COUNT]]`` run it alone:
 
 1. Append ``count`` delayed records (64-byte bodies) due between one hour and one year ahead, then
    let the service insert them all; report the append rate, the insert rate, the Python heap the

@@ -1,6 +1,6 @@
 """Throughput of the MQTT codec on one core: PUBLISH decode and encode, PUBACK encode.
 
-    python -m gateway.mqtt.bench_codec          # prints packets/s per case
+    python -m bench codec mqtt          # prints packets/s per case
 
 ``measure()`` returns the rates (packets per second, best of ``repeats`` runs) so a caller can
 record them; nothing here asserts a speed. Cases, each with a 100-byte payload by default:
@@ -167,7 +167,7 @@ def measure(
     return rates
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     publish = Publish(TOPIC, bytes(100), 1, packet_id=1)
     print(f"PUBLISH with 100-byte payload: {len(encode(publish, MQTT_5))} bytes on the wire (5.0)")
     for case, rate in measure().items():

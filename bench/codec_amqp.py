@@ -1,6 +1,6 @@
 """Throughput of the AMQP codec's hot paths, on one core.
 
-    python -m gateway.amqp.bench_codec [body_size]
+    python -m bench codec amqp [body_size]
 
 * ``bench_publish_decode``: Basic.Publish + content header + body triples, built with pamqp as a
   client would send them, fed to ``AmqpDecoder`` in 64 KiB reads (so frames straddle reads as

@@ -1,4 +1,4 @@
-"""A micro-benchmark of :meth:`BindingTable.route` (no I/O; called from ``bench/``).
+"""A micro-benchmark of :meth:`BindingTable.route` (no I/O): ``python -m bench routing``.
 
 ``bench_route(n, kind)`` builds one source with ``n`` bindings of one kind, each to its own
 destination, and times publishes whose subject matches exactly one of them (the middle one):
@@ -67,3 +67,14 @@ def bench_route(
         if gc_was_enabled:
             gc.enable()
     return best / publishes
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Print the cost of one route() call per kind for growing binding counts."""
+    counts = [int(arg) for arg in argv] if argv else [1, 100, 10_000]
+    kinds: tuple[BenchKind, ...] = ("exact", "topic", "mqtt")
+    for kind in kinds:
+        for count in counts:
+            seconds = bench_route(count, kind)
+            print(f"{kind:6s} {count:>8,} bindings: {seconds * 1e9:8.0f} ns per route()")
+    return 0
