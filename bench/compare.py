@@ -3,7 +3,8 @@
 A change is judged against the commit before it on the same machine in the same minutes: the
 machine here is shared, and its speed moves 1.5-2x between runs (docs/benchmarks.md). So this
 runs ``python -m bench NAME ARGS`` alternately with the code of ``REV`` (an export of that
-commit in a temporary directory) and with the working tree, ``--rounds`` times each, base first
+commit in a temporary directory) and with the working tree (or an export of ``--head REV``),
+``--rounds`` times each, base first
 in odd rounds and the working tree first in even ones. Each run gets the code of its tree through
 ``PYTHONPATH`` (``braid serve`` processes a benchmark starts inherit it), so the brokers, the
 load clients and the peers all run as that commit had them.
@@ -160,6 +161,11 @@ def _span(values: list[float]) -> str:
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench compare", description=__doc__)
     parser.add_argument("--base", required=True, help="the commit to compare against")
+    parser.add_argument(
+        "--head",
+        default=None,
+        help="a commit to measure instead of the working tree (others may be editing it)",
+    )
     parser.add_argument("--rounds", type=int, default=ROUNDS, help="runs of each tree")
     parser.add_argument("--out", default=None, help="where the runs' outputs go")
     parser.add_argument("name", help="the benchmark (python -m bench NAME)")
@@ -171,7 +177,12 @@ def main(argv: list[str]) -> int:
     out.mkdir(parents=True, exist_ok=True)
     runs: dict[str, list[str]] = {"base": [], "head": []}
     with tempfile.TemporaryDirectory(prefix="braid-compare-") as scratch:
-        trees = {"base": export_commit(options.base, Path(scratch)), "head": REPO}
+        base_dir, head_dir = Path(scratch) / "base", Path(scratch) / "head"
+        base_dir.mkdir()
+        trees = {"base": export_commit(options.base, base_dir), "head": REPO}
+        if options.head is not None:
+            head_dir.mkdir()
+            trees["head"] = export_commit(options.head, head_dir)
         for round_number in range(1, options.rounds + 1):
             order = ("base", "head") if round_number % 2 else ("head", "base")
             for side in order:
@@ -180,6 +191,7 @@ def main(argv: list[str]) -> int:
                 runs[side].append(output.read_text())
                 print(f"# round {round_number} {side}: {seconds:.0f} s -> {output}", flush=True)
     command = " ".join([options.name, *args])
-    print(f"\n# bench {command}: base {options.base} against the working tree")
+    head = options.head or "the working tree"
+    print(f"\n# bench {command}: base {options.base} against {head}")
     print("\n".join(summary(runs["base"], runs["head"])))
     return 0
