@@ -5,8 +5,9 @@ raise ``AmqpChannelError`` (the session closes this channel) or ``AmqpConnection
 returns ``None`` when done, or an awaitable the session waits for before the next frame of the
 connection (a flow-blocked publish, a tx.commit waiting for the disk), so replies stay in order.
 
-Deliveries: each consumer is a core ack-queue consumer whose callback (called synchronously by the
-queue's pump) numbers the delivery on this channel and writes the Basic.Deliver frames.
+Deliveries: each consumer (consumer.py's ``ChannelConsumer``) is a core ack-queue consumer whose
+callback (called synchronously by the queue's pump) numbers the delivery on this channel and
+writes the Basic.Deliver frames.
 
 Prefetch: ``basic.qos`` with ``global=false`` limits each consumer created afterwards (the core's
 per-consumer in-flight limit); ``global=true`` limits the channel as a whole and ``channel.flow``
@@ -29,25 +30,16 @@ from pamqp import commands
 from core.api import (
     EXPIRES_AT_HEADER,
     NO_CREDIT,
-    PROTOCOL_AMQP,
     PROTOCOL_MQTT,
     ClientContext,
     Delivery,
-    Message,
     Publication,
     PublishOutcome,
-    Subscription,
     TopicError,
     TransactionError,
     now_ms,
-    routing_key_of,
 )
-from gateway.amqp.codec import (
-    encode_basic_return,
-    encode_deliver,
-    encode_get_ok,
-    encode_method,
-)
+from gateway.amqp.codec import encode_basic_return, encode_get_ok, encode_method
 from gateway.amqp.constants import (
     ACCESS_REFUSED,
     NO_ROUTE,
@@ -56,21 +48,23 @@ from gateway.amqp.constants import (
     NOT_IMPLEMENTED,
     PRECONDITION_FAILED,
 )
+from gateway.amqp.consumer import (
+    ChannelConsumer,
+    delivered_address,
+    mqtt_compat_address,
+    properties_of,
+)
 from gateway.amqp.errors import AmqpChannelError, AmqpConnectionError
 from gateway.amqp.events import Publish
 from gateway.amqp.messages import (
-    PROPERTIES_HEADER,
     PublishInfo,
-    delivery_properties,
     publish_info,
 )
 from gateway.amqp.properties import decode_properties, encode_properties
 from gateway.amqp.vhost import (
     DIRECT_REPLY_TO,
     DIRECT_REPLY_TO_PREFIX,
-    QUEUE_TOPIC_PREFIX,
     Queue,
-    VirtualHost,
     server_generated_name,
 )
 
@@ -79,7 +73,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Channel", "ChannelConsumer"]
+__all__ = ["Channel", "ChannelConsumer"]  # (ChannelConsumer: from consumer.py)
 
 CONSUMER_TAG_PREFIX: Final = "amq.ctag-"
 NO_CAPACITY: Final = NO_CREDIT  # a consumer limit that admits nothing (0 would mean unlimited)
@@ -99,125 +93,6 @@ _tx_numbers = itertools.count(1)
 
 def next_transaction_id() -> str:
     return f"{_TX_ID_PREFIX}{next(_tx_numbers):x}"
-
-
-def _properties(message: Message, vhost: VirtualHost) -> bytes:
-    return delivery_properties(
-        message.headers, message.protocol == PROTOCOL_AMQP, vhost.exchange_name, vhost.queue_name
-    )
-
-
-def mqtt_compat_address(exchange: str, mqtt_topic: str) -> tuple[str, str]:
-    """(exchange, routing key) of an MQTT record as RabbitMQ's MQTT plugin delivers it: topic
-    ``a/b.c`` on ``amq.topic`` with routing key ``a.b/c``."""
-    return exchange, routing_key_of(mqtt_topic)
-
-
-class ChannelConsumer:
-    """A basic.consume: its subscription plus what the channel needs to deliver to it."""
-
-    __slots__ = (
-        "cancelled",
-        "channel",
-        "exclusive",
-        "no_ack",
-        "prefetch",
-        "queue",
-        "subscription",
-        "tag",
-        "tag_bytes",
-    )
-
-    def __init__(
-        self,
-        channel: Channel,
-        tag: str,
-        queue: Queue | None,
-        no_ack: bool,
-        exclusive: bool,
-        prefetch: int,
-    ) -> None:
-        self.channel = channel
-        self.tag = tag
-        self.tag_bytes = tag.encode()
-        self.queue = queue  # None: the direct reply-to pseudo-queue
-        self.no_ack = no_ack
-        self.exclusive = exclusive
-        self.prefetch = prefetch  # its own basic.qos(global=false) limit, 0 = none
-        self.subscription: Subscription | None = None
-        self.cancelled = False
-
-    def deliver(self, delivery: Delivery) -> None:
-        """The subscription's callback: number the delivery and write Basic.Deliver (hot
-        path)."""
-        channel = self.channel
-        tag = channel.delivery_tag = channel.delivery_tag + 1
-        if not self.no_ack:
-            channel.unacked[tag] = delivery
-        message = delivery.message
-        topic = message.topic
-        headers = message.headers
-        # Fast path: a record an AMQP client published, not dead-lettered since: its own
-        # property octets (stored first) go back out untouched.
-        if (
-            message.protocol == PROTOCOL_AMQP
-            and len(headers) == 1
-            and headers[0][0] == PROPERTIES_HEADER
-        ):
-            properties = headers[0][1]
-        else:
-            properties = _properties(message, channel.vhost)
-        session = channel.session
-        subject = message.subject
-        if channel.vhost_prefix:  # a vhost other than "/": its topics' names are prefixed
-            topic = channel.vhost.exchange_name(topic)
-        elif message.protocol == PROTOCOL_MQTT and channel.mqtt_exchange and message.address:
-            topic, subject = mqtt_compat_address(channel.mqtt_exchange, message.address)
-        elif topic.startswith(QUEUE_TOPIC_PREFIX):
-            topic = ""
-        session.write(
-            encode_deliver(
-                channel.number,
-                self.tag_bytes,
-                tag,
-                delivery.redelivered,
-                topic,
-                subject,
-                properties,
-                message.body or b"",
-                session.frame_max,
-            )
-        )
-        session.metrics["delivered"] += 1
-        if channel.limited:
-            channel.update_capacity(notify=False)
-
-    def deliver_direct(self, routing_key: str, properties_raw: bytes, body: bytes) -> None:
-        """A direct reply-to message: straight to this consumer, never stored."""
-        channel = self.channel
-        tag = channel.delivery_tag = channel.delivery_tag + 1
-        session = channel.session
-        session.write(
-            encode_deliver(
-                channel.number,
-                self.tag_bytes,
-                tag,
-                False,
-                "",
-                routing_key,
-                properties_raw,
-                body,
-                session.frame_max,
-            )
-        )
-        session.metrics["delivered"] += 1
-
-    def cancelled_by_server(self) -> None:
-        """Its queue was deleted: consumer_cancel_notify clients get a Basic.Cancel."""
-        self.channel.server_cancel(self)
-
-    def __repr__(self) -> str:
-        return f"ChannelConsumer({self.tag!r}, channel={self.channel.number})"
 
 
 class Channel:
@@ -509,7 +384,8 @@ class Channel:
         if not m.no_ack:
             self.unacked[tag] = delivery
         message = delivery.message
-        exchange, subject = self.vhost.exchange_name(message.topic), message.subject
+        topic, subject = delivered_address(message)
+        exchange = self.vhost.exchange_name(topic)
         if message.protocol == PROTOCOL_MQTT and self.mqtt_exchange and message.address:
             exchange, subject = mqtt_compat_address(self.mqtt_exchange, message.address)
         self.session.write(
@@ -520,7 +396,7 @@ class Channel:
                 exchange,
                 subject,
                 queue.handle.message_count(),
-                _properties(message, self.vhost),
+                properties_of(message, self.vhost),
                 message.body or b"",
                 self.session.frame_max,
             )

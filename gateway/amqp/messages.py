@@ -43,7 +43,13 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, Final
 
-from core.api import DEAD_LETTER_REASON_HEADER, EXPIRES_AT_HEADER, X_DEATH_HEADER
+from core.api import (
+    DEAD_LETTER_REASON_HEADER,
+    DEAD_LETTER_SUBJECT_HEADER,
+    DEAD_LETTER_TOPIC_HEADER,
+    EXPIRES_AT_HEADER,
+    X_DEATH_HEADER,
+)
 from gateway.amqp.constants import PRECONDITION_FAILED
 from gateway.amqp.errors import AmqpChannelError
 from gateway.amqp.fieldtable import FieldTable, FieldValue, Timestamp
@@ -58,6 +64,7 @@ from gateway.amqp.properties import (
 __all__ = [
     "PROPERTIES_HEADER",
     "PublishInfo",
+    "dead_letter_address",
     "delivery_properties",
     "expiration_ms",
     "jsonable",
@@ -280,6 +287,20 @@ def delivery_properties(
         return EMPTY_PROPERTIES
 
 
+def dead_letter_address(headers: list[tuple[str, bytes]]) -> tuple[str, str] | None:
+    """(topic, routing key) the last dead-lettering published a record to, or None if it was
+    never dead-lettered: RabbitMQ delivers a dead letter with its dead-letter exchange and the
+    routing key it was dead-lettered with (``x-dead-letter-routing-key``, else its own)."""
+    topic: str | None = None
+    subject = ""
+    for name, value in headers:
+        if name == DEAD_LETTER_TOPIC_HEADER:
+            topic = value.decode("utf-8", "replace")
+        elif name == DEAD_LETTER_SUBJECT_HEADER:
+            subject = value.decode("utf-8", "replace")
+    return None if topic is None else (topic, subject)
+
+
 def _properties_from_headers(headers: list[tuple[str, bytes]]) -> dict[str, Any]:
     properties: dict[str, Any] = {"delivery_mode": DELIVERY_MODE_PERSISTENT}
     table: dict[str, FieldValue] = {}
@@ -352,6 +373,11 @@ def _add_death(
     if deaths:
         first = deaths[-1]
         assert isinstance(first, dict)
+        expiration = properties.get("expiration")
+        if expiration is not None:
+            # RabbitMQ removes a dead letter's expiration and keeps it in the entry of the
+            # death that removed it (the first), so it is not expired again where it goes.
+            first["original-expiration"] = expiration
         table.setdefault("x-first-death-reason", reason.decode() if reason else first["reason"])
         table.setdefault("x-first-death-queue", first["queue"])
         table.setdefault("x-first-death-exchange", first["exchange"])

@@ -477,11 +477,14 @@ class Session:
             raise AmqpConnectionError(CHANNEL_ERROR, "CHANNEL_ERROR - second 'channel.open' seen")
         if number in self.closing_channels:
             return  # reused before Close-Ok: RabbitMQ ignores frames of a closing channel
-        if number > self.channel_max:
+        # channel_max limits how many channels are open at once, not their numbers: any of
+        # 1-65535 may be opened (RabbitMQ's rabbit_reader:create_channel compares its channel
+        # count; aiormq's test_bad_channel opens 65535 right after Tune).
+        if len(self.channels) >= self.channel_max:
             raise AmqpConnectionError(
                 NOT_ALLOWED,
-                f"NOT_ALLOWED - channel {number} is above the negotiated channel_max "
-                f"({self.channel_max})",
+                f"NOT_ALLOWED - number of channels opened ({len(self.channels)}) has reached "
+                f"the negotiated channel_max ({self.channel_max})",
             )
         self.channels[number] = Channel(self, number)
         self.metrics["channels_opened"] += 1
