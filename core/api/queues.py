@@ -139,11 +139,15 @@ class QueueCalls(BrokerCalls):
 
     def open_queue(self, topic: str, settings: AckQueueConfig) -> QueueHandle:
         """The queue ``topic`` as it was stored (at start); its ack queue is made with
-        ``settings`` if it has none."""
+        ``settings`` if it has none. ``settings.max_priority`` applies either way: the
+        gateway's stored arguments say whether it is a priority queue (the records keep their
+        own priorities)."""
         broker = self._broker
         ack = broker.ack_queue(topic)
         if ack is None:
             ack, _ = broker.declare_ack_queue(topic, 0, settings)
+        elif ack.config.max_priority != settings.max_priority:
+            ack.set_max_priority(settings.max_priority)
         return QueueHandle(ack)
 
     def delete_queue(self, context: ClientContext, topic: str) -> set[str]:

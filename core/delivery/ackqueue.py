@@ -34,6 +34,12 @@ OVERFLOW_DROP_HEAD = "drop-head"
 OVERFLOW_REJECT_PUBLISH = "reject-publish"
 # How many index entries one refill of the delivery buffer reads.
 READ_AHEAD_RECORDS = 256
+# A priority queue picks the highest priority among this many ready records read ahead
+# (RabbitMQ's classic priority queue keeps one sub-queue per priority; here the records stay in
+# the log and only this window is sorted into per-priority lanes).
+PRIORITY_READ_AHEAD = 65536
+# RabbitMQ's limit on x-max-priority.
+MAX_PRIORITY = 255
 # Before delivering past the persisted delivered-frontier, the queue persists a frontier this far
 # ahead (write-ahead), so after a crash every record that may have been delivered comes back
 # flagged redelivered, whatever acks were lost with the last unpersisted batch.
@@ -57,6 +63,7 @@ class AckQueueConfig:
     delivery_limit: int | None = None  # x-delivery-limit: redeliveries before dead-lettering
     tag_filter: TagFilter | None = None
     dead_letter: DeadLetterPolicy = field(default_factory=DeadLetterPolicy)
+    max_priority: int | None = None  # x-max-priority (1-255): a priority queue
 
 
 class Consumer:
@@ -143,9 +150,23 @@ class AckQueue:
         self._redeliver: list[int] = []  # heap of offsets
         self._delivery_counts: dict[int, int] = {}
         self._buffer: deque[Message] = deque()
+        # A priority queue's read-ahead window, one lane per priority (None: FIFO queue).
+        self._lanes: list[deque[Message]] | None = None
+        self._laned = 0  # records in the lanes
+        self.set_max_priority(self.config.max_priority)
         self._pump_scheduled = False
         self.dirty = False
         self.deleted = False
+
+    def set_max_priority(self, max_priority: int | None) -> None:
+        """Make this a priority queue of priorities 0..``max_priority`` (None: FIFO). The
+        priorities are the records' own (``x-braid-priority``), so they hold after a restart
+        as soon as the queue is a priority queue again."""
+        self.config.max_priority = max_priority
+        self._lanes = None if max_priority is None else [deque() for _ in range(max_priority + 1)]
+        self._laned = 0
+        self._buffer.clear()
+        self.frontier = self.cursor
 
     # -- state -----------------------------------------------------------------------------
 
@@ -166,6 +187,7 @@ class AckQueue:
         self.frontier_lease = self.delivered_frontier
         self.frontier = self.cursor
         self._buffer.clear()
+        self._clear_lanes()
         self._advance_cursor()
 
     # -- counts ----------------------------------------------------------------------------
@@ -286,6 +308,7 @@ class AckQueue:
         purged = 0
         end = self.next_offset
         self._buffer.clear()
+        self._clear_lanes()
         self._redeliver = [o for o in self._redeliver if o in self.inflight]
         offset = self.cursor
         while offset < end:
@@ -410,6 +433,8 @@ class AckQueue:
             message = self._read_one(offset)
             if message is not None:
                 return message
+        if self._lanes is not None:
+            return self._take_by_priority(self._lanes)
         while True:
             if not self._buffer and not self._refill():
                 return None
@@ -418,6 +443,36 @@ class AckQueue:
             if offset < self.cursor or offset in self.acked or offset in self.inflight:
                 continue
             return message
+
+    def _take_by_priority(self, lanes: list[deque[Message]]) -> Message | None:
+        """The oldest ready record of the highest priority in the read-ahead window."""
+        self._fill_lanes(lanes)
+        for lane in reversed(lanes):
+            while lane:
+                message = lane.popleft()
+                self._laned -= 1
+                offset = message.offset
+                if offset < self.cursor or offset in self.acked or offset in self.inflight:
+                    continue
+                return message
+        return None
+
+    def _fill_lanes(self, lanes: list[deque[Message]]) -> None:
+        top = len(lanes) - 1
+        buffer = self._buffer
+        while self._laned < PRIORITY_READ_AHEAD:
+            if not buffer and not self._refill():
+                return
+            while buffer:
+                message = buffer.popleft()
+                lanes[message.priority(top)].append(message)
+                self._laned += 1
+
+    def _clear_lanes(self) -> None:
+        if self._lanes is not None:
+            for lane in self._lanes:
+                lane.clear()
+            self._laned = 0
 
     def _read_one(self, offset: int) -> Message | None:
         for queued in self.store.read(self.topic, self.queue, offset, max_records=1):

@@ -16,6 +16,9 @@ from core.log.reader import QueueRecord
 # Absolute expiry time (ms since the epoch, ASCII digits) set by a publisher's per-message TTL
 # (AMQP ``expiration``, MQTT 5 message expiry). Checked at delivery.
 EXPIRES_AT_HEADER = "x-braid-expires-at"
+# A record's priority, decimal digits 0-255 (AMQP's ``priority`` property; Kafka and MQTT
+# publishers set the header themselves). Priority queues deliver higher ones first.
+PRIORITY_HEADER = "x-braid-priority"
 # A Kafka record's routing key (subject) when it is not its key (docs/mapping.md).
 ROUTING_KEY_HEADER = "x-braid-routing-key"
 # On a batch record whose records reach different destinations: JSON ``{"<topic>\x00<queue>":
@@ -62,6 +65,18 @@ class Message:
             if name == EXPIRES_AT_HEADER:
                 return int(value)
         return None
+
+    def priority(self, max_priority: int) -> int:
+        """Its priority in a queue of priorities 0..``max_priority`` (RabbitMQ: none is 0, a
+        higher one counts as ``max_priority``)."""
+        raw = self.header(PRIORITY_HEADER) if self.headers else None
+        if raw is None:
+            return 0
+        try:
+            priority = int(raw)
+        except ValueError:
+            return 0
+        return min(max(priority, 0), max_priority)
 
     def header(self, name: str) -> bytes | None:
         for header_name, value in self.headers:

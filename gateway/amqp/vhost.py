@@ -106,6 +106,10 @@ EXCHANGE_EQUIVALENT_ARGS: Final = (ALTERNATE_EXCHANGE_ARG, DELAYED_TYPE_ARG)
 # Queue arguments compared on redeclare (rabbit_amqqueue:declare_args).
 # BraidMQ's queue argument: a tag filter (``"TagA || TagB"``) on the queue (docs/mapping.md).
 TAG_FILTER_ARG: Final = "x-braid-tag-filter"
+# Priority queues: 0-255 as RabbitMQ (rabbit_priority_queue: priorities 0..max; a message's
+# priority above max counts as max, none as 0).
+MAX_PRIORITY_ARG: Final = "x-max-priority"
+MAX_PRIORITY: Final = 255
 QUEUE_EQUIVALENT_ARGS: Final = (
     "x-expires",
     "x-message-ttl",
@@ -113,7 +117,7 @@ QUEUE_EQUIVALENT_ARGS: Final = (
     "x-dead-letter-routing-key",
     "x-max-length",
     "x-max-length-bytes",
-    "x-max-priority",
+    MAX_PRIORITY_ARG,
     "x-overflow",
     "x-queue-mode",
     "x-queue-type",
@@ -685,6 +689,13 @@ class VirtualHost:
         _int_arg(where, args, "x-expires", minimum=1)
         max_length = _int_arg(where, args, "x-max-length", minimum=0)
         limit = _int_arg(where, args, "x-delivery-limit", minimum=0)
+        max_priority = _int_arg(where, args, MAX_PRIORITY_ARG, minimum=0)
+        if max_priority is not None and max_priority > MAX_PRIORITY:
+            # rabbit_amqqueue:check_max_priority_arg
+            raise _precondition(
+                f"invalid arg '{MAX_PRIORITY_ARG}' for {where}: "
+                f"{{max_value_exceeded,{max_priority}}}"
+            )
         overflow = args.get("x-overflow", "drop-head")
         if overflow not in OVERFLOW_MODES:
             raise _precondition(
@@ -728,6 +739,7 @@ class VirtualHost:
             delivery_limit=limit,
             tag_filter=TagFilter.parse(tag_expression) if tag_expression else None,
             dead_letter=dead_letter,
+            max_priority=max_priority,
         )
 
     def _configure_queue(self, queue: Queue) -> None:
