@@ -426,6 +426,8 @@ class AckQueue:
         return expires_at is not None and expires_at <= now
 
     def _take_candidate(self) -> Message | None:
+        if self._lanes is not None:
+            return self._take_by_priority(self._lanes)
         while self._redeliver:
             offset = heapq.heappop(self._redeliver)
             if offset in self.inflight or offset < self.cursor or offset in self.acked:
@@ -433,8 +435,6 @@ class AckQueue:
             message = self._read_one(offset)
             if message is not None:
                 return message
-        if self._lanes is not None:
-            return self._take_by_priority(self._lanes)
         while True:
             if not self._buffer and not self._refill():
                 return None
@@ -445,7 +445,11 @@ class AckQueue:
             return message
 
     def _take_by_priority(self, lanes: list[deque[Message]]) -> Message | None:
-        """The oldest ready record of the highest priority in the read-ahead window."""
+        """The oldest ready record of the highest priority in the read-ahead window; a
+        requeued record goes back to the head of its priority's lane (RabbitMQ's priority
+        queue requeues into the record's own priority, not ahead of higher ones)."""
+        if self._redeliver:
+            self._requeue_into_lanes(lanes)
         self._fill_lanes(lanes)
         for lane in reversed(lanes):
             while lane:
@@ -456,6 +460,20 @@ class AckQueue:
                     continue
                 return message
         return None
+
+    def _requeue_into_lanes(self, lanes: list[deque[Message]]) -> None:
+        top = len(lanes) - 1
+        requeued: list[Message] = []
+        while self._redeliver:
+            offset = heapq.heappop(self._redeliver)
+            if offset in self.inflight or offset < self.cursor or offset in self.acked:
+                continue
+            message = self._read_one(offset)
+            if message is not None:
+                requeued.append(message)
+        for message in reversed(requeued):  # the oldest ends up first in its lane
+            lanes[message.priority(top)].appendleft(message)
+            self._laned += 1
 
     def _fill_lanes(self, lanes: list[deque[Message]]) -> None:
         top = len(lanes) - 1

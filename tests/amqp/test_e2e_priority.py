@@ -79,6 +79,25 @@ def test_a_consumer_gets_the_backlog_by_priority(braid: BraidProcess) -> None:
         assert received == ["3:3", "5:3", "2:2", "1:1", "0:0", "4:0"]
 
 
+def test_a_requeued_message_keeps_its_priority(braid: BraidProcess) -> None:
+    """As RabbitMQ 3.10 (checked side by side): a nacked message goes back to the head of its
+    own priority, behind a higher one published after it."""
+    with connect(braid) as connection:
+        channel = connection.channel()
+        queue = unique("prio-requeue")
+        channel.queue_declare(queue, arguments={"x-max-priority": 10})
+        publish_all(channel, queue, [1, 9, 5])
+        first, _properties, body = channel.basic_get(queue)
+        assert first is not None
+        assert body == b"1:9"
+        second, _properties, body = channel.basic_get(queue)
+        assert second is not None
+        assert body == b"2:5"
+        channel.basic_nack(second.delivery_tag, requeue=True)
+        channel.basic_publish("", queue, b"3:7", pika.BasicProperties(priority=7))
+        assert drain(channel, queue) == ["3:7", "2:5", "0:1"]
+
+
 def test_a_plain_queue_stays_fifo(braid: BraidProcess) -> None:
     with connect(braid) as connection:
         channel = connection.channel()
