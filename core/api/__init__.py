@@ -11,7 +11,8 @@ The contract, so that security, limits and the cluster fit behind the same calls
   (a topic, queue, partition, group or metadata entry it names; the retained messages a
   filter matches), takes a :class:`ClientContext` (protocol, vhost, user, peer address,
   connection id, client id) as its first argument, so that authorization and limits can be
-  decided here, once, for every protocol (no call decides anything on it yet). A gateway
+  decided here, once, for every protocol (``core/api/security.py``: logins, and
+  :meth:`~BrokerAPI.authorize` for every operation of docs/security.md's table). A gateway
   passes the connection's or session's context, or, for what it does on its own behalf (its
   vhost's or hub's own objects, the Kafka transaction coordinator, tag-filter registry and
   producer-state table), a context of its own or :data:`INTERNAL_CONTEXT`. The calls without
@@ -70,6 +71,7 @@ from core.api.base import (
 )
 from core.api.partitions import PartitionCalls
 from core.api.queues import QueueCalls
+from core.api.security import SecurityCalls
 from core.api.sessions import SessionCalls
 from core.broker.broker import BRAID_HEADER_PREFIX as BRAID_HEADER_PREFIX
 from core.broker.broker import EXCHANGE_QUEUE, Destination
@@ -124,6 +126,13 @@ from core.scoped_reads import StoredRecordReader as StoredRecordReader
 from core.scoped_reads import stored_body as stored_body
 from core.scoped_reads import stored_flags as stored_flags
 from core.scoped_reads import stored_tags as stored_tags
+from core.security.mapping import OPERATIONS as SECURITY_OPERATIONS
+from core.security.model import KafkaAcl as KafkaAcl
+from core.security.model import KafkaAclFilter as KafkaAclFilter
+from core.security.model import SecurityModelError as SecurityModelError
+from core.security.scram import ScramCredential as ScramCredential
+from core.security.service import LoginResult as LoginResult
+from core.security.service import ScramLogin as ScramLogin
 from core.transactions import TransactionError as TransactionError
 from core.transactions.control import GROUP_HEADER as PRODUCER_GROUP_HEADER
 from core.transactions.control import TXN_ID_HEADER as TXN_ID_HEADER
@@ -141,6 +150,7 @@ __all__ = [
     "PROTOCOL_INTERNAL",
     "PROTOCOL_KAFKA",
     "PROTOCOL_MQTT",
+    "SECURITY_OPERATIONS",
     "BrokerAPI",
     "ClientContext",
     "Destination",
@@ -155,7 +165,10 @@ __all__ = [
 ]
 
 
-class BrokerAPI(QueueCalls, SessionCalls, PartitionCalls):
+class BrokerAPI(QueueCalls, SessionCalls, PartitionCalls, SecurityCalls):
     """The one object a gateway talks to (the contract is the module docstring's): the calls
-    every protocol uses (``base.py``) and those of each consumption model: queues
-    (``queues.py``), sessions (``sessions.py``) and partitions (``partitions.py``)."""
+    every protocol uses (``base.py``), those of each consumption model: queues
+    (``queues.py``), sessions (``sessions.py``) and partitions (``partitions.py``), and
+    logins and access checks (``security.py``). ``BrokerAPI(broker, security)``: the process
+    passes its :class:`~core.security.SecurityService`; without one, a default one over the
+    broker's log is made at the first security call."""
