@@ -18,8 +18,10 @@ from pathlib import Path
 from typing import TextIO
 
 from braid.config import LOCK_FILE
+from core.delivery.message import BATCH_SELECT_HEADER, selection_key
 from core.log import CorruptRecordError, LogReader, Record, names
 from core.log import record as rec
+from core.log.batches import BatchRecord, unpack_batch
 
 EXIT_OK = 0
 EXIT_CORRUPT = 1
@@ -38,6 +40,17 @@ FLAG_NAMES = (
     (rec.FLAG_NULL_BODY, "null-body"),
     (rec.FLAG_TXN_CONTROL, "txn-control"),
 )
+
+
+# Kafka RecordBatch v2: attributes (int16, big-endian) at byte 21; bits 0-2 the codec, bit 5
+# marks a control batch (a transaction's commit or abort marker).
+BATCH_ATTRIBUTES_AT = 21
+BATCH_CODEC_MASK = 0x07
+BATCH_CONTROL_BIT = 0x20
+BATCH_CODECS = {0: "none", 1: "gzip", 2: "snappy", 3: "lz4", 4: "zstd"}
+# A control record's key: version (int16), type (int16): 0 abort, 1 commit (Kafka's
+# ControlRecordType).
+CONTROL_TYPES = {0: "abort", 1: "commit"}
 
 
 class NotALogError(Exception):
@@ -281,14 +294,90 @@ def preview(body: bytes | None, max_body: int) -> tuple[bytes | None, bool]:
     return body[:max_body], True
 
 
-def record_json(record: Record, offset: int | None, max_body: int) -> dict[str, object]:
+@dataclass(frozen=True, slots=True)
+class QueueSpot:
+    """Where a record was read from when dumping a queue: that queue and the offset there (a
+    record fanned out or moved to a queue is stored once, under its own topic and queue)."""
+
+    topic: str
+    queue: int
+    offset: int
+
+
+@dataclass(slots=True)
+class UnpackedBatch:
+    """A Kafka RecordBatch stored as one batch record, decoded: its codec, whether it is a
+    transaction marker (and which), its records (those a dumped queue took, when it took only
+    some) or why it could not be decoded."""
+
+    codec: str
+    control: str | None = None
+    records: list[BatchRecord] = field(default_factory=list)
+    skipped: int = 0  # records of the batch the dumped queue did not take
+    error: str | None = None
+
+
+def unpack_stored_batch(record: Record, spot: QueueSpot | None) -> UnpackedBatch | None:
+    """The records of a stored Kafka batch (None for any other record). Read through a queue
+    that took only some of them (``x-braid-batch-select``), only those."""
+    if not record.flags & rec.FLAG_BATCH or record.body is None:
+        return None
+    body = record.body
+    if len(body) < BATCH_ATTRIBUTES_AT + 2:
+        return UnpackedBatch("?", error=f"{len(body)} bytes: shorter than a batch header")
+    attributes = int.from_bytes(body[BATCH_ATTRIBUTES_AT : BATCH_ATTRIBUTES_AT + 2], "big")
+    codec = BATCH_CODECS.get(attributes & BATCH_CODEC_MASK, f"codec {attributes & 7}")
+    if attributes & BATCH_CONTROL_BIT:
+        return UnpackedBatch(codec, control=_control_type(body))
+    try:
+        records = unpack_batch(body)
+    except Exception as error:  # aiokafka's codec raises its own and the compressors' errors
+        return UnpackedBatch(codec, error=f"{type(error).__name__}: {error}")
+    unpacked = UnpackedBatch(codec, records=records)
+    if spot is not None:
+        chosen = _batch_selection(record.headers, spot.topic, spot.queue)
+        if chosen is not None:
+            unpacked.records = [inner for inner in records if inner.offset_delta in chosen]
+            unpacked.skipped = len(records) - len(unpacked.records)
+    return unpacked
+
+
+def _control_type(body: bytes) -> str:
+    # One control record; its key (after the record's varint-framed header) is decoded by
+    # aiokafka's own reader, which skips control batches, so read it from the raw batch.
+    from aiokafka.record.default_records import (  # type: ignore[import-untyped]
+        DefaultRecordBatch,
+    )
+
+    try:
+        for inner in DefaultRecordBatch(bytes(body)):
+            key = inner.key or b""
+            if len(key) >= 4:
+                kind = int.from_bytes(key[2:4], "big")
+                return CONTROL_TYPES.get(kind, f"type {kind}")
+    except Exception:  # a marker that does not decode is still shown as a marker
+        pass
+    return "unknown"
+
+
+def _batch_selection(headers: list[tuple[str, bytes]], topic: str, queue: int) -> set[int] | None:
+    for name, value in headers:
+        if name == BATCH_SELECT_HEADER:
+            chosen = json.loads(value).get(selection_key(topic, queue))
+            return None if chosen is None else {int(delta) for delta in chosen}
+    return None
+
+
+def record_json(record: Record, spot: QueueSpot | None, max_body: int) -> dict[str, object]:
     body, truncated = preview(record.body, max_body)
     out: dict[str, object] = {
-        "topic": record.topic,
-        "queue": record.queue,
+        "topic": record.topic if spot is None else spot.topic,
+        "queue": record.queue if spot is None else spot.queue,
     }
-    if offset is not None:
-        out["offset"] = offset
+    if spot is not None:
+        out["offset"] = spot.offset
+        if (spot.topic, spot.queue) != (record.topic, record.queue):
+            out["stored_in"] = [record.topic, record.queue]
     out.update(
         {
             "position": record.position,
@@ -317,14 +406,52 @@ def record_json(record: Record, offset: int | None, max_body: int) -> dict[str, 
             {"position": position, "size": size}
             for position, size in rec.decode_link_body(record.body)
         ]
+    batch = unpack_stored_batch(record, spot)
+    if batch is not None:
+        del out["body"], out["body_truncated"]  # the records below say it, readably
+        out["batch"] = _batch_json(batch, spot, max_body)
     return out
 
 
-def record_text(record: Record, offset: int | None, max_body: int) -> str:
-    where = f"{record.topic}/{record.queue}"
-    if offset is not None:
-        where += f"@{offset}"
+def _batch_json(batch: UnpackedBatch, spot: QueueSpot | None, max_body: int) -> dict[str, object]:
+    out: dict[str, object] = {"codec": batch.codec}
+    if batch.control is not None:
+        out["control"] = batch.control
+    if batch.error is not None:
+        out["error"] = batch.error
+    if batch.skipped:
+        out["skipped"] = batch.skipped
+    records = []
+    for inner in batch.records:
+        value, truncated = preview(inner.value, max_body)
+        item: dict[str, object] = {"offset_delta": inner.offset_delta}
+        if spot is not None:
+            item["offset"] = spot.offset + inner.offset_delta
+        item.update(
+            {
+                "timestamp_ms": inner.timestamp_ms,
+                "time": iso_ms(inner.timestamp_ms),
+                "key": bytes_json(inner.key),
+                "headers": [[name, bytes_json(value)] for name, value in inner.headers],
+                "value_size": None if inner.value is None else len(inner.value),
+                "value": bytes_json(value, truncated=truncated),
+                "value_truncated": truncated,
+            }
+        )
+        records.append(item)
+    out["records"] = records
+    return out
+
+
+def record_text(record: Record, spot: QueueSpot | None, max_body: int) -> str:
+    """One line for the record; a Kafka batch adds one indented line per record inside it."""
+    if spot is None:
+        where = f"{record.topic}/{record.queue}"
+    else:
+        where = f"{spot.topic}/{spot.queue}@{spot.offset}"
     parts = [where, f"pos={record.position}", f"size={record.size}"]
+    if spot is not None and (spot.topic, spot.queue) != (record.topic, record.queue):
+        parts.append(f"stored_in={record.topic}/{record.queue}")
     parts.append(f"time={iso_ms(record.store_ms)}")
     parts.append(f"protocol={record.protocol_name}")
     if record.flags:
@@ -351,18 +478,52 @@ def record_text(record: Record, offset: int | None, max_body: int) -> str:
         parts.append(f"address={record.address!r}")
     if record.destinations:
         parts.append("destinations=[" + ", ".join(f"{t}/{q}" for t, q in record.destinations) + "]")
+    batch = unpack_stored_batch(record, spot)
     if record.flags & rec.FLAG_LINK and record.body is not None:
         targets = rec.decode_link_body(record.body)
         parts.append("link=[" + ", ".join(f"pos {p} size {s}" for p, s in targets) + "]")
     elif record.body is None:
         parts.append("body=null")
+    elif batch is not None:
+        parts.append(_batch_summary(batch, len(record.body)))
     else:
         body, truncated = preview(record.body, max_body)
         parts.append(f"body[{len(record.body)}]={body!r}{'...' if truncated else ''}")
+    lines = [" ".join(parts)]
+    if batch is not None:
+        lines.extend(_inner_text(inner, spot, max_body) for inner in batch.records)
+    return "\n".join(lines)
+
+
+def _batch_summary(batch: UnpackedBatch, size: int) -> str:
+    if batch.control is not None:
+        return f"kafka-batch[{size}] control={batch.control} codec={batch.codec}"
+    if batch.error is not None:
+        return f"kafka-batch[{size}] codec={batch.codec} undecodable ({batch.error})"
+    summary = f"kafka-batch[{size}] codec={batch.codec}"
+    if batch.skipped:
+        summary += f" skipped={batch.skipped} (routed to other queues)"
+    return summary
+
+
+def _inner_text(inner: BatchRecord, spot: QueueSpot | None, max_body: int) -> str:
+    """One record of a Kafka batch, indented under its batch: ``@offset`` when reading a queue,
+    ``+delta`` (its offset delta in the batch) in a commit-log scan."""
+    delta = inner.offset_delta
+    parts = [f"  @{spot.offset + delta}" if spot is not None else f"  +{delta}"]
+    parts.append(f"time={iso_ms(inner.timestamp_ms)}")
+    parts.append("key=null" if inner.key is None else f"key={inner.key!r}")
+    if inner.headers:
+        parts.append("headers={" + ", ".join(f"{n!r}: {v!r}" for n, v in inner.headers) + "}")
+    if inner.value is None:
+        parts.append("value=null")
+    else:
+        value, truncated = preview(inner.value, max_body)
+        parts.append(f"value[{len(inner.value)}]={value!r}{'...' if truncated else ''}")
     return " ".join(parts)
 
 
-Item = tuple[Record, int | None] | CorruptRecordError
+Item = tuple[Record, QueueSpot | None] | CorruptRecordError
 
 
 def _queue_records(
@@ -390,7 +551,7 @@ def _queue_records(
             if not batch:
                 break
             for entry in batch:
-                yield entry.record(), entry.offset
+                yield entry.record(), QueueSpot(topic, queue, entry.offset)
             offset = batch[-1].next_offset
             chunk = READ_CHUNK
 
@@ -459,11 +620,11 @@ def dump(
                 continue
             if limit is not None and written >= limit:
                 break
-            record, offset = item
+            record, spot = item
             if as_json:
-                out.write(json.dumps(record_json(record, offset, max_body)) + "\n")
+                out.write(json.dumps(record_json(record, spot, max_body)) + "\n")
             else:
-                out.write(record_text(record, offset, max_body) + "\n")
+                out.write(record_text(record, spot, max_body) + "\n")
             written += 1
     return EXIT_CORRUPT if corrupt else EXIT_OK
 

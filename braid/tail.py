@@ -19,6 +19,7 @@ from types import FrameType
 from typing import TextIO
 
 from braid.logtool import bytes_json, iso_ms, open_reader, preview
+from core.delivery.message import BATCH_SELECT_HEADER, selection_key
 from core.log import LogReader, Record
 from core.log import record as rec
 from core.log.batches import unpack_batch
@@ -93,16 +94,24 @@ class Line:
         return " ".join(parts)
 
 
-def lines_of(record: Record, offset: int) -> Iterator[Line]:
-    """The lines of one stored record: itself, or each record of a Kafka batch."""
+def lines_of(record: Record, topic: str, queue: int, offset: int) -> Iterator[Line]:
+    """The lines of one stored record read at ``offset`` of queue ``topic/queue``: itself, or
+    each record of a Kafka batch that this queue took (a batch routed record by record, e.g.
+    into an AMQP queue bound with ``truck.*``, is indexed there whole with an
+    ``x-braid-batch-select`` header naming the records the queue took; the others are skipped,
+    as its consumers never get them). Offsets and names are the queue's, not the record's home:
+    a record fanned out to a queue has that queue's offset there."""
     common = (record.protocol_name, record.client, record.address)
     if record.flags & rec.FLAG_BATCH and record.body is not None:
         if record.flags & rec.FLAG_TXN_CONTROL:
             return  # a commit/abort marker, not a record anyone published
+        selected = batch_selection(record.headers, topic, queue)
         for inner in unpack_batch(record.body):
+            if selected is not None and inner.offset_delta not in selected:
+                continue
             yield Line(
-                record.topic,
-                record.queue,
+                topic,
+                queue,
                 offset + inner.offset_delta,
                 inner.timestamp_ms or record.store_ms,
                 *common,
@@ -115,8 +124,8 @@ def lines_of(record: Record, offset: int) -> Iterator[Line]:
             )
         return
     yield Line(
-        record.topic,
-        record.queue,
+        topic,
+        queue,
         offset,
         record.store_ms,
         *common,
@@ -127,6 +136,15 @@ def lines_of(record: Record, offset: int) -> Iterator[Line]:
         None if record.body is None else bytes(record.body),
         record.flags,
     )
+
+
+def batch_selection(headers: list[tuple[str, bytes]], topic: str, queue: int) -> set[int] | None:
+    """The offset deltas of a batch record's records that ``topic/queue`` took; None: all."""
+    for name, value in headers:
+        if name == BATCH_SELECT_HEADER:
+            chosen = json.loads(value).get(selection_key(topic, queue))
+            return None if chosen is None else set(chosen)
+    return None
 
 
 class Follower:
@@ -147,12 +165,17 @@ class Follower:
             return next_offset
         return max(first, next_offset - self.last)
 
-    def poll(self) -> list[tuple[Record, int]]:
+    def queues(self) -> list[int]:
+        """The queues of the followed topic that exist now (system topics included: tailing
+        ``__offsets`` is asked for by name)."""
+        return [q for t, q in self.reader.queues(include_system=True) if t == self.topic]
+
+    def poll(self) -> list[tuple[Record, int, int]]:
+        """``(record, queue, offset)`` of each entry appended since the last poll."""
         self.reader.refresh()
-        found: list[tuple[Record, int]] = []
-        for topic, queue in self.reader.queues():
-            if topic != self.topic:
-                continue
+        found: list[tuple[Record, int, int]] = []
+        topic = self.topic
+        for queue in self.queues():
             first, next_offset = self.reader.queue_bounds(topic, queue)
             offset = self.positions.get(queue)
             if offset is None:
@@ -160,7 +183,7 @@ class Follower:
             offset = max(offset, first)  # retention may have removed what we had not read
             entries = self.reader.read(topic, queue, offset, max_records=READ_CHUNK)
             for entry in entries:
-                found.append((entry.record(), entry.offset))
+                found.append((entry.record(), queue, entry.offset))
             if entries:
                 self.positions[queue] = entries[-1].next_offset
         self._first_poll = False
@@ -199,10 +222,16 @@ def tail(
             if not announced and err is not None:
                 announced = True
                 starts = ", ".join(f"{q}@{o}" for q, o in sorted(follower.positions.items()))
-                err.write(f"braid tail: following {topic} ({starts or 'no queues yet'})\n")
+                if starts:
+                    err.write(f"braid tail: following {topic} ({starts})\n")
+                else:
+                    err.write(
+                        f"braid tail: topic {topic!r} does not exist yet (no queue in"
+                        f" {data_dir}); waiting for its first record\n"
+                    )
                 err.flush()
-            for record, offset in batch:
-                for line in lines_of(record, offset):
+            for record, queue, offset in batch:
+                for line in lines_of(record, topic, queue, offset):
                     out.write(
                         (line.as_json(max_body) if as_json else line.as_text(max_body)) + "\n"
                     )

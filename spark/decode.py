@@ -21,7 +21,10 @@ through cramjam), as is everything when a test asks (:func:`_record_by_record`).
 
 Visibility: only entries of the queue's index are read, so a half message (indexed in
 ``__half`` only) or a pending delayed record (``__timers`` only) shows up in a user topic once a
-LINK record has indexed it there. Consistency with a running writer: the writer appends a frame
+LINK record has indexed it there. A Kafka batch indexed into a queue that took only some of its
+records (an AMQP queue bound to the topic with ``truck.*``: the batch is stored once, and its
+``x-braid-batch-select`` header lists what each such queue took) yields only those records in
+that queue's rows, at their offsets there, as the queue's consumers received them. Consistency with a running writer: the writer appends a frame
 before its index entry, a frame is CRC-checked before it is decoded, and entries are accepted
 only while their offsets are contiguous, so a torn tail is never returned, only read later.
 
@@ -32,6 +35,7 @@ its own Python worker process, so nothing here is shared between threads.
 from __future__ import annotations
 
 import itertools
+import json
 import struct
 from collections.abc import Callable, Iterator, Sequence
 from functools import cache, cached_property
@@ -91,6 +95,11 @@ HEADER_FIELDS = (
     "body_len",
 )
 NULL_LENGTH = 0xFFFFFFFF  # a key or body length meaning "null" (core.log.record)
+# On a Kafka batch record indexed into queues that take only some of its records: JSON
+# ``{"<topic>\x00<queue>": [offset deltas]}``, the records each listed queue took (a queue not
+# listed took them all). Written by the broker (core.delivery.message.BATCH_SELECT_HEADER, which
+# spark/ may not import; a test checks the two names agree); readers of a queue skip the rest.
+BATCH_SELECT_HEADER = "x-braid-batch-select"
 _NUMPY_CODES = {"B": "u1", "H": "u2", "I": "u4", "Q": "u8", "b": "i1", "h": "i2", "i": "i4"}
 _NUMPY_CODES |= {"q": "i8"}
 
@@ -839,8 +848,11 @@ def _record_rows(
             continue
         if record.flags & rec.FLAG_TXN_CONTROL or record.body is None:
             continue  # a Kafka transaction marker is no record
+        selected = batch_selection(record.headers, plan.topic, plan.queue)
         for item in unpack_batch(record.body):  # [] for a control batch
             offset = first_offset + item.offset_delta
+            if selected is not None and item.offset_delta not in selected:
+                continue  # routed elsewhere: this queue never received it
             if plan.start <= offset < plan.end:
                 yield (
                     plan.topic,
@@ -852,6 +864,18 @@ def _record_rows(
                     _overlay(item.headers, overlay),
                     *tail,
                 )
+
+
+def batch_selection(
+    headers: Sequence[tuple[str, bytes]], topic: str, queue: int
+) -> set[int] | None:
+    """The offset deltas of a batch record's records that queue ``topic/queue`` took, from its
+    ``x-braid-batch-select`` header; None when it took them all."""
+    for name, value in headers:
+        if name == BATCH_SELECT_HEADER:
+            chosen = json.loads(value).get(f"{topic}\x00{queue}")
+            return None if chosen is None else {int(delta) for delta in chosen}
+    return None
 
 
 def _follow_link(
@@ -895,4 +919,10 @@ def empty_batch(columns: Sequence[str] = COLUMN_NAMES) -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays([pa.array([], f.type) for f in schema], schema=schema)
 
 
-__all__ = ["DEFAULT_BATCH_ROWS", "empty_batch", "read_range"]
+__all__ = [
+    "BATCH_SELECT_HEADER",
+    "DEFAULT_BATCH_ROWS",
+    "batch_selection",
+    "empty_batch",
+    "read_range",
+]
