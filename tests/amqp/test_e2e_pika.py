@@ -12,7 +12,6 @@ import pytest
 from pika.exceptions import (
     AMQPConnectionError,
     ChannelClosedByBroker,
-    ConnectionClosedByBroker,
     UnroutableError,
 )
 
@@ -173,13 +172,6 @@ def test_exclusive_queue_is_locked_to_its_connection(braid: BraidProcess) -> Non
     with connect(braid) as later, pytest.raises(ChannelClosedByBroker) as gone:
         later.channel().queue_declare(name, passive=True)
     assert gone.value.reply_code == 404
-
-
-def test_unknown_exchange_type_is_a_connection_error(braid: BraidProcess) -> None:
-    connection = connect(braid)
-    with pytest.raises(ConnectionClosedByBroker) as closed:
-        connection.channel().exchange_declare(unique("x"), "no-such-type")
-    assert closed.value.reply_code == 503
 
 
 def test_bad_credentials_are_refused(braid: BraidProcess) -> None:

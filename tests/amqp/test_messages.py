@@ -107,6 +107,7 @@ def test_dead_lettered_records_get_x_death() -> None:
     assert "expiration" not in properties
     table = properties["headers"]
     assert table["keep"] == 1
+    # The expiration it lost is kept in the first death's entry, as RabbitMQ does.
     assert table["x-death"] == [
         {
             "count": 2,
@@ -115,6 +116,7 @@ def test_dead_lettered_records_get_x_death() -> None:
             "time": Timestamp(1_700_000_000),
             "exchange": "",
             "routing-keys": ["work"],
+            "original-expiration": "10",
         }
     ]
     assert table["x-first-death-reason"] == "expired"
