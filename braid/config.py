@@ -4,7 +4,7 @@ Config file layout (every key optional; docs/configuration.md lists them all)::
 
     [log]          data_dir, and any field of core.log.LogConfig (segment_size, durability,
                    topic_durability, retention_ms, retention_bytes, ...)
-    [broker]       any field of core.broker.BrokerConfig (auto_create_topics, default_queues, ...)
+    [broker]       any field of core.broker.BrokerConfig (auto_create_topics, num_partitions, ...)
     [listeners]    host, amqp_port, mqtt_port, mqtt_ws_port, kafka_port, http_port (0: off),
                    kafka_advertised_host, kafka_advertised_port
     [logging]      level
@@ -214,7 +214,7 @@ def _must_be_positive(key: str) -> bool:
     return key.endswith("_interval_ms") or key in (
         "segment_size",
         "index_entries_per_file",
-        "default_queues",
+        "num_partitions",
     )
 
 

@@ -149,7 +149,7 @@ async def _start_kafka(context: ServerContext, host: str, port: int) -> Listener
         advertised_host=listeners.kafka_advertised_host,
         advertised_port=listeners.kafka_advertised_port,
         auto_create_topics=broker.config.auto_create_topics,
-        default_partitions=broker.config.default_queues,
+        num_partitions=broker.config.num_partitions,
     )
     context.metrics.register_counters("braid_kafka_", lambda: server.metrics)
     await server.start(host, port)

@@ -17,6 +17,7 @@ Not thread-safe: the event loop's thread, like the log behind it.
 
 from __future__ import annotations
 
+import struct
 from typing import Final
 
 from core.log import record as rec
@@ -30,6 +31,10 @@ StoredEntry = QueueRecord
 # Record flags a fetch tells entries apart by (core/log/record.py).
 STORED_BATCH: Final = rec.FLAG_BATCH  # a Kafka producer's RecordBatch, stored as one record
 STORED_TXN_CONTROL: Final = rec.FLAG_TXN_CONTROL  # a Kafka transaction marker (control batch)
+# born_ms, the publisher's timestamp, in the frame header (core/log/record.py's layout: after
+# total_size, magic, crc32c, flags, protocol, reserved and store_ms).
+_BORN_MS_OFFSET: Final = struct.calcsize("<IIIHBxq")  # 24
+_BORN_MS: Final = struct.Struct("<q")
 
 
 def stored_flags(entry: StoredEntry) -> int:
@@ -41,6 +46,14 @@ def stored_flags(entry: StoredEntry) -> int:
 def stored_body(entry: StoredEntry) -> memoryview:
     """The entry's body (a batch entry: the RecordBatch as the producer sent it), a view."""
     return rec.body_slice(entry.frame, 0)
+
+
+def stored_time(entry: StoredEntry) -> int:
+    """A plain record's timestamp as consumers see it (a Kafka record's CreateTime): its
+    publisher's time, else the time the broker stored it. A batch entry's records carry
+    their own timestamps in the batch; this is the time its producer stamped on the first."""
+    born: int = _BORN_MS.unpack_from(entry.frame, _BORN_MS_OFFSET)[0]
+    return born or entry.store_ms
 
 
 def stored_tags(entry: StoredEntry) -> list[str]:

@@ -126,6 +126,7 @@ from core.scoped_reads import StoredRecordReader as StoredRecordReader
 from core.scoped_reads import stored_body as stored_body
 from core.scoped_reads import stored_flags as stored_flags
 from core.scoped_reads import stored_tags as stored_tags
+from core.scoped_reads import stored_time as stored_time
 from core.security.mapping import OPERATIONS as SECURITY_OPERATIONS
 from core.security.model import KafkaAcl as KafkaAcl
 from core.security.model import KafkaAclFilter as KafkaAclFilter

@@ -13,7 +13,7 @@ from collections.abc import (
     Mapping,
     Sequence,
 )
-from typing import Any
+from typing import Any, TypeVar
 
 from core.api.base import BrokerCalls, ClientContext, Publication, PublishOutcome
 from core.broker.broker import (
@@ -26,12 +26,16 @@ from core.groups.results import GroupDescription, GroupListing, JoinResult, Leav
 from core.groups.state import GroupState
 from core.kafka_values import OffsetCommit, OpenTransaction, StorageSettings
 from core.log import record as rec
+from core.log.names import is_system_topic
 from core.offsets.store import CommittedOffset
 from core.scoped_reads import (
     StoredRecordReader,
     stored_body,
     stored_flags,
 )
+
+# What a serve_stored_records caller builds from the entries it reads.
+_Answer = TypeVar("_Answer")
 
 
 class PartitionCalls(BrokerCalls):
@@ -42,6 +46,17 @@ class PartitionCalls(BrokerCalls):
     def list_topics(self, context: ClientContext) -> list[TopicInfo]:
         """Every topic but the system ones, by name."""
         return self._broker.topics.all()
+
+    def system_topics(self, context: ClientContext) -> list[TopicInfo]:
+        """The broker's own ``__`` topics that have queues in the log, by name, each with its
+        number of queues: what Kafka's Metadata lists as internal topics. Only their names
+        and sizes: their records (other clients' offsets and sessions, the broker's tables)
+        are no client's to read."""
+        queues: dict[str, int] = {}
+        for topic, queue in self._broker.store.queues(include_system=True):
+            if is_system_topic(topic):
+                queues[topic] = max(queues.get(topic, 0), queue + 1)
+        return [TopicInfo(name, count) for name, count in sorted(queues.items())]
 
     def create_topic(
         self,
@@ -200,12 +215,14 @@ class PartitionCalls(BrokerCalls):
     # Fetching: stored batches served as stored, views of the log valid during the call only.
 
     def serve_stored_records(
-        self, context: ClientContext, respond: Callable[[StoredRecordReader], bytes | None]
-    ) -> bytes | None:
+        self, context: ClientContext, respond: Callable[[StoredRecordReader], _Answer]
+    ) -> _Answer:
         """Call ``respond`` with a reader of stored entries and return what it returns: the
-        response built from them (``None``: nothing to answer yet). The entries hold views of
-        the log's memory maps (the fetch fast path copies each batch once, into the response
-        frame): they are valid until ``respond`` returns, and the reader is closed then."""
+        response built from them (a Fetch: its bytes, or ``None`` for nothing to answer yet;
+        a ListOffsets search: the offset found). The entries hold views of the log's memory
+        maps (the fetch fast path copies each batch once, into the response frame): they are
+        valid until ``respond`` returns, and the reader is closed then, so what ``respond``
+        returns must be values or copies, never an entry."""
         reader = StoredRecordReader(self._broker.store)
         try:
             return respond(reader)
@@ -218,20 +235,6 @@ class PartitionCalls(BrokerCalls):
         """``(log start offset, high watermark)``; the last stable offset is the high
         watermark (open transactions are half messages, invisible in the partition)."""
         return self._broker.store.queue_bounds(topic, partition)
-
-    def first_offset_stored_since(
-        self, context: ClientContext, topic: str, partition: int, timestamp_ms: int
-    ) -> int:
-        """The first offset the broker stored at or after ``timestamp_ms`` (the index's store
-        time); the high watermark if none."""
-        return self._broker.store.offset_for_time(topic, partition, timestamp_ms)
-
-    def stored_time_of(
-        self, context: ClientContext, topic: str, partition: int, offset: int
-    ) -> tuple[int, int] | None:
-        """``(offset, store time in ms)`` of the entry holding ``offset``; None if none."""
-        entries = self._broker.store.read(topic, partition, offset, max_records=1)
-        return (entries[0].offset, entries[0].store_ms) if entries else None
 
     async def wait_for_records(
         self, context: ClientContext, partitions: Sequence[Destination], timeout_s: float

@@ -48,7 +48,12 @@ from core.delivery.message import (
     inner_subject,
     selection_key,
 )
-from core.groups import GroupCoordinator
+from core.groups import (
+    DEFAULT_INITIAL_REBALANCE_DELAY_MS,
+    DEFAULT_MAX_SESSION_TIMEOUT_MS,
+    DEFAULT_MIN_SESSION_TIMEOUT_MS,
+    GroupCoordinator,
+)
 from core.log import LogStore, TagFilter
 from core.log import record as rec
 from core.log.batches import batch_is_control, unpack_batch
@@ -96,7 +101,8 @@ MAX_ROUTING_HOPS = 32
 @dataclass
 class BrokerConfig:
     auto_create_topics: bool = True
-    default_queues: int = 1
+    # Queues (Kafka partitions) of a topic created on first use: Kafka's num.partitions.
+    num_partitions: int = 1
     memory_high_watermark_bytes: int | None = None
     # Publishers are slowed while an ack queue holds more ready records than this.
     backlog_high_watermark: int | None = None
@@ -112,8 +118,21 @@ class BrokerConfig:
     txn_check_timeout_ms: int = int(DEFAULT_CHECK_TIMEOUT_MS)
     txn_max_checks: int = DEFAULT_MAX_CHECKS
     txn_check_call_timeout_ms: int = DEFAULT_CHECK_CALL_TIMEOUT_MS
+    # Kafka consumer groups (core/groups/coordinator.py): Kafka's group.min.session.timeout.ms,
+    # group.max.session.timeout.ms and group.initial.rebalance.delay.ms.
+    group_min_session_timeout_ms: int = DEFAULT_MIN_SESSION_TIMEOUT_MS
+    group_max_session_timeout_ms: int = DEFAULT_MAX_SESSION_TIMEOUT_MS
+    group_initial_rebalance_delay_ms: int = DEFAULT_INITIAL_REBALANCE_DELAY_MS
 
     def __post_init__(self) -> None:
+        if self.num_partitions < 1:
+            raise ValueError("num_partitions must be >= 1")
+        if not 0 <= self.group_min_session_timeout_ms <= self.group_max_session_timeout_ms:
+            raise ValueError(
+                "need 0 <= group_min_session_timeout_ms <= group_max_session_timeout_ms"
+            )
+        if self.group_initial_rebalance_delay_ms < 0:
+            raise ValueError("group_initial_rebalance_delay_ms must be >= 0")
         if not self.mqtt_exchange:  # "" (a config file's "off") is None
             self.mqtt_exchange = None
         if self.txn_check_timeout_ms <= 0 or self.txn_check_call_timeout_ms <= 0:
@@ -209,7 +228,11 @@ class Broker:
         self.bindings: BindingTable[Destination] = BindingTable()
         self.offsets = OffsetStore(store)
         # Membership of offset groups (Kafka consumer groups); in memory, members rejoin.
-        self.groups = GroupCoordinator()
+        self.groups = GroupCoordinator(
+            initial_rebalance_delay_ms=self.config.group_initial_rebalance_delay_ms,
+            min_session_timeout_ms=self.config.group_min_session_timeout_ms,
+            max_session_timeout_ms=self.config.group_max_session_timeout_ms,
+        )
         # Half messages and their commit/rollback (RocketMQ semantics): the base of Kafka
         # transactions and AMQP tx. Front ends register their check-back per producer group.
         self.transactions = TransactionService(
@@ -296,7 +319,7 @@ class Broker:
     def declare_topic(
         self, name: str, queues: int | None = None, config: dict[str, Any] | None = None
     ) -> tuple[TopicInfo, bool]:
-        return self.topics.declare(name, queues or self.config.default_queues, config)
+        return self.topics.declare(name, queues or self.config.num_partitions, config)
 
     def topic(self, name: str, *, create: bool | None = None) -> TopicInfo:
         info = self.topics.get(name)

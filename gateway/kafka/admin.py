@@ -11,8 +11,11 @@ altering a topic or the broker is refused with INVALID_REQUEST, other resource t
 The cluster is this broker alone: node ``NODE_ID`` at the advertised address, controller, and
 leader (epoch ``LEADER_EPOCH``) of every partition, with itself as the only replica and ISR. A
 Kafka topic is a core topic; its partitions are the topic's queues. Topics whose names Kafka
-would refuse (AMQP exchange names with ``/`` or ``:``, say) and the broker's ``__`` system
-topics are not shown to Kafka clients.
+would refuse (AMQP exchange names with ``/`` or ``:``, say) are not shown to Kafka clients.
+Internal topics, as Kafka flags ``__consumer_offsets`` (``is_internal``, so that consumers'
+``exclude.internal.topics`` leaves them out of pattern subscriptions): the broker's ``__``
+system topics that exist, a ``__consumer_offsets`` entry, and the half-message convention's
+``braid.txn`` and ``braid.txn.check``. A Kafka client never creates a ``__`` topic.
 """
 
 from __future__ import annotations
@@ -26,12 +29,14 @@ from gateway.kafka import tagfilters
 from gateway.kafka.apis import ApiKey, api_versions_response
 from gateway.kafka.codec import Request
 from gateway.kafka.context import (
+    CONSUMER_OFFSETS_TOPIC,
     LEADER_EPOCH,
     NODE_ID,
     Connection,
     Handler,
     KafkaContext,
     ResponseBody,
+    is_internal_topic,
     is_legal_topic_name,
 )
 from gateway.kafka.entities import build_response
@@ -78,6 +83,25 @@ def kafka_topics(context: KafkaContext, client: ClientContext) -> list[TopicInfo
     return [info for info in context.api.list_topics(client) if is_legal_topic_name(info.name)]
 
 
+def internal_topics(context: KafkaContext, connection: Connection) -> list[TopicInfo]:
+    """The internal topics Metadata lists besides the topics (``braid.txn`` and
+    ``braid.txn.check`` are topics, flagged there): the broker's ``__`` system topics that
+    exist, and ``__consumer_offsets``."""
+    listed = context.api.system_topics(connection.client)
+    if not any(info.name == CONSUMER_OFFSETS_TOPIC for info in listed):
+        listed.append(TopicInfo(CONSUMER_OFFSETS_TOPIC, 1))
+    return listed
+
+
+def _topic_metadata(name: str, error: ErrorCode, info: TopicInfo | None) -> dict[str, Any]:
+    return {
+        "error_code": error,
+        "name": name,
+        "is_internal": is_internal_topic(name),
+        "partitions": partition_metadata(info.queues) if info is not None else [],
+    }
+
+
 def partition_metadata(count: int) -> list[dict[str, Any]]:
     return [
         {
@@ -120,30 +144,36 @@ async def handle_metadata(
     requested = body.topics
     topics: list[dict[str, Any]] = []
     if requested is None or (version == 0 and not requested):
-        # null (v1+) or empty (v0): every topic
-        for listed in kafka_topics(context, connection.client):
-            topics.append(
-                {
-                    "error_code": ErrorCode.none,
-                    "name": listed.name,
-                    "partitions": partition_metadata(listed.queues),
-                }
-            )
+        # null (v1+) or empty (v0): every topic, the internal ones flagged
+        listed = kafka_topics(context, connection.client) + internal_topics(context, connection)
+        for each in sorted(listed, key=lambda listed_topic: listed_topic.name):
+            topics.append(_topic_metadata(each.name, ErrorCode.none, each))
     else:
         allow_create = context.settings.auto_create_topics and getattr(
             body, "allow_auto_topic_creation", True
         )
+        internal: dict[str, TopicInfo] | None = None
         seen: set[str] = set()
         for item in requested:
             name = item.name
             if name in seen:
                 continue
             seen.add(name)
-            info: TopicInfo | None = context.api.topic_info(connection.client, name)
+            info: TopicInfo | None = None
             error = ErrorCode.none
-            if info is None or is_system_topic(name):
-                info = None
-                if not is_legal_topic_name(name) or is_system_topic(name):
+            if is_system_topic(name):
+                if internal is None:
+                    internal = {
+                        system.name: system for system in internal_topics(context, connection)
+                    }
+                info = internal.get(name)
+                if info is None:
+                    # "__" names are the broker's: none is created for a client.
+                    error = ErrorCode.invalid_topic_exception
+            else:
+                info = context.api.topic_info(connection.client, name)
+            if info is None and error == ErrorCode.none:
+                if not is_legal_topic_name(name):
                     error = ErrorCode.invalid_topic_exception
                 elif allow_create:
                     try:
@@ -151,19 +181,13 @@ async def handle_metadata(
                             context,
                             connection.client,
                             name,
-                            context.settings.default_partitions,
+                            context.settings.num_partitions,
                         )
                     except TopicError:
                         error = ErrorCode.invalid_topic_exception
                 else:
                     error = ErrorCode.unknown_topic_or_partition
-            topics.append(
-                {
-                    "error_code": error,
-                    "name": name,
-                    "partitions": partition_metadata(info.queues) if info is not None else [],
-                }
-            )
+            topics.append(_topic_metadata(name, error, info))
     return build_response(
         ApiKey.METADATA,
         version,
@@ -232,7 +256,7 @@ async def handle_create_topics(
         if topic.assignments:
             partitions = len(topic.assignments)
         if partitions == -1:
-            partitions = context.settings.default_partitions
+            partitions = context.settings.num_partitions
         configs = {config.name: config.value for config in topic.configs}
         if names.count(name) > 1:
             error, message = ErrorCode.invalid_request, "topic named more than once"
@@ -341,7 +365,7 @@ def _broker_configs(context: KafkaContext, client: ClientContext) -> list[Config
     retention_ms = storage.retention_ms if storage.retention_ms is not None else -1
     return [
         ("broker.id", str(NODE_ID), SOURCE_STATIC_BROKER, TYPE_INT),
-        ("num.partitions", str(settings.default_partitions), SOURCE_STATIC_BROKER, TYPE_INT),
+        ("num.partitions", str(settings.num_partitions), SOURCE_STATIC_BROKER, TYPE_INT),
         (
             "auto.create.topics.enable",
             "true" if settings.auto_create_topics else "false",

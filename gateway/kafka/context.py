@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Final, TypeAlias
 
 from kio.schema.errors import ErrorCode
 
-from core.api import PROTOCOL_KAFKA, ClientContext
+from core.api import PROTOCOL_KAFKA, ClientContext, is_system_topic
 from gateway.kafka.codec import Request
 
 if TYPE_CHECKING:
@@ -41,6 +41,14 @@ MAX_TOPIC_NAME_LENGTH: Final = 249
 FLOW_THROTTLE_MS: Final = 100
 # The ClientContext of a connection before the transport tells who is there.
 NO_CLIENT_YET: Final = ClientContext(PROTOCOL_KAFKA)
+# Kafka's group offsets topic (Topic.GROUP_METADATA_TOPIC_NAME). BraidMQ keeps offsets in its own
+# __offsets, but Metadata lists this entry (internal, one partition) as every Kafka cluster
+# has one, so tools that look for it find it.
+CONSUMER_OFFSETS_TOPIC: Final = "__consumer_offsets"
+# The half-message convention's topics, braid.txn and braid.txn.check (docs/mapping.md): the
+# broker's, so internal in Metadata, yet clients produce outcomes to one and read check-backs
+# from the other, so both are produced to and fetched like any topic.
+HALF_MESSAGE_TOPIC: Final = "braid.txn"
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,7 +56,7 @@ class KafkaSettings:
     advertised_host: str | None = None  # None: the address the client connected to
     advertised_port: int | None = None
     auto_create_topics: bool = True
-    default_partitions: int = 1
+    num_partitions: int = 1
     cluster_id: str = "braidmq"
 
 
@@ -95,6 +103,17 @@ def is_legal_topic_name(name: str) -> bool:
         0 < len(name) <= MAX_TOPIC_NAME_LENGTH
         and name not in (".", "..")
         and _LEGAL_TOPIC.fullmatch(name) is not None
+    )
+
+
+def is_internal_topic(name: str) -> bool:
+    """Metadata's ``is_internal``: the broker's ``__`` topics (``__consumer_offsets``
+    included) and ``braid.txn``, ``braid.txn.*``. Consumers leave them out of pattern
+    subscriptions (``exclude.internal.topics``, on by default)."""
+    return (
+        is_system_topic(name)
+        or name == HALF_MESSAGE_TOPIC
+        or name.startswith(HALF_MESSAGE_TOPIC + ".")
     )
 
 

@@ -36,11 +36,19 @@ carry no tags, so a filtered group never gets them. Fetches of other groups are 
 
 Fetch sessions (KIP-227) are not kept: every response has session id 0, which tells clients to
 send full fetch requests.
+
+Internal topics (the broker's ``__`` topics, ``__consumer_offsets``) are listed by Metadata but
+never read: Fetch, ListOffsets and OffsetForLeaderEpoch answer TOPIC_AUTHORIZATION_FAILED, a
+Kafka broker's answer to a client without READ on the topic. They hold other clients' offsets
+and sessions and the broker's own tables.
+
+ListOffsets by timestamp searches the records' own timestamps (``timestamps``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import struct
 from functools import partial
 from typing import Any, Final
@@ -72,6 +80,7 @@ from gateway.kafka.entities import build_response
 from gateway.kafka.errors import RecordBatchError
 from gateway.kafka.records import Headers, RecordInput, build_batch, filter_batch, gap_batch
 from gateway.kafka.tagfilters import GroupTagFilters, active_tag_filters
+from gateway.kafka.timestamps import Found, max_timestamp, offset_for_timestamp
 from gateway.kafka.wire import FetchPartition, encode_fetch_response
 
 # Request isolation levels (IsolationLevel.java).
@@ -81,6 +90,12 @@ READ_COMMITTED: Final = 1
 LATEST_TIMESTAMP: Final = -1
 EARLIEST_TIMESTAMP: Final = -2
 MAX_TIMESTAMP: Final = -3
+# ListOffsetsResponse.UNKNOWN_TIMESTAMP, UNKNOWN_OFFSET; RecordBatch.NO_PARTITION_LEADER_EPOCH.
+NO_TIMESTAMP: Final = -1
+NO_OFFSET: Final = -1
+NO_LEADER_EPOCH: Final = -1
+log = logging.getLogger(__name__)
+
 # A read counts records, a batch as all of its records: bytes are the real limit here.
 _NO_RECORD_LIMIT: Final = 2**62
 # base_offset int64 + batch_length int32 + partition_leader_epoch int32 (records.py layout)
@@ -252,7 +267,8 @@ def _read(
     total = 0
     errors = False
     for topic, partitions in plan:
-        info = None if is_system_topic(topic) else api.topic_info(client, topic)
+        internal = is_system_topic(topic)
+        info = None if internal else api.topic_info(client, topic)
         results = []
         for wanted in partitions:
             partition = wanted.partition
@@ -260,7 +276,11 @@ def _read(
             records: list[Any] = []
             size = 0
             start = end = -1
-            if info is None or not 0 <= partition < info.queues:
+            if internal:
+                # The broker's own records (other groups' offsets, sessions, its tables) are
+                # no client's to read: Kafka's answer to a client without READ on a topic.
+                error = ErrorCode.topic_authorization_failed
+            elif info is None or not 0 <= partition < info.queues:
                 error = ErrorCode.unknown_topic_or_partition
             else:
                 start, end = reader.partition_offsets(topic, partition)
@@ -311,6 +331,8 @@ async def handle_fetch(
         return encode_fetch_response(
             version, request.correlation_id, [], error_code=ErrorCode.fetch_session_id_not_found
         )
+    if any(is_system_topic(topic.topic) for topic in body.topics):
+        log.info("kafka: %s fetched from an internal topic: refused", connection.peer)
     plan = [
         (
             topic.topic,
@@ -355,50 +377,61 @@ async def handle_fetch(
 async def handle_list_offsets(
     context: KafkaContext, connection: Connection, request: Request
 ) -> ResponseBody:
+    """Earliest (-2), latest (-1), the largest timestamp (-3, KIP-734) or the first offset
+    whose record's timestamp is >= a time (``timestamps``); nothing found: offset -1,
+    timestamp -1, leader epoch -1, as Kafka answers."""
     api = context.api
     client = connection.client
     topics = []
     body: Any = request.body
     for topic in body.topics:
         name = topic.name
-        info = None if is_system_topic(name) else api.topic_info(client, name)
+        internal = is_system_topic(name)
+        info = None if internal else api.topic_info(client, name)
         results = []
         for wanted in topic.partitions:
             partition = wanted.partition_index
             result: dict[str, Any] = {
                 "partition_index": partition,
                 "error_code": ErrorCode.none,
-                "timestamp": -1,
-                "offset": -1,
+                "timestamp": NO_TIMESTAMP,
+                "offset": NO_OFFSET,
                 "leader_epoch": LEADER_EPOCH,
             }
-            if info is None or not 0 <= partition < info.queues:
-                result["error_code"] = ErrorCode.unknown_topic_or_partition
-                result["leader_epoch"] = -1
-                results.append(result)
+            results.append(result)
+            if internal or info is None or not 0 <= partition < info.queues:
+                result["error_code"] = (
+                    ErrorCode.topic_authorization_failed
+                    if internal
+                    else ErrorCode.unknown_topic_or_partition
+                )
+                result["leader_epoch"] = NO_LEADER_EPOCH
                 continue
+            # The last stable offset is the high watermark: open transactions are invisible.
             start, end = api.partition_offsets(client, name, partition)
             timestamp = wanted.timestamp
+            found: Found | None = None
             if timestamp == LATEST_TIMESTAMP:
-                result["offset"] = end  # the last stable offset is the high watermark
+                result["offset"] = end
             elif timestamp == EARLIEST_TIMESTAMP:
                 result["offset"] = start
             elif timestamp == MAX_TIMESTAMP:
-                last = api.stored_time_of(client, name, partition, end - 1) if end > start else None
-                if last is not None:
-                    result["offset"], result["timestamp"] = last
+                found = await max_timestamp(api, client, name, partition, start=start, end=end)
             elif timestamp >= 0:
-                # By the time the broker stored the records (index store_ms), which is what
-                # the per-queue index can search; Kafka searches the records' max timestamps.
-                offset = api.first_offset_stored_since(client, name, partition, timestamp)
-                if offset < end:
-                    found = api.stored_time_of(client, name, partition, offset)
-                    result["offset"] = max(offset, start)
-                    result["timestamp"] = found[1] if found is not None else timestamp
+                found = await offset_for_timestamp(
+                    api, client, name, partition, timestamp, start=start, end=end
+                )
             else:
                 result["error_code"] = ErrorCode.invalid_request
-            results.append(result)
+                result["leader_epoch"] = NO_LEADER_EPOCH
+                continue
+            if found is not None:
+                result["offset"], result["timestamp"] = found
+            elif timestamp >= 0 or timestamp == MAX_TIMESTAMP:
+                result["leader_epoch"] = NO_LEADER_EPOCH
         topics.append({"name": name, "partitions": results})
+    if any(is_system_topic(topic.name) for topic in body.topics):
+        log.info("kafka: %s asked ListOffsets of an internal topic: refused", connection.peer)
     return build_response(
         ApiKey.LIST_OFFSETS, request.api_version, {"throttle_time": 0, "topics": topics}
     )
@@ -414,14 +447,19 @@ async def handle_offset_for_leader_epoch(
     body: Any = request.body
     for topic in body.topics:
         name = topic.topic
-        info = None if is_system_topic(name) else api.topic_info(client, name)
+        internal = is_system_topic(name)
+        info = None if internal else api.topic_info(client, name)
         results = []
         for wanted in topic.partitions:
             partition = wanted.partition
-            if info is None or not 0 <= partition < info.queues:
+            if internal or info is None or not 0 <= partition < info.queues:
                 results.append(
                     {
-                        "error_code": ErrorCode.unknown_topic_or_partition,
+                        "error_code": (
+                            ErrorCode.topic_authorization_failed
+                            if internal
+                            else ErrorCode.unknown_topic_or_partition
+                        ),
                         "partition": partition,
                         "leader_epoch": -1,
                         "end_offset": -1,

@@ -1,7 +1,9 @@
 """Produce: each partition's RecordBatch stored as ONE batch record, never re-encoded.
 
-Per partition (``ProduceRequest.validateRecords`` and ``LogValidator`` order): the topic and
-partition must exist (UNKNOWN_TOPIC_OR_PARTITION; topics are created by Metadata, not here),
+Per partition (``ProduceRequest.validateRecords`` and ``LogValidator`` order): the topic must
+not be one of the broker's internal ``__`` topics (INVALID_TOPIC_EXCEPTION, "Cannot append to
+internal topic", as Kafka answers for ``__consumer_offsets``), the topic and partition must
+exist (UNKNOWN_TOPIC_OR_PARTITION; topics are created by Metadata, not here),
 the batch must be one valid magic-2 batch (its CRC-32C is checked; compression is kept as
 sent), an idempotent batch must be in sequence or a duplicate (``producers``), and a
 transactional one must belong to its producer's open transaction (``transactions``). The batch
@@ -73,7 +75,10 @@ async def handle_produce(
     responses: list[tuple[str, list[ProducePartition]]] = []
     for topic_data in body.topic_data:
         name = topic_data.name
-        info = None if is_system_topic(name) else api.topic_info(client, name)
+        internal = is_system_topic(name)
+        info = None if internal else api.topic_info(client, name)
+        if internal:
+            log.info("kafka: %s produced to internal topic %s: refused", connection.peer, name)
         durable_end = 0
         partitions: list[ProducePartition] = []
         for partition_data in topic_data.partition_data:
@@ -84,6 +89,10 @@ async def handle_produce(
             end = 0
             if acks not in (ACKS_NONE, ACKS_LEADER, ACKS_ALL):
                 error = ErrorCode.invalid_required_acks
+            elif internal:
+                # ReplicaManager.appendToLocalLog: only the broker writes its internal topics.
+                error = ErrorCode.invalid_topic_exception
+                message = f"Cannot append to internal topic {name}"
             elif info is None or not 0 <= index < info.queues:
                 error = ErrorCode.unknown_topic_or_partition
             else:

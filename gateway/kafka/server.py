@@ -364,7 +364,7 @@ class KafkaServer:
     ``advertised_host``/``advertised_port``: the address Metadata and FindCoordinator give
     clients; ``None`` means the address the client connected to, right for loopback and for a
     host reached under one name. ``auto_create_topics``: Metadata creates the topics it is
-    asked for (Kafka's ``auto.create.topics.enable``), with ``default_partitions`` partitions
+    asked for (Kafka's ``auto.create.topics.enable``), with ``num_partitions`` partitions
     (``num.partitions``).
     """
 
@@ -375,17 +375,17 @@ class KafkaServer:
         advertised_host: str | None = None,
         advertised_port: int | None = None,
         auto_create_topics: bool = True,
-        default_partitions: int = 1,
+        num_partitions: int = 1,
         max_request_size: int = MAX_REQUEST_SIZE,
     ) -> None:
-        if default_partitions < 1:
-            raise ValueError("default_partitions must be >= 1")
+        if num_partitions < 1:
+            raise ValueError("num_partitions must be >= 1")
         self.api = api
         self.settings = KafkaSettings(
             advertised_host=advertised_host,
             advertised_port=advertised_port,
             auto_create_topics=auto_create_topics,
-            default_partitions=default_partitions,
+            num_partitions=num_partitions,
         )
         self.max_request_size = max_request_size
         self.metrics: dict[str, int] = dict.fromkeys(METRICS, 0)

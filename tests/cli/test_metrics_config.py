@@ -237,11 +237,11 @@ def test_read_config_file_errors(tmp_path):
 
 def test_broker_section():
     settings = config.settings_from_mapping(
-        {"broker": {"auto_create_topics": False, "default_queues": 4}}, "test"
+        {"broker": {"auto_create_topics": False, "num_partitions": 4}}, "test"
     )
     broker_config = settings.broker_config()
     assert broker_config.auto_create_topics is False
-    assert broker_config.default_queues == 4
+    assert broker_config.num_partitions == 4
     with pytest.raises(config.ConfigError, match="expected true or false"):
         config.settings_from_mapping({"broker": {"auto_create_topics": 1}}, "test")
     with pytest.raises(config.ConfigError, match=r"\[broker\] nope: unknown key"):

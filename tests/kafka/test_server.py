@@ -234,11 +234,11 @@ async def test_list_offsets_earliest_latest_and_by_time(kafka_server: KafkaServe
     client = await connect(kafka_server)
     try:
         await client.request(metadata("timed"))
-        stamps = []
+        # The records' own timestamps (CreateTime), long before they are stored.
         for i in range(3):
-            stamps.append(time.time_ns() // 1_000_000)
-            await client.request(produce("timed", batch_of(b"%d" % i, b"more")))
-            await asyncio.sleep(0.02)
+            await client.request(
+                produce("timed", batch_of(b"%d" % i, b"more", timestamp=T0 + 100 * i))
+            )
 
         async def offset_for(timestamp: int) -> tuple[int, int]:
             response = await client.request(
@@ -261,11 +261,11 @@ async def test_list_offsets_earliest_latest_and_by_time(kafka_server: KafkaServe
 
         assert (await offset_for(-2))[0] == 0
         assert (await offset_for(-1))[0] == 6
-        assert (await offset_for(stamps[1]))[0] == 2
-        assert (await offset_for(stamps[2] + 10_000))[0] == -1
-        offset, timestamp = await offset_for(-3)
-        assert offset == 4
-        assert timestamp >= stamps[2]
+        assert await offset_for(T0 + 50) == (2, T0 + 100)
+        assert await offset_for(T0 + 100) == (2, T0 + 100)
+        assert await offset_for(T0 + 201) == (-1, -1)
+        # KIP-734: the first record with the largest timestamp.
+        assert await offset_for(-3) == (4, T0 + 200)
     finally:
         await client.close()
 
