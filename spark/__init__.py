@@ -1,12 +1,15 @@
-"""spark/: a PySpark data source, format ``braid``, reading a BraidMQ log in place.
+"""spark/: the ``braid`` format for Spark, reading a BraidMQ log in place.
 
     from spark import register
     register(session)
     frame = session.read.format("braid").option("path", "/var/lib/braid").load()
 
-It reads the files of a running or stopped broker read-only through :mod:`core.log`'s read API
-(no broker connection), batch and structured streaming. ``docs/spark.md`` has the schema and
-the options; :mod:`spark.jobs` has example jobs.
+Two readers give the same rows: a JVM DataSource V2 reader (``spark/java/``, built offline and
+loaded by :func:`register`, :mod:`spark.jvm`) and a Python data source (:mod:`spark.source`,
+over :mod:`core.log`'s read API), the fallback where the JVM reader cannot run (no JDK, Spark
+Connect), always registered as ``braid_python`` too. Both read the files of a running or stopped
+broker read-only (no broker connection), batch and structured streaming. ``docs/spark.md`` has
+the schema, the options and which reader runs when; :mod:`spark.jobs` has example jobs.
 """
 
 from __future__ import annotations
@@ -23,31 +26,77 @@ from spark.schema import COLUMN_NAMES, FORMAT
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-__all__ = ["COLUMN_NAMES", "FORMAT", "register", "worker_python_problem"]
+__all__ = [
+    "COLUMN_NAMES",
+    "FORMAT",
+    "PYTHON_FORMAT",
+    "READERS",
+    "register",
+    "worker_python_problem",
+]
 
 log = logging.getLogger(__name__)
 
+# The Python source's second name: always this reader, even where ``braid`` is the JVM's.
+PYTHON_FORMAT = "braid_python"
+# register(reader=...): the JVM reader when it can be loaded, else the Python source (auto); or
+# one of them for sure. BRAID_SPARK_READER gives the default.
+READERS = ("auto", "jvm", "python")
+READER_VARIABLE = "BRAID_SPARK_READER"
+# The session setting the JVM reader takes its default minPartitions from (BraidScan.java).
+MIN_PARTITIONS_CONF = "spark.braid.minPartitions"
 # What Spark's Python workers import to run the braid source (spark.source's readers).
 WORKER_MODULES = ("crc32c", "spark", "core.log")
 # Spark's own default for the workers' interpreter when neither setting names one.
 SPARK_DEFAULT_WORKER_PYTHON = "python3"
 
 
-def register(session: SparkSession, *, min_partitions: int | None = None) -> None:
-    """Make ``format("braid")`` available in ``session`` (idempotent).
+def register(
+    session: SparkSession, *, min_partitions: int | None = None, reader: str | None = None
+) -> str:
+    """Make ``format("braid")`` available in ``session`` (idempotent); returns the reader it
+    resolves to, ``"jvm"`` or ``"python"``.
+
+    ``reader`` (default ``$BRAID_SPARK_READER``, else ``auto``): ``auto`` loads the JVM reader
+    (building its jar on first use, :mod:`spark.jvm`) and falls back to the Python source, with
+    one log line saying why, when it cannot (no JDK, Spark Connect); ``jvm`` raises instead;
+    ``python`` registers only the Python source (a session where the JVM reader was loaded
+    keeps it for ``braid``: ``braid_python`` is always the Python source).
 
     Reads that do not set ``minPartitions`` are spread over ``min_partitions`` tasks, by default
     the session's ``defaultParallelism`` (its cores), as Spark's file sources are: a data
     source's planner cannot see the cluster, so it is told here."""
-    from spark.source import with_default_min_partitions
+    from spark.source import with_default_min_partitions, with_name
 
+    choice = (reader or os.environ.get(READER_VARIABLE) or "auto").lower()
+    if choice not in READERS:
+        raise ValueError(f"reader must be one of {READERS}, not {choice!r}")
+    explicit = min_partitions
     if min_partitions is None:
         min_partitions = _parallelism(session)
-    session.dataSource.register(with_default_min_partitions(min_partitions))
+    python_source = with_default_min_partitions(min_partitions)
+    session.dataSource.register(python_source)
+    session.dataSource.register(with_name(python_source, PYTHON_FORMAT))
+    used = "python"
+    if choice != "python":
+        from spark import jvm
+
+        try:
+            jar = jvm.load(session)
+        except jvm.JvmReaderUnavailable as why:
+            if choice == "jvm":
+                raise
+            log.warning("braid: reading with the Python source, not the JVM reader: %s", why)
+        else:
+            used = "jvm"
+            log.info("braid: the JVM reader (%s) reads format('braid')", jar)
+            if explicit is not None:
+                session.conf.set(MIN_PARTITIONS_CONF, str(explicit))
     worker = _local_worker_python(session)
     problem = worker_python_problem(worker) if worker is not None else None
     if problem is not None:
         log.warning("%s", problem)
+    return used
 
 
 def worker_python_problem(python: str) -> str | None:

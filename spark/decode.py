@@ -24,9 +24,10 @@ Visibility: only entries of the queue's index are read, so a half message (index
 LINK record has indexed it there. A Kafka batch indexed into a queue that took only some of its
 records (an AMQP queue bound to the topic with ``truck.*``: the batch is stored once, and its
 ``x-braid-batch-select`` header lists what each such queue took) yields only those records in
-that queue's rows, at their offsets there, as the queue's consumers received them. Consistency with a running writer: the writer appends a frame
-before its index entry, a frame is CRC-checked before it is decoded, and entries are accepted
-only while their offsets are contiguous, so a torn tail is never returned, only read later.
+that queue's rows, at their offsets there, as the queue's consumers received them. Consistency
+with a running writer: the writer appends a frame before its index entry, a frame is CRC-checked
+before it is decoded, and entries are accepted only while their offsets are contiguous, so a
+torn tail is never returned, only read later.
 
 Thread-safety: readers are cached per data directory and per process; each Spark task runs in
 its own Python worker process, so nothing here is shared between threads.

@@ -109,6 +109,18 @@ def with_default_min_partitions(min_partitions: int | None) -> type[BraidDataSou
     return type(name, (BraidDataSource,), attributes)
 
 
+def with_name(source: type[BraidDataSource], name: str) -> type[BraidDataSource]:
+    """``source`` registered under another name (``braid_python``: the Python source, whatever
+    ``braid`` resolves to), pickled by value as :func:`with_default_min_partitions`' classes."""
+    attributes = {
+        "name": classmethod(lambda cls: name),
+        "__module__": __name__,
+        "__qualname__": f"{source.__qualname__}_as_{name}",
+        "__doc__": source.__doc__,
+    }
+    return type(f"{source.__name__}_as_{name}", (source,), attributes)
+
+
 def _reader(options: ReadOptions, *, refresh: bool = False) -> LogReader:
     from spark import readers
 

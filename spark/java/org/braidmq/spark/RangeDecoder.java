@@ -1,0 +1,603 @@
+package org.braidmq.spark;
+
+import com.fasterxml.jackson.databind.JsonNode;
+import com.fasterxml.jackson.databind.ObjectMapper;
+import java.io.IOException;
+import java.nio.MappedByteBuffer;
+import java.nio.charset.StandardCharsets;
+import java.util.ArrayDeque;
+import java.util.ArrayList;
+import java.util.Arrays;
+import java.util.LinkedHashMap;
+import java.util.List;
+import java.util.Map;
+import org.apache.spark.sql.vectorized.ColumnarBatch;
+
+/**
+ * Decodes the slices of one Spark partition into {@code ColumnarBatch}es: {@code
+ * spark.decode.read_range}, the same rows in the same order, from the same checks.
+ *
+ * <p>Index entries are read a chunk at a time (at most {@link #CHUNK_ENTRIES} entries, within
+ * one index file, and {@link #BATCH_BYTES} of frames), accepted only while their offsets are
+ * contiguous (a torn tail entry being written is left for a later read). Each chunk's frames are
+ * copied out of the segment mapping into one array (one bulk copy per stretch of adjacent
+ * frames), checked (length and magic against the entry, then CRC32C per frame), and decoded from
+ * that copy: a plain frame is one row whose binary and string columns point into the copy; a
+ * Kafka batch is one row per record it holds (only those the queue took, see {@link
+ * #BATCH_SELECT_HEADER}); a LINK is followed to the frame it moved and read with the LINK's
+ * headers laid over its own (in system topics LINKs are read as stored).
+ *
+ * <p>Not thread-safe: one per task, with its own {@link LogDir}.
+ */
+final class RangeDecoder {
+  /** Entries per chunk, and rows per batch handed to Spark (decode.DEFAULT_BATCH_ROWS). */
+  static final int CHUNK_ENTRIES = 32_768;
+
+  /** Bytes of frames per chunk and of keys and values per batch (decode.DEFAULT_BATCH_BYTES). */
+  static final long BATCH_BYTES = 8L << 20;
+
+  /**
+   * On a Kafka batch record indexed into queues that take only some of its records: JSON
+   * {@code {"<topic>\u0000<queue>": [offset deltas]}} (core.delivery.message).
+   */
+  static final String BATCH_SELECT_HEADER = "x-braid-batch-select";
+
+  private static final byte[][] PROTOCOL_BYTES = protocolBytes();
+  private static final ObjectMapper JSON = new ObjectMapper();
+
+  private final LogDir log;
+  private final Slice[] slices;
+  private final int[] columns;
+  private final boolean verifyChecksums;
+  private final boolean dedupe;
+  private final KafkaBatch kafka = new KafkaBatch();
+  private final ArrayDeque<ColumnarBatch> ready = new ArrayDeque<>();
+  private BatchBuilder builder;
+
+  // Where decoding stands: the slice, its queue and the next index entry to read.
+  private int sliceNumber = -1;
+  private Slice slice;
+  private byte[] topicBytes;
+  private boolean followLinks;
+  private QueueIndex index;
+  private long start;
+  private long end;
+  private long entry;
+  private long stopEntry;
+  private long expectedOffset;
+  private boolean sliceDone = true;
+
+  // The chunk being decoded: its entries' fields.
+  private long[] positions = new long[0];
+  private int[] sizes = new int[0];
+  private long[] counts = new long[0];
+  private long[] storeMs = new long[0];
+  private long[] firstOffsets = new long[0];
+
+  RangeDecoder(LogDir log, Slice[] slices, int[] columns, boolean verify, boolean dedupe) {
+    this.log = log;
+    this.slices = slices;
+    this.columns = columns;
+    this.verifyChecksums = verify;
+    this.dedupe = dedupe;
+    this.builder = new BatchBuilder(columns);
+  }
+
+  /** The next batch, or null when every slice is read. */
+  ColumnarBatch next() throws IOException {
+    while (ready.isEmpty()) {
+      if (sliceDone) {
+        if (!nextSlice()) {
+          if (builder.rows > 0) {
+            ready.add(builder.build());
+            builder = new BatchBuilder(columns);
+          }
+          break;
+        }
+        continue;
+      }
+      decodeChunk();
+    }
+    return ready.poll();
+  }
+
+  private boolean nextSlice() throws IOException {
+    while (++sliceNumber < slices.length) {
+      slice = slices[sliceNumber];
+      topicBytes = slice.topic.getBytes(StandardCharsets.UTF_8);
+      followLinks = !Layout.isSystemTopic(slice.topic);
+      index = log.queueIndex(slice.topic, slice.queue);
+      if (index == null) {
+        continue;
+      }
+      if (slice.end > index.nextOffset) {
+        index.refresh(); // what a running broker appended since planning
+      }
+      long[] bounds = log.queueBounds(slice.topic, slice.queue);
+      start = Math.max(slice.start, bounds[0]);
+      end = Math.min(slice.end, bounds[1]);
+      if (start >= end) {
+        continue;
+      }
+      entry = index.entryForOffset(start);
+      stopEntry = index.nextEntry;
+      expectedOffset = -1;
+      sliceDone = false;
+      return true;
+    }
+    return false;
+  }
+
+  /** One chunk of entries of the current slice (read_range's loop body). */
+  private void decodeChunk() throws IOException {
+    if (entry >= stopEntry) {
+      sliceDone = true;
+      return;
+    }
+    int count =
+        (int) Math.min(CHUNK_ENTRIES, Math.min(stopEntry - entry, index.entriesLeftInFile(entry)));
+    readEntries(count);
+    long cumulative = 0;
+    for (int i = 0; i < count; i++) {
+      cumulative += sizes[i] & 0xFFFFFFFFL;
+      if (cumulative > BATCH_BYTES) {
+        count = Math.max(1, i); // a single larger frame still makes a chunk
+        break;
+      }
+    }
+    int keep = count;
+    for (int i = 0; i < count; i++) {
+      long chained =
+          i == 0 ? (expectedOffset < 0 ? firstOffsets[0] : expectedOffset)
+              : firstOffsets[i - 1] + counts[i - 1];
+      if (firstOffsets[i] != chained || sizes[i] < Layout.HEADER_SIZE || counts[i] <= 0) {
+        keep = i;
+        break;
+      }
+    }
+    int inRange = 0;
+    while (inRange < keep && firstOffsets[inRange] < end) {
+      inRange++;
+    }
+    if (inRange == 0) {
+      sliceDone = true;
+      return;
+    }
+    decodeEntries(inRange);
+    entry += inRange;
+    expectedOffset = firstOffsets[inRange - 1] + counts[inRange - 1];
+    if (inRange < count) {
+      sliceDone = true;
+    }
+  }
+
+  private void readEntries(int count) {
+    if (positions.length < count) {
+      positions = new long[count];
+      sizes = new int[count];
+      counts = new long[count];
+      storeMs = new long[count];
+      firstOffsets = new long[count];
+    }
+    MappedByteBuffer file = index.fileOf(entry);
+    int at = index.slot(entry);
+    for (int i = 0; i < count; i++, at += Layout.ENTRY_SIZE) {
+      positions[i] = file.getLong(at + Layout.ENTRY_POSITION);
+      sizes[i] = file.getInt(at + Layout.ENTRY_SIZE_FIELD);
+      counts[i] = file.getInt(at + Layout.ENTRY_RECORD_COUNT) & 0xFFFFFFFFL;
+      storeMs[i] = file.getLong(at + Layout.ENTRY_STORE_MS);
+      firstOffsets[i] = file.getLong(at + Layout.ENTRY_FIRST_OFFSET);
+    }
+  }
+
+  /** Entries [0, count) of the chunk, run by run of entries in one segment. */
+  private void decodeEntries(int count) throws IOException {
+    long segmentSize = log.segmentSize;
+    int low = 0;
+    while (low < count) {
+      long number = positions[low] / segmentSize;
+      int high = low + 1;
+      while (high < count && positions[high] / segmentSize == number) {
+        high++;
+      }
+      decodeRun(number, low, high);
+      low = high;
+    }
+  }
+
+  private void decodeRun(long number, int low, int high) throws IOException {
+    long base = number * log.segmentSize;
+    long furthest = 0;
+    for (int i = low; i < high; i++) {
+      furthest = Math.max(furthest, positions[i] - base + (sizes[i] & 0xFFFFFFFFL));
+    }
+    MappedByteBuffer segment = log.segment(number, furthest);
+    if (segment == null) {
+      return; // deleted by retention while we read: what it held is gone
+    }
+    int length = segment.capacity();
+    for (int i = low; i < high; i++) {
+      if (positions[i] - base + (sizes[i] & 0xFFFFFFFFL) > length) {
+        throw new CorruptRecordException(positions[i], "index entry points past the segment");
+      }
+    }
+    // Every frame of the run copied end to end: one bulk copy per stretch of adjacent frames.
+    long total = 0;
+    for (int i = low; i < high; i++) {
+      total += sizes[i];
+    }
+    byte[] copy = new byte[(int) total];
+    int[] starts = new int[high - low];
+    int filled = 0;
+    int i = low;
+    while (i < high) {
+      int from = (int) (positions[i] - base);
+      int stretch = sizes[i];
+      starts[i - low] = filled;
+      int j = i + 1;
+      while (j < high && positions[j] == positions[j - 1] + sizes[j - 1]) {
+        starts[j - low] = filled + stretch;
+        stretch += sizes[j];
+        j++;
+      }
+      segment.get(from, copy, filled, stretch);
+      filled += stretch;
+      i = j;
+    }
+    for (int k = low; k < high; k++) {
+      int at = starts[k - low];
+      if (Layout.i32(copy, at + Layout.MAGIC) != Layout.RECORD_MAGIC
+          || Layout.i32(copy, at + Layout.TOTAL_SIZE) != sizes[k]) {
+        throw new CorruptRecordException(positions[k], "frame does not match its index entry");
+      }
+    }
+    if (verifyChecksums) {
+      for (int k = low; k < high; k++) {
+        if (!Frames.crcMatches(copy, starts[k - low], sizes[k])) {
+          throw new CorruptRecordException(positions[k], "crc32c mismatch");
+        }
+      }
+    }
+    int special = Layout.FLAG_BATCH | (followLinks ? Layout.FLAG_LINK : 0);
+    for (int k = low; k < high; k++) {
+      int at = starts[k - low];
+      if ((Layout.u16(copy, at + Layout.FLAGS) & special) != 0) {
+        decodeOneByOne(copy, at, k);
+      } else {
+        decodePlain(copy, at, k);
+      }
+      if (builder.rows >= CHUNK_ENTRIES || builder.payloadBytes >= BATCH_BYTES) {
+        ready.add(builder.build());
+        builder = new BatchBuilder(columns);
+      }
+    }
+  }
+
+  // -- one frame, one row -------------------------------------------------------------------
+
+  /** A frame's variable fields: where each starts in the array holding the frame. */
+  private static final class Fields {
+    int topic;
+    int topicLength;
+    int subject;
+    int subjectLength;
+    int key;
+    int keyLength; // -1: null
+    int headers;
+    int headersLength;
+    int tags;
+    int tagsLength;
+    int client;
+    int clientLength;
+    int address;
+    int addressLength;
+    int dests;
+    int destsLength;
+    int body;
+    int bodyLength; // -1: null
+
+    void locate(byte[] frame, int at) {
+      topic = at + Layout.HEADER_SIZE;
+      topicLength = Layout.u16(frame, at + Layout.TOPIC_LEN);
+      subject = topic + topicLength;
+      subjectLength = Layout.u16(frame, at + Layout.SUBJECT_LEN);
+      long rawKey = Layout.u32(frame, at + Layout.KEY_LEN);
+      keyLength = rawKey == Layout.NULL_LENGTH ? -1 : (int) rawKey;
+      key = subject + subjectLength;
+      headers = key + Math.max(0, keyLength);
+      headersLength = Layout.i32(frame, at + Layout.HEADERS_LEN);
+      tags = headers + headersLength;
+      tagsLength = Layout.u16(frame, at + Layout.TAGS_LEN);
+      client = tags + tagsLength;
+      clientLength = Layout.u16(frame, at + Layout.CLIENT_LEN);
+      address = client + clientLength;
+      addressLength = Layout.u16(frame, at + Layout.ADDRESS_LEN);
+      dests = address + addressLength;
+      destsLength = Layout.u16(frame, at + Layout.DESTS_LEN);
+      long rawBody = Layout.u32(frame, at + Layout.BODY_LEN);
+      bodyLength = rawBody == Layout.NULL_LENGTH ? -1 : (int) rawBody;
+      body = at + Layout.i32(frame, at + Layout.TOTAL_SIZE) - Math.max(0, bodyLength);
+    }
+  }
+
+  private final Fields fields = new Fields();
+
+  private void decodePlain(byte[] frame, int at, int k) {
+    Fields f = fields;
+    f.locate(frame, at);
+    if (dedupe && !isHome(frame, at, f)) {
+      return;
+    }
+    BatchBuilder b = builder;
+    boolean[] want = b.wanted;
+    int row = b.addRow();
+    if (want[Schema.VALUE]) {
+      b.setBytes(Schema.VALUE, row, frame, f.body, f.bodyLength);
+    }
+    if (want[Schema.KEY]) {
+      b.setBytes(Schema.KEY, row, frame, f.key, f.keyLength);
+    }
+    b.payloadBytes += Math.max(0, f.bodyLength) + Math.max(0, f.keyLength);
+    if (want[Schema.HEADERS]) {
+      addFrameHeaders(row, frame, f, null);
+    }
+    common(row, frame, at, f, k, firstOffsets[k], Layout.i64(frame, at + Layout.BORN_MS), positions[k]);
+  }
+
+  /** The columns every row of a frame shares (a Kafka batch's records too). */
+  private void common(
+      int row, byte[] frame, int at, Fields f, int k, long offset, long timestampMs, long position) {
+    BatchBuilder b = builder;
+    boolean[] want = b.wanted;
+    if (want[Schema.TOPIC]) {
+      b.setBytes(Schema.TOPIC, row, topicBytes, 0, topicBytes.length);
+    }
+    if (want[Schema.QUEUE]) {
+      b.setInt(Schema.QUEUE, row, slice.queue);
+    }
+    if (want[Schema.OFFSET]) {
+      b.setLong(Schema.OFFSET, row, offset);
+    }
+    if (want[Schema.TIMESTAMP]) {
+      b.setLong(Schema.TIMESTAMP, row, timestampMs * 1000);
+    }
+    if (want[Schema.TAGS]) {
+      int first = b.tagValues.size;
+      int end = f.tags + f.tagsLength;
+      for (int cursor = f.tags; cursor < end; ) {
+        int length = frame[cursor] & 0xFF;
+        b.tagValues.add(frame, cursor + 1, length);
+        cursor += 1 + length;
+      }
+      b.setTags(row, first, b.tagValues.size - first);
+    }
+    if (want[Schema.PROTOCOL]) {
+      byte[] name = PROTOCOL_BYTES[frame[at + Layout.PROTOCOL] & 0xFF];
+      b.setBytes(Schema.PROTOCOL, row, name, 0, name.length);
+    }
+    if (want[Schema.STORE_TIMESTAMP]) {
+      b.setLong(Schema.STORE_TIMESTAMP, row, storeMs[k] * 1000);
+    }
+    if (want[Schema.SUBJECT]) {
+      b.setBytes(Schema.SUBJECT, row, frame, f.subject, f.subjectLength);
+    }
+    if (want[Schema.ORIGIN_ADDRESS]) {
+      b.setBytes(Schema.ORIGIN_ADDRESS, row, frame, f.address, f.addressLength);
+    }
+    if (want[Schema.CLIENT_ID]) {
+      b.setBytes(Schema.CLIENT_ID, row, frame, f.client, f.clientLength);
+    }
+    if (want[Schema.FLAGS]) {
+      b.setInt(Schema.FLAGS, row, Layout.u16(frame, at + Layout.FLAGS));
+    }
+    if (want[Schema.POSITION]) {
+      b.setLong(Schema.POSITION, row, position);
+    }
+  }
+
+  /**
+   * The frame's headers for a row: in order, then (for a moved record) those of the LINKs laid
+   * over them, outer LINK first: a header the LINK has replaces the record's of that name.
+   */
+  private void addFrameHeaders(int row, byte[] frame, Fields f, Map<String, byte[][]> overlay) {
+    BatchBuilder b = builder;
+    int first = b.headerKeys.size;
+    int end = f.headers + f.headersLength;
+    for (int cursor = f.headers; cursor < end; ) {
+      int nameLength = Layout.u16(frame, cursor);
+      int name = cursor + 2;
+      int valueLength = Layout.i32(frame, name + nameLength);
+      int value = name + nameLength + 4;
+      cursor = value + valueLength;
+      if (overlay == null
+          || !overlay.containsKey(new String(frame, name, nameLength, StandardCharsets.UTF_8))) {
+        b.headerKeys.add(frame, name, nameLength);
+        b.headerValues.add(frame, value, valueLength);
+      }
+    }
+    addOverlay(overlay);
+    b.setHeaders(row, first, b.headerKeys.size - first);
+  }
+
+  private void addOverlay(Map<String, byte[][]> overlay) {
+    if (overlay == null) {
+      return;
+    }
+    for (byte[][] header : overlay.values()) {
+      builder.headerKeys.add(header[0], 0, header[0].length);
+      builder.headerValues.add(header[1], 0, header[1].length);
+    }
+  }
+
+  /** Whether this queue is the frame's home: the first queue it was indexed into. */
+  private boolean isHome(byte[] frame, int at, Fields f) {
+    if (f.destsLength == 0) {
+      return Layout.i32(frame, at + Layout.QUEUE) == slice.queue
+          && Arrays.equals(
+              frame, f.topic, f.topic + f.topicLength, topicBytes, 0, topicBytes.length);
+    }
+    int topicLength = Layout.u16(frame, f.dests);
+    int queue = Layout.i32(frame, f.dests + 2);
+    int topic = f.dests + 6;
+    return queue == slice.queue
+        && Arrays.equals(frame, topic, topic + topicLength, topicBytes, 0, topicBytes.length);
+  }
+
+  // -- record by record: Kafka batches, moved records ---------------------------------------
+
+  private void decodeOneByOne(byte[] copy, int at, int k) throws IOException {
+    byte[] frame = copy;
+    long position = positions[k];
+    Map<String, byte[][]> overlay = null;
+    if (followLinks && (Layout.u16(frame, at + Layout.FLAGS) & Layout.FLAG_LINK) != 0) {
+      overlay = new LinkedHashMap<>();
+      int depth = 0;
+      do {
+        if (depth++ == Layout.MAX_LINK_DEPTH) {
+          throw new CorruptRecordException(position, "LINK chain too deep");
+        }
+        Fields link = new Fields();
+        link.locate(frame, at);
+        collectHeaders(frame, link, overlay);
+        if (link.bodyLength != Layout.LINK_TARGET_SIZE) {
+          throw new IOException(
+              "the LINK at commit-log position "
+                  + position
+                  + " moves "
+                  + Math.max(0, link.bodyLength) / Layout.LINK_TARGET_SIZE
+                  + " records; an indexed LINK moves one");
+        }
+        position = Layout.i64(frame, link.body);
+        frame = log.readFrame(position); // CRC-checked, as LogReader reads a LINK's target
+        at = 0;
+      } while ((Layout.u16(frame, Layout.FLAGS) & Layout.FLAG_LINK) != 0);
+      if (overlay.isEmpty()) {
+        overlay = null;
+      }
+    }
+    Fields f = new Fields();
+    f.locate(frame, at);
+    if (dedupe && !isHome(frame, at, f)) {
+      return;
+    }
+    int flags = Layout.u16(frame, at + Layout.FLAGS);
+    long firstOffset = firstOffsets[k];
+    if ((flags & Layout.FLAG_BATCH) == 0) {
+      if (start <= firstOffset && firstOffset < end) {
+        BatchBuilder b = builder;
+        int row = b.addRow();
+        if (b.wanted[Schema.VALUE]) {
+          b.setBytes(Schema.VALUE, row, frame, f.body, f.bodyLength);
+        }
+        if (b.wanted[Schema.KEY]) {
+          b.setBytes(Schema.KEY, row, frame, f.key, f.keyLength);
+        }
+        b.payloadBytes += Math.max(0, f.bodyLength) + Math.max(0, f.keyLength);
+        if (b.wanted[Schema.HEADERS]) {
+          addFrameHeaders(row, frame, f, overlay);
+        }
+        common(row, frame, at, f, k, firstOffset, Layout.i64(frame, at + Layout.BORN_MS), position);
+      }
+      return;
+    }
+    if ((flags & Layout.FLAG_TXN_CONTROL) != 0 || f.bodyLength < 0) {
+      return; // a Kafka transaction marker is no record
+    }
+    int[] selected = batchSelection(frame, f);
+    kafka.decode(frame, f.body, f.bodyLength, position);
+    KafkaBatch records = kafka;
+    BatchBuilder b = builder;
+    for (int r = 0; r < records.count; r++) {
+      int delta = records.offsetDeltas[r];
+      if (selected != null && Arrays.binarySearch(selected, delta) < 0) {
+        continue; // routed elsewhere: this queue never received it
+      }
+      long offset = firstOffset + delta;
+      if (offset < start || offset >= end) {
+        continue;
+      }
+      int row = b.addRow();
+      if (b.wanted[Schema.VALUE]) {
+        b.setBytes(Schema.VALUE, row, records.data, records.valueStarts[r], records.valueLengths[r]);
+      }
+      if (b.wanted[Schema.KEY]) {
+        b.setBytes(Schema.KEY, row, records.data, records.keyStarts[r], records.keyLengths[r]);
+      }
+      b.payloadBytes += Math.max(0, records.valueLengths[r]) + Math.max(0, records.keyLengths[r]);
+      if (b.wanted[Schema.HEADERS]) {
+        int first = b.headerKeys.size;
+        int last = records.headerFirst[r] + records.headerCounts[r];
+        for (int h = records.headerFirst[r]; h < last; h++) {
+          int nameLength = records.headerKeyLengths[h];
+          if (overlay != null
+              && overlay.containsKey(
+                  new String(
+                      records.data, records.headerKeyStarts[h], nameLength, StandardCharsets.UTF_8))) {
+            continue;
+          }
+          b.headerKeys.add(records.data, records.headerKeyStarts[h], nameLength);
+          b.headerValues.add(
+              records.data, records.headerValueStarts[h], records.headerValueLengths[h]);
+        }
+        addOverlay(overlay);
+        b.setHeaders(row, first, b.headerKeys.size - first);
+      }
+      common(row, frame, at, f, k, offset, records.timestamps[r], position);
+    }
+  }
+
+  /** The frame's headers, into {@code overlay}, a name already there kept (outer LINK wins). */
+  private static void collectHeaders(byte[] frame, Fields f, Map<String, byte[][]> overlay) {
+    int end = f.headers + f.headersLength;
+    for (int cursor = f.headers; cursor < end; ) {
+      int nameLength = Layout.u16(frame, cursor);
+      int name = cursor + 2;
+      int valueLength = Layout.i32(frame, name + nameLength);
+      int value = name + nameLength + 4;
+      cursor = value + valueLength;
+      overlay.putIfAbsent(
+          new String(frame, name, nameLength, StandardCharsets.UTF_8),
+          new byte[][] {
+            Arrays.copyOfRange(frame, name, name + nameLength),
+            Arrays.copyOfRange(frame, value, value + valueLength),
+          });
+    }
+  }
+
+  /**
+   * The offset deltas of a batch record's records that this queue took, sorted, from its
+   * {@link #BATCH_SELECT_HEADER}; null when it took them all.
+   */
+  private int[] batchSelection(byte[] frame, Fields f) throws IOException {
+    int end = f.headers + f.headersLength;
+    byte[] wanted = BATCH_SELECT_HEADER.getBytes(StandardCharsets.UTF_8);
+    for (int cursor = f.headers; cursor < end; ) {
+      int nameLength = Layout.u16(frame, cursor);
+      int name = cursor + 2;
+      int valueLength = Layout.i32(frame, name + nameLength);
+      int value = name + nameLength + 4;
+      cursor = value + valueLength;
+      if (Arrays.equals(frame, name, name + nameLength, wanted, 0, wanted.length)) {
+        JsonNode chosen =
+            JSON.readTree(frame, value, valueLength).get(slice.topic + '\u0000' + slice.queue);
+        if (chosen == null) {
+          return null;
+        }
+        List<Integer> deltas = new ArrayList<>();
+        chosen.forEach(delta -> deltas.add(delta.asInt()));
+        int[] sorted = deltas.stream().mapToInt(Integer::intValue).toArray();
+        Arrays.sort(sorted);
+        return sorted;
+      }
+    }
+    return null;
+  }
+
+  private static byte[][] protocolBytes() {
+    byte[][] names = new byte[256][];
+    for (int code = 0; code < names.length; code++) {
+      names[code] = Layout.protocolName(code).getBytes(StandardCharsets.UTF_8);
+    }
+    return names;
+  }
+}
