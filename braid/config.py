@@ -9,6 +9,8 @@ Config file layout (every key optional; docs/configuration.md lists them all)::
                    kafka_advertised_host, kafka_advertised_port
     [logging]      level
     [amqp]         vhosts, users (``[amqp.users.NAME]`` tables: password, vhosts)
+    [mqtt]         the MQTT gateway's settings (MQTT_SETTINGS: receive_maximum, max_keepalive,
+                   shared_subscription_strategy, ...)
     [kafka]        group_tag_filters (``[kafka.group_tag_filters]``: "group id" = "TagA || TagB")
 
 Unknown sections and keys are errors, so a typo is reported instead of silently ignored. The
@@ -55,12 +57,30 @@ UNLIMITED = -1
 
 # LogConfig fields that are not settable from the [log] section (data_dir has its own key).
 _LOG_FIELDS_NOT_CONFIGURABLE = frozenset({"data_dir"})
-SECTIONS = ("log", "broker", "listeners", "logging", "amqp", "kafka")
+SECTIONS = ("log", "broker", "listeners", "logging", "amqp", "kafka", "mqtt")
 # AMQP virtual hosts: "/" or 1-64 of these characters, as gateway/amqp/vhost.py requires (the
 # name becomes part of topic names: amq.vhost.<name>.<exchange>); "*" in a user's vhosts: all.
 AMQP_DEFAULT_VHOST = "/"
 AMQP_VHOST_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 AMQP_ANY_VHOST = "*"
+
+
+# The [mqtt] keys: gateway/mqtt/options.py:MqttOptions fields of the same names, which hold the
+# defaults (this module imports no gateway: braid/server.py alone knows them; a test holds the two
+# to each other). Type, and the range an integer must be in (None: any non-negative).
+MQTT_SETTINGS: dict[str, tuple[object, tuple[int, int] | None]] = {
+    "allow_anonymous": (bool, None),
+    "max_packet_size": (int, (1, 268_435_455)),  # the largest MQTT packet (5.0 §2.1.4)
+    "receive_maximum": (int, (1, 65_535)),  # 0 is a Protocol Error (5.0 §3.2.2.3.3)
+    "topic_alias_maximum": (int, (0, 65_535)),
+    "max_keepalive": (int, (0, 65_535)),  # Mosquitto's; 0: as the client asks
+    "max_session_expiry": (int | None, (0, 0xFFFF_FFFF)),  # -1: as the client asks
+    "max_queued_messages": (int, None),
+    "connect_timeout_s": (float, None),
+    "shared_subscription_strategy": (str, None),
+}
+# EMQX's names (gateway/mqtt/options.py: SHARED_SUBSCRIPTION_STRATEGIES).
+MQTT_SHARED_SUBSCRIPTION_STRATEGIES = ("round_robin", "random", "sticky", "hash_clientid")
 
 
 class ConfigError(Exception):
@@ -109,6 +129,8 @@ class ServerSettings:
     amqp: AmqpSettings = field(default_factory=AmqpSettings)
     # [kafka.group_tag_filters]: consumer group id -> tag filter expression.
     kafka_group_tag_filters: Mapping[str, str] = field(default_factory=dict)
+    # [mqtt]: keyword arguments for gateway/mqtt's MqttOptions, already checked.
+    mqtt_options: Mapping[str, object] = field(default_factory=dict)
 
     def log_config(self) -> LogConfig:
         return LogConfig(Path(self.data_dir), **self.log_options)  # type: ignore[arg-type]
@@ -294,15 +316,19 @@ def _amqp_settings(section: Mapping[str, object], where: str) -> AmqpSettings:
                 at = f"{where} users.{name}"
                 if not isinstance(table, dict):
                     raise ConfigError(f"{at}: expected a table (password, vhosts)")
-                password = table.get("password")
-                if not isinstance(password, str):
-                    raise ConfigError(f"{at} password: expected a string, not {password!r}")
+                # Keys first: a mistyped one ("pasword") is named, not reported as the
+                # password missing.
                 allowed: tuple[str, ...] = (AMQP_DEFAULT_VHOST,)
                 for option, option_value in table.items():
                     if option == "vhosts":
                         allowed = tuple(_string_list(option_value, f"{at} vhosts"))
                     elif option != "password":
                         raise ConfigError(f"{at} {option}: unknown key (known: password, vhosts)")
+                password = table.get("password")
+                if password is None:
+                    raise ConfigError(f"{at}: password missing (keys: password, vhosts)")
+                if not isinstance(password, str):
+                    raise ConfigError(f"{at} password: expected a string, not {password!r}")
                 users[str(name)] = AmqpUser(password, allowed)
         else:
             raise ConfigError(f"{where} {key}: unknown key (known: vhosts, users)")
@@ -334,6 +360,32 @@ def _kafka_group_tag_filters(section: Mapping[str, object], where: str) -> dict[
                 )
             filters[str(group)] = expression
     return filters
+
+
+def _mqtt_options(section: Mapping[str, object], where: str) -> dict[str, object]:
+    """The ``[mqtt]`` section: :data:`MQTT_SETTINGS`, checked."""
+    options: dict[str, object] = {}
+    for key, value in section.items():
+        setting = MQTT_SETTINGS.get(key)
+        if setting is None:
+            raise ConfigError(f"{where} {key}: unknown key (known: {', '.join(MQTT_SETTINGS)})")
+        hint, bounds = setting
+        checked = _coerce(value, hint, f"{where} {key}")
+        if isinstance(checked, int) and not isinstance(checked, bool) and bounds is not None:
+            low, high = bounds
+            if not low <= checked <= high:
+                raise ConfigError(f"{where} {key}: must be {low}..{high}, not {checked}")
+        if key == "connect_timeout_s" and checked == 0:
+            raise ConfigError(f"{where} {key}: must be positive")
+        if key == "shared_subscription_strategy" and checked not in (
+            MQTT_SHARED_SUBSCRIPTION_STRATEGIES
+        ):
+            raise ConfigError(
+                f"{where} {key}: one of {', '.join(MQTT_SHARED_SUBSCRIPTION_STRATEGIES)}, "
+                f"not {checked!r}"
+            )
+        options[key] = checked
+    return options
 
 
 def settings_from_mapping(raw: Mapping[str, object], source: str) -> ServerSettings:
@@ -390,6 +442,7 @@ def settings_from_mapping(raw: Mapping[str, object], source: str) -> ServerSetti
     kafka_group_tag_filters = _kafka_group_tag_filters(
         _section(raw, "kafka", source), f"{source}: [kafka]"
     )
+    mqtt_options = _mqtt_options(_section(raw, "mqtt", source), f"{source}: [mqtt]")
 
     settings = ServerSettings(
         data_dir=data_dir,
@@ -399,6 +452,7 @@ def settings_from_mapping(raw: Mapping[str, object], source: str) -> ServerSetti
         broker_options=broker_options,
         amqp=amqp,
         kafka_group_tag_filters=kafka_group_tag_filters,
+        mqtt_options=mqtt_options,
     )
     validate(settings, source)
     return settings

@@ -101,18 +101,23 @@ async def _start_http(context: ServerContext, host: str, port: int) -> Listener:
 
 
 async def _start_mqtt(context: ServerContext, host: str, port: int) -> Listener:
+    from gateway.mqtt.options import MqttOptions
     from gateway.mqtt.server import MQTTServer
 
-    server = MQTTServer(context.api)
+    # The TCP and WebSocket listeners share one hub (made with the first one's options: the same).
+    options = MqttOptions(**context.settings.mqtt_options)  # type: ignore[arg-type]
+    server = MQTTServer(context.api, options=options)
     context.metrics.register_counters("braid_mqtt_", lambda: server.metrics)
     await server.start(host, port)
     return server
 
 
 async def _start_mqtt_ws(context: ServerContext, host: str, port: int) -> Listener:
+    from gateway.mqtt.options import MqttOptions
     from gateway.mqtt.server import MQTTServer
 
-    server = MQTTServer(context.api, websocket=True)
+    options = MqttOptions(**context.settings.mqtt_options)  # type: ignore[arg-type]
+    server = MQTTServer(context.api, websocket=True, options=options)
     context.metrics.register_counters("braid_mqtt_ws_", lambda: server.metrics)
     await server.start(host, port)
     return server

@@ -2,6 +2,11 @@
 
 Public API: :class:`LogStore` (writer, one per data directory), :class:`LogReader` (read-only,
 any process), :class:`LogConfig`, the record model in :mod:`core.log.record`.
+
+One module per on-disk structure (``record``, ``segment``, ``commitlog``, ``consumequeue``,
+``checkpoint``) and per job of the writer (``frames``: encoding frames; ``index_writer``: index
+entries; ``durability``: group commit and flushes; ``recovery``; ``retention``), put together by
+``store``. docs/storage.md describes them.
 """
 
 from core.log.config import DURABILITY_ASYNC, DURABILITY_SYNC, LogConfig

@@ -7,7 +7,8 @@ nothing to replay):
    fdatasync'ed before the checkpoint file was atomically replaced.
 2. Truncate every queue index to its checkpointed count (a queue created after ``C``: to 0).
 3. Scan the CommitLog from ``C``, verifying each frame's length, magic and CRC32C, and dispatch
-   every good frame again (rebuilding its index entries).
+   every good frame again through the index writer (:mod:`core.log.index_writer`, the dispatch
+   an append takes), rebuilding its index entries.
 4. At the first bad frame: if nothing valid follows in a later segment it is a torn tail, erased
    and reported in bytes; inside a sealed segment the rest of that segment is reported lost and
    the scan continues with the next segment.
@@ -16,16 +17,15 @@ nothing to replay):
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from core.log import names
 from core.log import record as rec
-
-if TYPE_CHECKING:
-    from core.log.store import LogStore
+from core.log.checkpoint import Checkpoints, queue_key, read_checkpoint
+from core.log.commitlog import CommitLog
+from core.log.durability import GroupCommit
+from core.log.index_writer import IndexWriter
 
 log = logging.getLogger(__name__)
 
@@ -40,23 +40,25 @@ class RecoveryReport:
     corrupt_positions: list[int]
 
 
-def _read_checkpoint(store: LogStore) -> tuple[int, dict[str, int]]:
-    path = store.data_dir / names.CHECKPOINT_FILE
-    if not path.exists():
-        return 0, {}
-    raw = json.loads(path.read_text())
-    return int(raw["position"]), {str(k): int(v) for k, v in raw["queues"].items()}
-
-
-def recover(store: LogStore) -> RecoveryReport:
-    marker = store.data_dir / names.CLEAN_SHUTDOWN_FILE
+def recover(
+    commitlog: CommitLog,
+    indexes: IndexWriter,
+    durability: GroupCommit,
+    checkpoints: Checkpoints,
+    *,
+    check_own_writes: bool,
+) -> RecoveryReport:
+    """Run the procedure above on an opened store's parts: frames are indexed again through
+    ``indexes`` (the path every append takes), ``durability`` flushes and ``checkpoints``
+    writes the new checkpoint. ``check_own_writes``: do not trust this process's own frames
+    on reads (see CommitLog.trust_from)."""
+    marker = checkpoints.data_dir / names.CLEAN_SHUTDOWN_FILE
     clean = marker.exists()
-    position, counts = _read_checkpoint(store)
-    commitlog = store.commitlog
+    position, counts = read_checkpoint(checkpoints.data_dir)
     if commitlog.segments and position < commitlog.start_position:
         position = commitlog.start_position
-    for (topic, queue), index in store._queues.items():
-        index.truncate(counts.get(f"{names.encode_topic_dir(topic)}/{queue}", 0))
+    for (topic, queue), index in indexes.queues.items():
+        index.truncate(counts.get(queue_key(topic, queue), 0))
 
     replayed = 0
     truncated = 0
@@ -67,7 +69,7 @@ def recover(store: LogStore) -> RecoveryReport:
         try:
             for frame_position, size, _magic in commitlog.scan(scan_from):
                 commitlog.write_position = frame_position + size
-                store.dispatch_frame(frame_position, size)
+                indexes.dispatch_frame(frame_position, size)
                 replayed += 1
                 end = frame_position + size
             break
@@ -75,7 +77,7 @@ def recover(store: LogStore) -> RecoveryReport:
             bad = error.position
             number = bad // commitlog.segment_size
             later = [n for n in commitlog.segment_numbers() if n > number]
-            if later and _has_valid_start(store, later[0]):
+            if later and _has_valid_start(commitlog, later[0]):
                 log.error(
                     "commit log corrupt at %d (%s): rest of segment %s lost",
                     bad,
@@ -93,22 +95,22 @@ def recover(store: LogStore) -> RecoveryReport:
             break
     commitlog.write_position = end
     commitlog.flushed_position = min(position, commitlog.write_position)
-    if not store.check_own_writes:
+    if not check_own_writes:
         # Only what this process appends from here on skips the CRC check on reads.
         commitlog.trust_from(end)
-    store.metrics["recovered_records"] = replayed
-    store.metrics["truncated_bytes"] = truncated
     marker.unlink(missing_ok=True)
-    store.flush()
-    store.checkpoint()
+    durability.flush()
+    checkpoints.write()
     report = RecoveryReport(clean, position, replayed, commitlog.write_position, truncated, corrupt)
-    if replayed or truncated or corrupt or not clean:
+    # An empty log (a brand-new data directory) has nothing to recover and no shutdown to
+    # report: it would log clean_shutdown=False on every first start.
+    if replayed or truncated or corrupt or (not clean and commitlog.write_position):
         log.info("recovery: %s", report)
     return report
 
 
-def _has_valid_start(store: LogStore, number: int) -> bool:
-    segment = store.commitlog.segments[number]
+def _has_valid_start(commitlog: CommitLog, number: int) -> bool:
+    segment = commitlog.segments[number]
     try:
         rec.verify_frame(segment.buf, 0, len(segment.buf))
     except rec.CorruptRecordError:

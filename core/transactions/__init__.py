@@ -6,10 +6,10 @@ asked of the producer (check-back) a bounded number of times, then a default app
 is in the log (``__half/0``, ``__transactions/0``), so open transactions survive restart. Modules:
 
 - ``service``: :class:`TransactionService`.
+- ``decisions``: a commit decision as one LINK frame (:class:`DecisionWriter`).
 - ``layout``: half-message headers and op records as they are stored.
 - ``recovery``: rebuilding open transactions on start; finding missing commit LINKs.
 - ``state``: :class:`Transaction`, the state names, :class:`TransactionError`.
-- ``benchmark``: :func:`bench_half_commit`, half + commit against plain publishes.
 """
 
 from core.transactions.layout import (

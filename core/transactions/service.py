@@ -41,8 +41,9 @@ from core.log import LogStore, Record
 from core.log import record as rec
 from core.log.consumequeue import ConsumeQueue
 from core.log.names import HALF_TOPIC, TRANSACTIONS_TOPIC
-from core.log.store import Appended, LinkDecision, TargetIndex
+from core.log.store import Appended
 from core.log.tags import tags_mask
+from core.transactions.decisions import DecisionWriter, LinkDecision, TargetIndex
 from core.transactions.layout import (
     OP_CHECK,
     OP_COMMIT,
@@ -155,6 +156,7 @@ class TransactionService:
         if max_checks < 0 or check_timeout_ms <= 0:
             raise ValueError("max_checks must be >= 0 and check_timeout_ms > 0")
         self.store = store
+        self.decisions = DecisionWriter(store)  # the commit frames
         self.default_check_back = check_back
         # Per producer group: its callback, or None for "never check back" (AMQP tx, Kafka).
         self.check_backs: dict[str, CheckBack | None] = {}
@@ -696,7 +698,7 @@ class TransactionService:
             _COMMIT_TAGS,
             encode_op_headers(self._mark_offsets(), reason, None),
         )
-        return self.store.append_decision(halves, _new_tuple(LinkDecision, decision), half_index)
+        return self.decisions.append(halves, _new_tuple(LinkDecision, decision), half_index)
 
     def _append_commits(self, txns: Sequence[Transaction]) -> int:
         """One commit frame deciding every transaction of ``txns``, committed by their clients
@@ -721,9 +723,7 @@ class TransactionService:
                     half_index += known
         headers = encode_op_headers(self._mark_offsets(), REASON_CLIENT, None)
         decision = (b"", "", _COMMIT_TAGS, headers + encode_txn_ids_header(txn_ids))
-        return self.store.append_decision(
-            halves, _new_tuple(LinkDecision, decision), half_index
-        ).end
+        return self.decisions.append(halves, _new_tuple(LinkDecision, decision), half_index).end
 
     # -- timers and check-back -------------------------------------------------------------
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from core.log.store import TargetIndex
+from core.transactions.decisions import TargetIndex
 
 # Transaction states (``TransactionService.txn_state``).
 OPEN = "open"  # halves stored and invisible; outcome unknown

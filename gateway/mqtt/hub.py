@@ -35,8 +35,7 @@ import json
 import logging
 import uuid
 import weakref
-from collections.abc import Callable, Coroutine
-from dataclasses import dataclass
+from collections.abc import Coroutine
 from typing import Any, Final
 
 from core.api import (
@@ -76,83 +75,31 @@ from gateway.mqtt.addresses import (
     session_queue_name,
     to_log_address,
 )
-from gateway.mqtt.decoder import DEFAULT_MAX_PACKET_SIZE
 from gateway.mqtt.messages import (
     OutMessage,
     forwarded_properties,
     out_message_of,
     publish_headers,
 )
+from gateway.mqtt.options import MqttOptions
 from gateway.mqtt.packets import Publish, Subscription, Will
 from gateway.mqtt.properties import NO_PROPERTIES
 from gateway.mqtt.reason_codes import ReasonCode
 from gateway.mqtt.retained import RetainedStore
-from gateway.mqtt.session import (
-    NEVER_EXPIRES,
-    Connection,
-    Inflight,
-    Session,
-    Sub,
-    combine,
-    record_tags,
-)
+from gateway.mqtt.session import NEVER_EXPIRES, Connection, Session
+from gateway.mqtt.shared import SharedGroup
+from gateway.mqtt.subscriptions import Inflight, Sub, combine, record_tags
+
+__all__ = ["MqttHub", "MqttOptions"]  # MqttOptions: where the listeners and tests found it
 
 log = logging.getLogger(__name__)
 
-# Mosquitto's max_queued_messages is 1000 and EMQX's max_mqueue_len 1000; a broker in front of a
-# log can afford more in memory per clean session before it drops.
-DEFAULT_MAX_QUEUED_MESSAGES: Final = 10_000
-# Topic aliases a client may use towards us (CONNACK Topic Alias Maximum); Mosquitto's default
-# max_topic_alias is 10, EMQX's 65535.
-DEFAULT_TOPIC_ALIAS_MAXIMUM: Final = 1024
-# QoS 1/2 publishes a client may have unacknowledged (CONNACK Receive Maximum; the spec's
-# default, not sent).
-DEFAULT_RECEIVE_MAXIMUM: Final = 65_535
-# A connection that sends no CONNECT within this many seconds is closed (EMQX idle_timeout 15s).
-DEFAULT_CONNECT_TIMEOUT_S: Final = 10.0
 ASSIGNED_CLIENT_ID_PREFIX: Final = "braid-"
 SESSION_RECORD_VERSION: Final = 1
 
 Outcome = tuple[int, int, str]  # (reason code, end position to wait durable for, log topic)
 _NO_HEADERS: Final[list[tuple[str, bytes]]] = []  # never mutated
 _REFUSED_TOPIC: Final[Outcome] = (ReasonCode.TOPIC_NAME_INVALID, 0, "")
-
-
-@dataclass
-class MqttOptions:
-    """Settings of the MQTT gateway (the defaults behave as Mosquitto's and EMQX's)."""
-
-    allow_anonymous: bool = True
-    # username -> password; or a callable (username, password, client id) -> accepted.
-    users: dict[str, str] | None = None
-    authenticate: Callable[[str, bytes | None, str], bool] | None = None
-    max_packet_size: int = DEFAULT_MAX_PACKET_SIZE
-    receive_maximum: int = DEFAULT_RECEIVE_MAXIMUM
-    topic_alias_maximum: int = DEFAULT_TOPIC_ALIAS_MAXIMUM
-    # Keep Alive granted at most (5.0 Server Keep Alive); 0: whatever the client asks.
-    max_keep_alive: int = 0
-    # Session Expiry Interval granted at most (seconds); None: as asked (3.1.1: never).
-    max_session_expiry: int | None = None
-    max_queued_messages: int = DEFAULT_MAX_QUEUED_MESSAGES
-    connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S
-    # RabbitMQ MQTT plugin compatibility: MQTT publishes are also routed through this AMQP
-    # topic exchange (``amq.topic``) with the topic name as routing key (``/`` <-> ``.``), and
-    # AMQP publishes to it reach MQTT subscribers. None: BrokerConfig.mqtt_exchange.
-    amqp_exchange: str | None = None
-
-
-class SharedGroup:
-    """``$share/<share>/<filter>``: one durable queue (named ``name``) the members consume,
-    round robin."""
-
-    __slots__ = ("filter", "members", "name", "plan", "share")
-
-    def __init__(self, name: str, share: str, topic_filter: str, plan: list[BindingSpec]) -> None:
-        self.name = name
-        self.share = share
-        self.filter = topic_filter
-        self.plan = plan
-        self.members: dict[Session, Sub] = {}
 
 
 _hubs: weakref.WeakKeyDictionary[BrokerAPI, MqttHub] = weakref.WeakKeyDictionary()
@@ -646,7 +593,7 @@ class MqttHub:
         )
         self.persist(session)
         if sub.group is not None and session.connection is not None:
-            session.start_consumers()
+            sub.group.member_online()
         return request.qos, sub, True
 
     def _add_sub(
@@ -682,6 +629,7 @@ class MqttHub:
         )
         if group is not None:
             group.members[session] = sub
+            session.groups.append(group)
         else:
             if session.queue_name is not None:
                 self._bind(session.context, plan, session.queue_name)
@@ -736,8 +684,8 @@ class MqttHub:
             return False
         group = sub.group
         if group is not None:
-            group.members.pop(session, None)
-            session.stop_consumer(group.name)
+            session.groups.remove(group)
+            group.remove(session)
             if not group.members:
                 self._drop_group(session.context, group)
         else:
@@ -788,11 +736,13 @@ class MqttHub:
         # The group's tag filter is set when its queue is created (durable with it).
         self.api.declare_session_queue(context, name, tag_filter=tag_filter)
         self._bind(context, plan, name)
-        group = self.groups[name] = SharedGroup(name, share, inner, plan)
+        strategy = self.options.shared_subscription_strategy
+        group = self.groups[name] = SharedGroup(self, name, share, inner, plan, strategy)
         return group
 
     def _drop_group(self, context: ClientContext, group: SharedGroup) -> None:
         self.groups.pop(group.name, None)
+        group.stop()
         global_specs = sum(1 for spec in group.plan if spec.source == GLOBAL_SOURCE)
         if self.api.discard_session_queue(context, group.name):
             self.global_bindings -= global_specs

@@ -41,6 +41,7 @@ from gateway.mqtt.hub import MqttHub, MqttOptions
 from gateway.mqtt.packets import Packet, Publish
 from gateway.mqtt.reason_codes import ReasonCode
 from gateway.mqtt.session import Connection, State
+from gateway.mqtt.sniff import SNIFF_BYTES, describe_first_bytes
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +97,8 @@ class MqttProtocol(asyncio.Protocol):
         self.keep_alive_limit = 0.0
         self.timer: asyncio.TimerHandle | None = None
         self.closed = False
+        # The connection's first bytes, to say what they look like if they are not MQTT.
+        self.first_bytes = b""
 
     # -- asyncio.Protocol --------------------------------------------------------------------
 
@@ -121,6 +124,8 @@ class MqttProtocol(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         self.last_received = self.loop.time()
         self.metrics["bytes_received"] += len(data)
+        if not self.first_bytes:
+            self.first_bytes = data[:SNIFF_BYTES]
         self.decoder.feed(data)
         if not self.busy:
             self._process()
@@ -179,7 +184,10 @@ class MqttProtocol(asyncio.Protocol):
                         return
         except MqttProtocolError as error:
             backlog.clear()
-            connection.protocol_error(error)
+            detail = ""
+            if connection.state is State.AWAIT_CONNECT:  # not an MQTT client at all, often
+                detail = f" (its first bytes look like {describe_first_bytes(self.first_bytes)})"
+            connection.protocol_error(error, detail)
         except Exception as error:
             backlog.clear()
             self.metrics["handler_errors"] += 1

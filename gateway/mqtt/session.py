@@ -19,13 +19,16 @@ Delivery to a session (docs/mqtt.md, "Sessions"):
   record is indexed into its queue (never copied), pushed to it while it is connected
   (``consume_session_queue``), acked on PUBACK/PUBREC, and redelivered (DUP, same Packet
   Identifier) after a reconnect or a broker restart;
-- a shared subscription ``$share/<group>/<filter>`` is one ack queue per group and filter that
-  the members consume, round robin, each within its Receive Maximum.
+- a shared subscription ``$share/<group>/<filter>`` is one ack queue per group and filter,
+  whose records the group hands one by one to a member with room (``shared.py``).
 
 The outbound window: QoS 1/2 messages in flight are capped by the client's Receive Maximum
 [MQTT-3.3.4-9]; more wait in ``pending`` in arrival order. A clean session queues at most
 ``max_queued_messages`` there (then drops, as Mosquitto's ``max_queued_messages`` does); a
 persistent session's backlog stays in its ack queue (``CONSUMER_PREFETCH`` in memory at most).
+
+What arrives: ``flow.py`` acknowledges a client's QoS 1/2 PUBLISHes once durable and holds it
+to the server's Receive Maximum; the subscriptions and in-flight entries are ``subscriptions.py``.
 
 Not thread-safe: the event loop's thread.
 """
@@ -41,21 +44,13 @@ from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
-from core.api import (
-    PROTOCOL_KAFKA,
-    PROTOCOL_MQTT,
-    ClientContext,
-    Delivery,
-    Message,
-    Subscription,
-    TagFilter,
-    now_ms,
-    tags_from_headers,
-)
+from core.api import PROTOCOL_MQTT, ClientContext, Delivery, Subscription, TagFilter, now_ms
 from gateway.mqtt.addresses import filter_matches
 from gateway.mqtt.encoder import encode, encode_ack, encode_publish
 from gateway.mqtt.errors import MqttProtocolError, protocol_error
+from gateway.mqtt.flow import InboundFlow, Outcome
 from gateway.mqtt.messages import OutMessage, out_message_of
+from gateway.mqtt.options import grant_keep_alive
 from gateway.mqtt.packet_types import MQTT_5, PacketType
 from gateway.mqtt.packets import (
     Auth,
@@ -78,9 +73,18 @@ from gateway.mqtt.packets import (
 )
 from gateway.mqtt.properties import NO_PROPERTIES, Properties
 from gateway.mqtt.reason_codes import ReasonCode
+from gateway.mqtt.subscriptions import (
+    NO_IDS,
+    Inflight,
+    Queued,
+    Sub,
+    combine,
+    record_tags,
+)
 
 if TYPE_CHECKING:
-    from gateway.mqtt.hub import MqttHub, SharedGroup
+    from gateway.mqtt.hub import MqttHub
+    from gateway.mqtt.shared import SharedGroup
 
 _connection_numbers = itertools.count(1)
 
@@ -105,7 +109,7 @@ DEFAULT_RECEIVE_MAXIMUM: Final = 65_535
 CONSUMER_PREFETCH: Final = 1000
 # Topic aliases we assign towards a client at most, whatever larger maximum it allows.
 OUTBOUND_TOPIC_ALIASES: Final = 1024
-_NO_IDS: tuple[int, ...] = ()
+_matches = filter_matches
 
 
 class Link(Protocol):
@@ -133,95 +137,6 @@ class State(enum.Enum):
 # ---------------------------------------------------------------------------------------------
 
 
-class Sub:
-    """One subscription of a session (identity-hashed: the live router's and groups' key)."""
-
-    __slots__ = (
-        "filter",
-        "group",
-        "identifier",
-        "levels",
-        "no_local",
-        "qos",
-        "retain_as_published",
-        "retain_handling",
-        "session",
-        "tag_filter",
-    )
-
-    def __init__(
-        self,
-        session: Session,
-        topic_filter: str,
-        levels: list[str],
-        qos: int,
-        no_local: bool,
-        retain_as_published: bool,
-        retain_handling: int,
-        identifier: int,
-        group: SharedGroup | None,
-        tag_filter: TagFilter | None = None,
-    ) -> None:
-        self.session = session
-        self.filter = topic_filter  # as subscribed, "$share/g/..." included
-        self.levels = levels  # the (inner) filter's levels, for matching
-        self.qos = qos
-        self.no_local = no_local
-        self.retain_as_published = retain_as_published
-        self.retain_handling = retain_handling
-        self.identifier = identifier  # 0: none
-        self.group = group
-        # Tag filter (user property ``tag-filter``): a plain subscription matches only records
-        # carrying one of its tags; a shared one's is its group queue's (kept here to persist).
-        self.tag_filter = tag_filter
-
-    def takes(self, tags: list[str] | None) -> bool:
-        """Whether this subscription's tag filter lets a record with ``tags`` through."""
-        tag_filter = self.tag_filter
-        return tag_filter is None or (tags is not None and tag_filter.matches(tags))
-
-    def to_json(self) -> list[Any]:
-        data: list[Any] = [
-            self.filter,
-            self.qos,
-            self.no_local,
-            self.retain_as_published,
-            self.retain_handling,
-            self.identifier,
-        ]
-        if self.tag_filter is not None:
-            data.append(tag_expression(self.tag_filter))
-        return data
-
-    def __repr__(self) -> str:
-        return f"Sub({self.session.client_id!r}, {self.filter!r}, qos={self.qos})"
-
-
-class Inflight:
-    """An outbound QoS 1/2 PUBLISH not yet fully acknowledged."""
-
-    __slots__ = ("delivery", "message", "qos", "released", "retain", "subscription_ids")
-
-    def __init__(
-        self,
-        message: OutMessage,
-        qos: int,
-        retain: bool,
-        subscription_ids: tuple[int, ...],
-        delivery: Delivery | None,
-    ) -> None:
-        self.message = message
-        self.qos = qos
-        self.retain = retain
-        self.subscription_ids = subscription_ids
-        self.delivery = delivery  # the ack-queue record to ack (None: live or retained)
-        self.released = False  # QoS 2: PUBREC came, PUBREL sent, waiting for PUBCOMP
-
-
-# A message waiting for room in the window: (message, qos, retain, subscription ids, delivery).
-Queued = tuple[OutMessage, int, bool, tuple[int, ...], Delivery | None]
-
-
 class Session:
     def __init__(
         self, hub: MqttHub, client_id: str, expiry_interval: int, context: ClientContext
@@ -237,6 +152,7 @@ class Session:
         self.plain: list[Sub] = []  # non-shared subscriptions, for matching queue deliveries
         self.filtered = 0  # plain subscriptions with a tag filter
         self.consumers: dict[str, Subscription] = {}  # queue name -> our consumer
+        self.groups: list[SharedGroup] = []  # the $share groups it is a member of
         self.connection: Connection | None = None
         self.inflight: dict[int, Inflight] = {}
         self.pending: deque[Queued] = deque()
@@ -288,18 +204,15 @@ class Session:
         if connection is None:
             return
         prefetch = min(connection.send_quota, CONSUMER_PREFETCH)
-        consume = self.hub.api.consume_session_queue
-        context = self.context
-        if self.queue_name is not None and self.queue_name not in self.consumers:
-            consumer = consume(context, self.queue_name, prefetch, self._on_queue_delivery)
+        name = self.queue_name
+        if name is not None and name not in self.consumers:
+            consumer = self.hub.api.consume_session_queue(
+                self.context, name, prefetch, self._on_queue_delivery
+            )
             if consumer is not None:
-                self.consumers[self.queue_name] = consumer
-        for sub in self.subscriptions.values():
-            group = sub.group
-            if group is not None and group.name not in self.consumers:
-                consumer = consume(context, group.name, prefetch, _GroupDeliver(self, sub))
-                if consumer is not None:
-                    self.consumers[group.name] = consumer
+                self.consumers[name] = consumer
+        for group in self.groups:
+            group.member_online()
 
     def stop_consumer(self, queue_name: str) -> None:
         consumer = self.consumers.pop(queue_name, None)
@@ -308,7 +221,8 @@ class Session:
 
     def detach(self) -> None:
         """The connection is gone: ack-queue records in flight go back to their queues (they
-        come again, DUP, on the next connection); live messages are forgotten."""
+        come again, DUP, on the next connection; a shared group's, to another member); live
+        messages are forgotten."""
         connection = self.connection
         self.connection = None
         held, self.held_acks = self.held_acks, []
@@ -316,10 +230,20 @@ class Session:
             delivery.ack()
         for name in list(self.consumers):
             self.stop_consumer(name)
+        own = self.queue_name
         for packet_id, entry in list(self.inflight.items()):
-            if entry.delivery is not None and not entry.released:
+            in_flight = entry.delivery
+            if in_flight is not None and not entry.released:
                 del self.inflight[packet_id]
+                if in_flight.queue.topic != own:  # a group's: its consumer stays attached
+                    self._forget_id(in_flight)
+                    in_flight.nack()
+        for *_, waiting in self.pending:
+            if waiting is not None and waiting.queue.topic != own:
+                waiting.nack()
         self.pending.clear()
+        for group in self.groups:
+            group.member_offline(self)
         self.release_publishers()
         if connection is not None:
             self.disconnected_ms = now_ms()
@@ -349,14 +273,14 @@ class Session:
         qos, retain, ids = combine(message, matched)
         self.offer(message, qos, retain, ids, delivery)
 
-    def on_group_delivery(self, sub: Sub, delivery: Delivery) -> None:
-        message = out_message_of(delivery.message)
+    def on_group_delivery(self, sub: Sub, delivery: Delivery, message: OutMessage) -> None:
+        """A record of a shared group this session is a member of (``shared.py`` chose it)."""
         if not _matches(sub.levels, message.topic):
             delivery.ack()
             return
         qos = sub.qos if sub.qos < message.qos else message.qos
         retain = message.retain and sub.retain_as_published
-        ids = (sub.identifier,) if sub.identifier else _NO_IDS
+        ids = (sub.identifier,) if sub.identifier else NO_IDS
         self.offer(message, qos, retain, ids, delivery)
 
     def offer(
@@ -445,6 +369,9 @@ class Session:
                 break
             pending.popleft()
             self._send(connection, message, qos, retain, ids, delivery)
+        for group in self.groups:  # room again: the groups' waiting records [shared.py]
+            if group.backlog:
+                group.refill()
 
     def _settle(self, entry: Inflight) -> None:
         delivery = entry.delivery
@@ -492,6 +419,9 @@ class Session:
         for delivery in held:
             delivery.ack()
         self.release_publishers()
+        for group in self.groups:
+            if group.backlog:
+                group.refill()
 
     def release_publishers(self) -> None:
         blocked, self.blocked_publishers = self.blocked_publishers, set()
@@ -508,64 +438,6 @@ class Session:
             "released": sorted(pid for pid, entry in self.inflight.items() if entry.released),
             "disconnected_ms": self.disconnected_ms,
         }
-
-
-class _GroupDeliver:
-    """A shared-group consumer's delivery callback, bound to the member's subscription."""
-
-    __slots__ = ("session", "sub")
-
-    def __init__(self, session: Session, sub: Sub) -> None:
-        self.session = session
-        self.sub = sub
-
-    def __call__(self, delivery: Delivery) -> None:
-        self.session.on_group_delivery(self.sub, delivery)
-
-
-_matches = filter_matches
-
-
-def tag_expression(tag_filter: TagFilter) -> str:
-    """The filter as an expression ``TagFilter.parse`` reads back (``A || B``)."""
-    return " || ".join(sorted(tag_filter.tags))
-
-
-def record_tags(message: Message) -> list[str]:
-    """A record's own tags: a Kafka batch record's are the union of its records' (the log's
-    tags field), so each record of it is judged by its own ``x-braid-tags`` header."""
-    if message.protocol == PROTOCOL_KAFKA:
-        headers = message.headers
-        if not headers:
-            return []
-        return tags_from_headers([(name, value) for name, value in headers if value is not None])
-    return message.tags
-
-
-def combine(message: OutMessage, subs: list[Sub]) -> tuple[int, bool, tuple[int, ...]]:
-    """One copy for several matching subscriptions of a session: the highest QoS they grant,
-    RETAIN if one keeps it (Retain As Published), every Subscription Identifier
-    [MQTT-3.3.4-2, 3.3.4-3]."""
-    if len(subs) == 1:
-        sub = subs[0]
-        qos = sub.qos if sub.qos < message.qos else message.qos
-        return (
-            qos,
-            message.retain and sub.retain_as_published,
-            (sub.identifier,) if sub.identifier else _NO_IDS,
-        )
-    qos = 0
-    retain = False
-    ids: list[int] = []
-    for sub in subs:
-        granted = sub.qos if sub.qos < message.qos else message.qos
-        if granted > qos:
-            qos = granted
-        if sub.retain_as_published and message.retain:
-            retain = True
-        if sub.identifier:
-            ids.append(sub.identifier)
-    return qos, retain, tuple(ids)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -599,16 +471,18 @@ class Connection:
         self.aliases_in: dict[int, str] = {}
         self.aliases_out: dict[str, int] = {}
         self.alias_out_max = 0
-        # Inbound QoS 1/2 acknowledgements waiting for durability: (end, log topic, bytes).
-        self.acks: deque[tuple[int, str, bytes]] = deque()
-        self.acks_waiting = False
-        self.unacked_qos1 = 0
+        # The client's QoS 1/2 publishes: acknowledgements and the server's Receive Maximum.
+        self.inbound = InboundFlow(self, hub.options.receive_maximum)
         self.writing_paused = False
         self.blocked_on: set[Session] = set()
         self.connected_at = time.monotonic()
 
     def __repr__(self) -> str:
         return f"Connection({self.client_id!r}, {self.state.value})"
+
+    @property
+    def closed(self) -> bool:
+        return self.state is State.CLOSED
 
     # -- entry points for the transport ----------------------------------------------------
 
@@ -626,14 +500,22 @@ class Connection:
 
     def end_of_batch(self) -> None:
         """Every packet of a read was handled: acknowledgements go out once durable."""
-        if self.acks and not self.acks_waiting:
-            self._flush_acks()
+        inbound = self.inbound
+        if inbound.acks and not inbound.waiting:
+            inbound.flush()
 
-    def protocol_error(self, error: MqttProtocolError) -> None:
-        """The peer broke the protocol: tell it why where the version allows, then close."""
+    def protocol_error(self, error: MqttProtocolError, detail: str = "") -> None:
+        """The peer broke the protocol: tell it why where the version allows, then close.
+        ``detail``: what the transport knows more (what the first bytes look like)."""
         code = error.reason_code
         self.metrics["protocol_errors"] += 1
-        log.info("mqtt %s: %s", self.client_id or "(connecting)", error)
+        log.info(
+            "mqtt %s from %s: %s%s",
+            self.client_id or "(connecting)",
+            self.context.peer or "?",
+            error,
+            detail,
+        )
         if self.state is State.AWAIT_CONNECT:
             if code == ReasonCode.UNSUPPORTED_PROTOCOL_VERSION:
                 self.link.write(encode(Connack(False, 0x01), 4))  # 3.1.1 form, as Mosquitto
@@ -784,6 +666,15 @@ class Connection:
         if refusal:
             self._refuse(refusal, "not authorized")
             return None
+        keep_alive, server_keep_alive, too_long = grant_keep_alive(
+            packet.keep_alive, options.max_keepalive, version
+        )
+        if too_long:  # 3.1.1: 0x02 Identifier rejected, as Mosquitto (options.py says why)
+            self._refuse(
+                ReasonCode.CLIENT_IDENTIFIER_NOT_VALID,
+                f"keep alive {packet.keep_alive} above max_keepalive {options.max_keepalive}",
+            )
+            return None
         client_id = packet.client_id
         assigned: str | None = None
         if not client_id:
@@ -801,14 +692,6 @@ class Connection:
         granted_expiry = expiry
         if options.max_session_expiry is not None and expiry > options.max_session_expiry:
             granted_expiry = options.max_session_expiry
-        keep_alive = packet.keep_alive
-        server_keep_alive: int | None = None
-        if (
-            v5
-            and options.max_keep_alive
-            and (keep_alive == 0 or keep_alive > options.max_keep_alive)
-        ):
-            keep_alive = server_keep_alive = options.max_keep_alive
         self.client_id = client_id
         self.context = replace(self.context, user=packet.username or "", client_id=client_id)
         self.keep_alive = keep_alive
@@ -861,17 +744,15 @@ class Connection:
         if qos:
             packet_id = packet.packet_id
             assert packet_id is not None
+            inbound = self.inbound
             if qos == 2 and packet_id in session.inbound_qos2:
                 # A resent PUBLISH whose PUBREC was lost: acknowledge, do not publish twice
                 # [MQTT-4.3.3-10].
                 self.metrics["duplicates"] += 1
-                self.acks.append((0, "", encode_ack(PacketType.PUBREC, packet_id, 0, self.version)))
+                inbound.duplicate(packet_id)
                 return None
-            if self.unacked_qos1 + len(session.inbound_qos2) >= self.hub.options.receive_maximum:
-                raise MqttProtocolError(
-                    ReasonCode.RECEIVE_MAXIMUM_EXCEEDED,
-                    "more QoS 1/2 publishes in flight than Receive Maximum [MQTT-3.3.4-9]",
-                )
+            if inbound.in_flight >= inbound.limit:
+                raise inbound.exceeded()  # [MQTT-3.3.4-9]: flow.py says what counts
         hub = self.hub
         if hub.api.publishing_blocked():
             return self._publish_when_unblocked(packet, topic)
@@ -902,73 +783,11 @@ class Connection:
     async def _publish_later(self, packet: Publish, pending: Awaitable[Any]) -> None:
         self._acknowledge(packet, await pending)
 
-    def _acknowledge(self, packet: Publish, outcome: tuple[int, int, str]) -> None:
-        """Queue the PUBACK / PUBREC of a publish: ``outcome`` is (reason code, end position
-        to be durable, log topic)."""
-        qos = packet.qos
-        if not qos:
-            return
-        code, end, log_topic = outcome
-        packet_id = packet.packet_id
-        assert packet_id is not None
-        version = self.version
-        if qos == 1:
-            self.unacked_qos1 += 1
-            self.acks.append(
-                (end, log_topic, encode_ack(PacketType.PUBACK, packet_id, code, version))
-            )
-        else:
-            if code < ReasonCode.UNSPECIFIED_ERROR:
-                assert self.session is not None
-                self.session.inbound_qos2.add(packet_id)
-            self.acks.append(
-                (end, log_topic, encode_ack(PacketType.PUBREC, packet_id, code, version))
-            )
-
-    def _flush_acks(self) -> None:
-        """Write the queued acknowledgements once what they acknowledge is durable (one wait
-        per topic for the last record of the batch: durability is in log order)."""
-        acks = self.acks
-        last_end: dict[str, int] = {}
-        for end, log_topic, _ in acks:
-            if end:
-                last_end[log_topic] = end
-        waits: list[Awaitable[None]] = []
-        api = self.hub.api
-        for log_topic, end in last_end.items():
-            if not api.is_durable(end, log_topic):
-                waits.append(api.when_durable(end, log_topic))
-        if not waits:
-            self._write_acks(len(acks))
-            return
-        self.acks_waiting = True
-        self.hub.spawn(self._acks_when_durable(waits, len(acks)))
-
-    async def _acks_when_durable(self, waits: list[Awaitable[None]], count: int) -> None:
-        try:
-            for wait in waits:
-                await wait
-        except Exception:
-            log.exception("mqtt %s: durability wait failed", self.client_id)
-            self.close_with(ReasonCode.UNSPECIFIED_ERROR, "storage error")
-            return
-        finally:
-            self.acks_waiting = False
-        if self.state is State.CLOSED:
-            self.acks.clear()
-            return
-        self._write_acks(count)
-        if self.acks:
-            self._flush_acks()
-
-    def _write_acks(self, count: int) -> None:
-        acks = self.acks
-        write = self.link.write
-        for _ in range(count):
-            _, _, data = acks.popleft()
-            if data[0] >> 4 == PacketType.PUBACK:
-                self.unacked_qos1 -= 1
-            write(data)
+    def _acknowledge(self, packet: Publish, outcome: Outcome) -> None:
+        """Queue the PUBACK / PUBREC of a publish (written once durable: ``flow.py``);
+        ``outcome`` is (reason code, end position to be durable, log topic)."""
+        if packet.qos:
+            self.inbound.acknowledge(packet, outcome)
 
     def _resolve_alias(self, topic: str, alias: int) -> str:
         """5.0 §3.3.2.3.4: a topic name sets the alias; an empty one uses it."""
@@ -1004,15 +823,11 @@ class Connection:
 
     def _on_pubrel(self, packet: Pubrel) -> None:
         """QoS 2 inbound, part 2: the identifier is free again [MQTT-4.3.3-11]."""
-        assert self.session is not None
-        known = packet.packet_id in self.session.inbound_qos2
-        self.session.inbound_qos2.discard(packet.packet_id)
-        code = 0 if known else ReasonCode.PACKET_IDENTIFIER_NOT_FOUND
-        data = encode_ack(PacketType.PUBCOMP, packet.packet_id, code, self.version)
-        if self.acks:
-            self.acks.append((0, "", data))  # after the PUBREC still waiting, if any
-        else:
-            self.write(data)
+        session = self.session
+        assert session is not None
+        known = packet.packet_id in session.inbound_qos2
+        session.inbound_qos2.discard(packet.packet_id)
+        self.inbound.released(packet.packet_id, known)
 
     # -- SUBSCRIBE / UNSUBSCRIBE -----------------------------------------------------------
 

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from core.log import LogReader, LogStore, names
 from core.log import record as rec
-from core.log.store import LinkDecision, TargetIndex
+from core.transactions.decisions import DecisionWriter, LinkDecision, TargetIndex
 
 from .conftest import SMALL_SEGMENT, small_config
 
@@ -349,6 +349,7 @@ def test_half_and_decision_paths_equal_the_general_encoder_and_dispatch(
     data_dir = tmp_path_factory.mktemp("half")
     config = small_config(data_dir, segment_size=16 * 1024)
     store = LogStore(config)
+    decisions = DecisionWriter(store)
     positions = []
     halves_stored = 0
     # Then enough large ones to roll several segments, whatever was drawn.
@@ -373,9 +374,7 @@ def test_half_and_decision_paths_equal_the_general_encoder_and_dispatch(
             ("commit",),
             rec.encode_headers([("x-braid-txn-resume", b"%d 0" % mark)]),
         )
-        committed = store.link_frames(
-            targets, decision=decision, known_targets=known_targets if known else None
-        )
+        committed = decisions.append(targets, decision, known_targets if known else None)
         assert committed.offsets[0] == (names.TRANSACTIONS_TOPIC, 0, number)
         positions.append(committed.position)
     assert len(store.commitlog.segments) > 2

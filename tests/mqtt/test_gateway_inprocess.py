@@ -307,7 +307,7 @@ async def test_clean_session_queue_limit(broker: Broker) -> None:
 
 
 async def test_server_keep_alive(broker: Broker) -> None:
-    server = await start_server(broker, MqttOptions(max_keep_alive=10))
+    server = await start_server(broker, MqttOptions(max_keepalive=10))
     try:
         for asked, granted in ((0, 10), (100, 10), (5, None)):
             client = await AsyncRaw.open(server)

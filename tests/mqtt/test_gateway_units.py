@@ -1,5 +1,6 @@
 """Sans-IO parts of the MQTT gateway, without sockets: the address mapping, headers <->
-properties, the retained-message layout and the WebSocket codec."""
+properties, the retained-message layout, the WebSocket codec, the keep alive a client is granted
+and what the first bytes of a client that is not MQTT look like."""
 
 from __future__ import annotations
 
@@ -24,8 +25,10 @@ from gateway.mqtt.messages import (
     out_message_of,
     publish_headers,
 )
+from gateway.mqtt.options import grant_keep_alive
 from gateway.mqtt.properties import NO_PROPERTIES, Properties
 from gateway.mqtt.retained import decode_retained, encode_retained
+from gateway.mqtt.sniff import describe_first_bytes
 from gateway.mqtt.websocket import (
     CLOSE_PROTOCOL_ERROR,
     CLOSE_UNSUPPORTED_DATA,
@@ -312,3 +315,44 @@ def test_text_and_unmasked_frames_close() -> None:
     with pytest.raises(WebSocketError) as caught:
         codec.receive(b"\x82\x02ab")
     assert caught.value.code == CLOSE_PROTOCOL_ERROR
+
+
+# -- keep alive grant (options.py) and what non-MQTT bytes look like (sniff.py) ----------------
+
+
+@pytest.mark.parametrize(
+    ("asked", "maximum", "version", "grant"),
+    [
+        (30, 60, 5, (30, None, False)),
+        (60, 60, 5, (60, None, False)),
+        (61, 60, 5, (60, 60, False)),  # Server Keep Alive [MQTT-3.2.2-21]
+        (0, 60, 5, (60, 60, False)),
+        (0, 65_535, 5, (65_535, 65_535, False)),
+        (0, 0, 5, (0, None, False)),  # max_keepalive 0: as asked
+        (61, 60, 4, (61, None, True)),  # 3.1.1: CONNACK 0x02, as Mosquitto 2.0.14+
+        (0, 60, 4, (0, None, True)),
+        (0, 65_535, 4, (0, None, False)),  # at the default: let in (options.py says why)
+        (65_535, 65_535, 4, (65_535, None, False)),
+        (100, 0, 4, (100, None, False)),
+    ],
+)
+def test_grant_keep_alive(
+    asked: int, maximum: int, version: int, grant: tuple[int, int | None, bool]
+) -> None:
+    assert grant_keep_alive(asked, maximum, version) == grant
+
+
+@pytest.mark.parametrize(
+    ("data", "phrase"),
+    [
+        (b"\x00\x00\x00\x1a\x00\x12\x00\x03\x00\x00\x00\x01", "a Kafka client (ApiVersions v3"),
+        (b"\x00\x00\x00\x1a\x00\x03\x00\x01\x00\x00\x00\x01", "a Kafka client (Metadata v1"),
+        (b"AMQP\x00\x00\x09\x01", "an AMQP client"),
+        (b"GET /mqtt HTTP/1.1\r\n", "an HTTP request (GET)"),
+        (b"\x16\x03\x01\x02\x00\x01", "a TLS handshake"),
+        (b"\x10\xff\xff\xff\xff", "bytes 10 ff ff ff ff"),
+        (b"", "bytes "),
+    ],
+)
+def test_describe_first_bytes(data: bytes, phrase: str) -> None:
+    assert describe_first_bytes(data).startswith(phrase)

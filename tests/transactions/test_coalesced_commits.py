@@ -175,7 +175,7 @@ async def test_a_failed_commit_frame_fails_every_commit_in_it(
     for txn in txns:
         await service.add(txn, "orders", 0, txn.encode())
 
-    monkeypatch.setattr(store, "append_decision", disk_full)
+    monkeypatch.setattr(service.decisions, "append", disk_full)
     outcomes = await asyncio.gather(
         service.commit(txns[0], durable=False),
         service.commit(txns[1]),

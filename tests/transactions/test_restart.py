@@ -8,6 +8,7 @@ import pytest
 from core.log import LogStore, Record
 from core.log import record as rec
 from core.transactions import COMMITTED, OPEN, ROLLED_BACK, TransactionService
+from core.transactions.decisions import DecisionWriter
 from core.transactions.layout import OP_COMMIT
 
 from .conftest import SMALL_SEGMENT, TIMEOUT_MS, Harness, bodies, crash, small_config
@@ -133,7 +134,7 @@ async def test_commit_that_never_reached_the_log_leaves_the_transaction_open(
     def die(*args: object, **kwargs: object) -> None:
         raise SimulatedCrash
 
-    monkeypatch.setattr(store, "append_decision", die)
+    monkeypatch.setattr(service.decisions, "append", die)
     with pytest.raises(SimulatedCrash):
         await service.commit(txn)
     crash(store)
@@ -202,7 +203,7 @@ async def test_crash_while_recovery_links_again_still_links_once(
     # Restart dies too, before its commit frame.
     store = LogStore(small_config(harness.data_dir))
     with monkeypatch.context() as patch:
-        patch.setattr(store, "append_decision", die)
+        patch.setattr(DecisionWriter, "append", die)
         with pytest.raises(SimulatedCrash):
             TransactionService(store)
     crash(store)

@@ -1,0 +1,115 @@
+"""Durability: group commit, flush and the periodic flush (RocketMQ's GroupCommitService and
+FlushRealTimeService; Kafka's ``Log.flush``).
+
+In ``sync`` mode an append is acknowledged after the fdatasync that covers it: waiters queue
+with the commit-log position their append ends at, one fdatasync runs in a worker thread for
+everything appended so far, and every waiter at or before that position is resolved (concurrent
+appends share one fsync while the event loop keeps appending). In ``async`` mode a background
+task fdatasyncs every ``flush_interval_ms`` (:meth:`GroupCommit.flush_async`). The commit log's
+``flushed_position`` is the named position this module moves.
+
+Thread-safety: waiters are queued and resolved on the event-loop thread; only
+``CommitLog.sync_to`` runs in the worker thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Executor
+
+from core.log.commitlog import CommitLog
+from core.log.consumequeue import ConsumeQueue
+
+
+class GroupCommit:
+    """fdatasyncs of ``commitlog`` (and of the indexes in ``queues`` on a full flush) in
+    ``executor``'s thread; counts ``fsyncs`` in ``metrics``."""
+
+    def __init__(
+        self,
+        commitlog: CommitLog,
+        queues: dict[tuple[str, int], ConsumeQueue],
+        executor: Executor,
+        metrics: dict[str, int],
+    ) -> None:
+        self.commitlog = commitlog
+        self.queues = queues
+        self.executor = executor
+        self.metrics = metrics
+        # Called before each group commit picks the position it syncs to: appends a caller
+        # holds back until the end of a loop turn (coalesced transaction commits) get written
+        # first, so they share that fsync.
+        self.before_sync: list[Callable[[], None]] = []
+        self._waiters: deque[tuple[int, asyncio.Future[None]]] = deque()
+        self.task: asyncio.Task[None] | None = None  # the group commit under way, if any
+
+    async def wait(self, end: int) -> None:
+        """Return once everything before commit-log position ``end`` is durable."""
+        if self.commitlog.flushed_position >= end:
+            return
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.add_waiter(end, future)
+        await future
+
+    def add_waiter(self, end: int, future: asyncio.Future[None]) -> None:
+        """Resolve ``future`` once everything before ``end`` is durable."""
+        if self.commitlog.flushed_position >= end:
+            if not future.done():
+                future.set_result(None)
+            return
+        self._waiters.append((end, future))
+        if self.task is None:
+            self.task = asyncio.get_running_loop().create_task(self._run())
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            while self._waiters:
+                for write_held_back in self.before_sync:
+                    write_held_back()
+                target = self.commitlog.write_position
+                await loop.run_in_executor(self.executor, self.commitlog.sync_to, target)
+                self.metrics["fsyncs"] += 1
+                while self._waiters and self._waiters[0][0] <= target:
+                    _, future = self._waiters.popleft()
+                    if not future.done():
+                        future.set_result(None)
+        except BaseException as error:
+            while self._waiters:
+                _, future = self._waiters.popleft()
+                if not future.done():
+                    future.set_exception(error)
+            raise
+        finally:
+            self.task = None
+
+    def write_held_back(self) -> None:
+        """Write what the ``before_sync`` callers hold back (before a flush at close)."""
+        for write_held_back in self.before_sync:
+            write_held_back()
+
+    def flush(self) -> None:
+        """Blocking: make everything appended so far durable, indexes included."""
+        self.commitlog.sync_to(self.commitlog.write_position)
+        self.metrics["fsyncs"] += 1
+        for index in self.queues.values():
+            index.sync()
+
+    def release_waiters(self) -> None:
+        """Resolve every waiter: called after :meth:`flush` made them durable (at close, for
+        waiters of a group commit that never ran)."""
+        while self._waiters:
+            _, future = self._waiters.popleft()
+            if not future.done():
+                future.set_result(None)
+
+    async def flush_async(self) -> None:
+        """The periodic flush of ``async`` durability: fdatasync what was appended since."""
+        target = self.commitlog.write_position
+        if target > self.commitlog.flushed_position:
+            await asyncio.get_running_loop().run_in_executor(
+                self.executor, self.commitlog.sync_to, target
+            )
+            self.metrics["fsyncs"] += 1
