@@ -5,6 +5,8 @@
     braid log dump DIR [--topic T] [--queue N] [--from OFFSET] [--limit N] [--json]
     braid log verify DIR
     braid tail TOPIC [--data-dir DIR] [--last N] [--limit N] [--json]
+    braid user add|passwd|delete|list ...           (a running broker's users: braid/admin.py)
+    braid permission set|clear|list ...
 
 Exit codes: 0 success; 1 runtime failure (a listener could not start, corruption found);
 2 usage or configuration error (argparse's convention).
@@ -29,7 +31,23 @@ PORT_FLAGS = (
     ("--mqtt-port", "mqtt_port", config.DEFAULT_MQTT_PORT, "MQTT over TCP"),
     ("--mqtt-ws-port", "mqtt_ws_port", config.DEFAULT_MQTT_WS_PORT, "MQTT over WebSocket"),
     ("--kafka-port", "kafka_port", config.DEFAULT_KAFKA_PORT, "Kafka"),
-    ("--http-port", "http_port", config.DEFAULT_HTTP_PORT, "HTTP /health and /metrics"),
+    ("--http-port", "http_port", config.DEFAULT_HTTP_PORT, "HTTP /health, /metrics, /api"),
+    ("--amqps-port", "amqps_port", config.DEFAULT_AMQPS_PORT, "AMQP 0-9-1 over TLS"),
+    ("--mqtts-port", "mqtts_port", config.DEFAULT_MQTTS_PORT, "MQTT over TLS"),
+    (
+        "--mqtt-wss-port",
+        "mqtt_wss_port",
+        config.DEFAULT_MQTT_WSS_PORT,
+        "MQTT over secure WebSocket",
+    ),
+    ("--kafka-tls-port", "kafka_tls_port", config.DEFAULT_KAFKA_TLS_PORT, "Kafka over TLS"),
+    ("--https-port", "https_port", config.DEFAULT_HTTPS_PORT, "HTTPS /health, /metrics, /api"),
+)
+# (flag, TlsSettings attribute, help)
+TLS_FILE_FLAGS = (
+    ("--tls-cert", "cert_file", "PEM certificate (chain) of every TLS listener; turns them on"),
+    ("--tls-key", "key_file", "PEM private key of --tls-cert (default: in the same file)"),
+    ("--tls-ca", "ca_file", "PEM CA certificates that client certificates are checked against"),
 )
 
 
@@ -110,6 +128,20 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="PORT",
         help="port Kafka clients are told to connect to (default: the Kafka port)",
     )
+    for flag, dest, what in TLS_FILE_FLAGS:
+        serve.add_argument(flag, dest=f"tls_{dest}", metavar="FILE", help=what)
+    serve.add_argument(
+        "--tls-verify-peer",
+        action="store_const",
+        const=True,
+        help="ask TLS clients for a certificate and check it against --tls-ca",
+    )
+    serve.add_argument(
+        "--tls-fail-if-no-peer-cert",
+        action="store_const",
+        const=True,
+        help="with --tls-verify-peer: refuse TLS clients without a certificate",
+    )
     serve.add_argument(
         "--log-level",
         type=str.lower,
@@ -185,6 +217,10 @@ def build_parser() -> argparse.ArgumentParser:
     tail.add_argument("--limit", type=_non_negative, metavar="N", help="exit after N records")
     tail.add_argument("--json", action="store_true", help="one JSON object per line")
     _add_max_body(tail, 200)
+    from braid import admin
+
+    admin.build_user_parser(commands)
+    admin.build_permission_parser(commands)
     tail.add_argument(
         "--interval-ms",
         type=_non_negative,
@@ -210,6 +246,11 @@ def _serve(args: argparse.Namespace) -> int:
                 **{dest: getattr(args, dest) for _, dest, _, _ in PORT_FLAGS},
                 "kafka_advertised_host": args.kafka_advertised_host,
                 "kafka_advertised_port": args.kafka_advertised_port,
+            },
+            tls={
+                **{dest: getattr(args, f"tls_{dest}") for _, dest, _ in TLS_FILE_FLAGS},
+                "verify_peer": args.tls_verify_peer,
+                "fail_if_no_peer_cert": args.tls_fail_if_no_peer_cert,
             },
         )
         config.validate(settings, "settings")
@@ -298,4 +339,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _serve(args)
     if args.command == "tail":
         return _tail(args)
+    if args.command in ("user", "permission"):
+        from braid import admin
+
+        return admin.run(args)
     return _log(args)

@@ -12,6 +12,8 @@ Config file layout (every key optional; docs/configuration.md lists them all)::
     [mqtt]         the MQTT gateway's settings (MQTT_SETTINGS: receive_maximum, max_keepalive,
                    shared_subscription_strategy, ...)
     [kafka]        group_tag_filters (``[kafka.group_tag_filters]``: "group id" = "TagA || TagB")
+    [auth]         any field of core.security.SecurityConfig (anonymous, loopback_users, ...)
+    [tls]          cert_file, key_file, ca_file, verify_peer, fail_if_no_peer_cert
 
 Unknown sections and keys are errors, so a typo is reported instead of silently ignored. The
 [log] and [broker] keys are the fields of those dataclasses, so a field added there is
@@ -33,8 +35,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from braid.tls import TlsConfigError, TlsSettings
 from core.broker import BrokerConfig
 from core.log import LogConfig
+from core.security import SecurityConfig
 
 DEFAULT_DATA_DIR = "./data"
 # Listen on every interface, as RabbitMQ, Mosquitto and Kafka do by default.
@@ -46,6 +50,13 @@ DEFAULT_MQTT_PORT = 1883
 DEFAULT_MQTT_WS_PORT = 8083
 DEFAULT_KAFKA_PORT = 9092
 DEFAULT_HTTP_PORT = 8080
+# The TLS ports: IANA's amqps 5671 and secure-mqtt 8883, EMQX's wss 8084, Kafka's customary SSL
+# listener 9093, RabbitMQ's management TLS port 15671. On when a certificate is configured.
+DEFAULT_AMQPS_PORT = 5671
+DEFAULT_MQTTS_PORT = 8883
+DEFAULT_MQTT_WSS_PORT = 8084
+DEFAULT_KAFKA_TLS_PORT = 9093
+DEFAULT_HTTPS_PORT = 15671
 DEFAULT_LOG_LEVEL = "info"
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 MAX_PORT = 65_535
@@ -57,7 +68,7 @@ UNLIMITED = -1
 
 # LogConfig fields that are not settable from the [log] section (data_dir has its own key).
 _LOG_FIELDS_NOT_CONFIGURABLE = frozenset({"data_dir"})
-SECTIONS = ("log", "broker", "listeners", "logging", "amqp", "kafka", "mqtt")
+SECTIONS = ("log", "broker", "listeners", "logging", "amqp", "kafka", "mqtt", "auth", "tls")
 # AMQP virtual hosts: "/" or 1-64 of these characters, as gateway/amqp/vhost.py requires (the
 # name becomes part of topic names: amq.vhost.<name>.<exchange>); "*" in a user's vhosts: all.
 AMQP_DEFAULT_VHOST = "/"
@@ -99,6 +110,12 @@ class ListenerSettings:
     # address each client connected to.
     kafka_advertised_host: str | None = None
     kafka_advertised_port: int | None = None
+    # TLS listeners (on when [tls] has a certificate; 0: off).
+    amqps_port: int = DEFAULT_AMQPS_PORT
+    mqtts_port: int = DEFAULT_MQTTS_PORT
+    mqtt_wss_port: int = DEFAULT_MQTT_WSS_PORT
+    kafka_tls_port: int = DEFAULT_KAFKA_TLS_PORT
+    https_port: int = DEFAULT_HTTPS_PORT
 
 
 @dataclass(frozen=True)
@@ -131,6 +148,10 @@ class ServerSettings:
     kafka_group_tag_filters: Mapping[str, str] = field(default_factory=dict)
     # [mqtt]: keyword arguments for gateway/mqtt's MqttOptions, already checked.
     mqtt_options: Mapping[str, object] = field(default_factory=dict)
+    # [auth]: logins, anonymous access, the login slow-down (core/security/config.py).
+    auth: SecurityConfig = field(default_factory=SecurityConfig)
+    # [tls]: the certificate every TLS listener serves (braid/tls.py).
+    tls: TlsSettings = field(default_factory=TlsSettings)
 
     def log_config(self) -> LogConfig:
         return LogConfig(Path(self.data_dir), **self.log_options)  # type: ignore[arg-type]
@@ -453,6 +474,8 @@ def settings_from_mapping(raw: Mapping[str, object], source: str) -> ServerSetti
         amqp=amqp,
         kafka_group_tag_filters=kafka_group_tag_filters,
         mqtt_options=mqtt_options,
+        auth=_auth_settings(_section(raw, "auth", source), f"{source}: [auth]"),
+        tls=_tls_settings(_section(raw, "tls", source), f"{source}: [tls]"),
     )
     validate(settings, source)
     return settings
@@ -469,6 +492,10 @@ def validate(settings: ServerSettings, source: str) -> None:
         settings.broker_config()
     except (TypeError, ValueError) as error:
         raise ConfigError(f"{source}: [broker] {error}") from None
+    try:
+        settings.tls.check()
+    except TlsConfigError as error:
+        raise ConfigError(f"{source}: [tls] {error}") from None
 
 
 def override(
@@ -477,12 +504,52 @@ def override(
     data_dir: str | None = None,
     log_level: str | None = None,
     listeners: Mapping[str, object] | None = None,
+    tls: Mapping[str, object] | None = None,
 ) -> ServerSettings:
     """Apply command-line flags (``None``: not given) on top of ``settings``."""
     given = {key: value for key, value in (listeners or {}).items() if value is not None}
+    tls_given = {key: value for key, value in (tls or {}).items() if value is not None}
     return dataclasses.replace(
         settings,
         data_dir=settings.data_dir if data_dir is None else data_dir,
         log_level=settings.log_level if log_level is None else log_level,
         listeners=dataclasses.replace(settings.listeners, **given),  # type: ignore[arg-type]
+        tls=dataclasses.replace(settings.tls, **tls_given),  # type: ignore[arg-type]
     )
+
+
+# -- [auth] and [tls] --------------------------------------------------------------------------
+
+
+def _auth_settings(section: Mapping[str, object], where: str) -> SecurityConfig:
+    """The ``[auth]`` section: the fields of core.security.SecurityConfig."""
+    fields = configurable_fields(SecurityConfig, frozenset({"loopback_users"}))
+    options: dict[str, object] = {}
+    for key, value in section.items():
+        if key == "loopback_users":
+            options[key] = tuple(_string_list(value, f"{where} {key}"))
+        elif key in fields:
+            options[key] = _coerce(value, fields[key], f"{where} {key}")
+        else:
+            known = ", ".join(["loopback_users", *fields])
+            raise ConfigError(f"{where} {key}: unknown key (known: {known})")
+    try:
+        return SecurityConfig(**options)  # type: ignore[arg-type]
+    except (TypeError, ValueError) as error:
+        raise ConfigError(f"{where} {error}") from None
+
+
+def _tls_settings(section: Mapping[str, object], where: str) -> TlsSettings:
+    """The ``[tls]`` section: certificate, key and CA files, and client-certificate checks."""
+    fields = configurable_fields(TlsSettings)
+    options: dict[str, object] = {}
+    for key, value in section.items():
+        if key not in fields:
+            raise ConfigError(f"{where} {key}: unknown key (known: {', '.join(fields)})")
+        if key.endswith("_file"):
+            if not isinstance(value, str) or not value:
+                raise ConfigError(f"{where} {key}: expected a file path, not {value!r}")
+            options[key] = value
+        else:
+            options[key] = _coerce(value, fields[key], f"{where} {key}")
+    return TlsSettings(**options)  # type: ignore[arg-type]

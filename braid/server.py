@@ -11,6 +11,8 @@ one ready line to stdout::
 Each listener shows ``host:port`` once it accepts connections, ``-`` when it is off (port 0) or
 not implemented yet. Nothing else is written to stdout; logs go to stderr.
 
+SIGHUP reloads the TLS certificate, key and CA file (braid/tls.py) without dropping connections.
+
 Stop order (on SIGINT/SIGTERM): stop accepting (listeners closed, newest first), close the broker
 (writes its pending ack state), flush and close the store (which writes the ``clean_shutdown``
 marker), release the lock, exit 0.
@@ -30,14 +32,14 @@ import os
 import signal
 import sys
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from braid import version
 from braid.config import LOCK_FILE, ServerSettings
-from braid.http import HealthCheck, HTTPServer, operations_router
 from braid.metrics import (
+    COUNTER,
     GAUGE,
     Collector,
     Family,
@@ -45,9 +47,13 @@ from braid.metrics import (
     process_collector,
     store_collector,
 )
+from braid.tls import TlsConfigError, TlsContext, TlsListener
+from braid.web import HealthCheck, WebServer, build_app
+from braid.web.server import ResponseCounter
 from core.api import BrokerAPI
 from core.broker import Broker
 from core.log import LogStore, names
+from core.security import SecurityService
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +84,15 @@ class ServerContext:
     api: BrokerAPI  # the Broker API (core/api/): the only thing a gateway talks to
     metrics: MetricsRegistry  # register(...) / register_counters(...) the listener's metrics
     health: HealthCheck
+    # The user store, logins and access decisions (the gateways reach it through the API).
+    security: SecurityService | None = None
+    # The one server TLS context every TLS listener shares; None without a certificate.
+    tls: TlsContext | None = None
+    # The gateway servers started so far, by slot name: a TLS listener serves its plain
+    # listener's connections (braid/tls.py).
+    started: dict[str, Any] = field(default_factory=dict)
+    # Responses of the HTTP and HTTPS listeners, by status code.
+    http_responses: ResponseCounter = field(default_factory=ResponseCounter)
 
 
 ListenerFactory = Callable[[ServerContext, str, int], Awaitable[Listener]]
@@ -88,6 +103,7 @@ class ListenerSlot:
     name: str  # as shown in the ready line and logs
     port_setting: str  # attribute of ListenerSettings holding its port (0: off)
     factory: ListenerFactory | None  # None: not implemented yet
+    tls: bool = False  # on only when a TLS certificate is configured
 
 
 class StartupError(Exception):
@@ -95,9 +111,64 @@ class StartupError(Exception):
 
 
 async def _start_http(context: ServerContext, host: str, port: int) -> Listener:
-    server = HTTPServer(operations_router(context.health, context.metrics))
+    app = build_app(context.health, context.metrics, context.security)
+    server = WebServer(app, context.http_responses)
     await server.start(host, port)
     return server
+
+
+async def _start_https(context: ServerContext, host: str, port: int) -> Listener:
+    assert context.tls is not None
+    app = build_app(context.health, context.metrics, context.security)
+    server = WebServer(app, context.http_responses)
+    await server.start(host, port, context.tls.ssl)
+    return server
+
+
+def _tls_of(
+    plain: str, factory: Callable[[Any], Callable[[], asyncio.BaseProtocol]]
+) -> ListenerFactory:
+    """A TLS listener that serves the connections of the started plain listener ``plain``
+    (its gateway server), made by ``factory(gateway server)``."""
+
+    async def start(context: ServerContext, host: str, port: int) -> Listener:
+        assert context.tls is not None
+        gateway = context.started.get(plain)
+        if gateway is None:
+            raise StartupError(
+                f"the TLS listener of {plain} needs the {plain} listener on (its port is 0); "
+                "a TLS-only gateway is not supported yet"
+            )
+        listener = TlsListener(factory(gateway), context.tls)
+        await listener.start(host, port)
+        return listener
+
+    return start
+
+
+def _amqp_connections(server: Any) -> Callable[[], asyncio.BaseProtocol]:
+    from gateway.amqp.server import AmqpConnection
+
+    return lambda: AmqpConnection(server)
+
+
+def _mqtt_connections(server: Any) -> Callable[[], asyncio.BaseProtocol]:
+    from gateway.mqtt.server import MqttProtocol
+
+    return lambda: MqttProtocol(server)
+
+
+def _mqtt_ws_connections(server: Any) -> Callable[[], asyncio.BaseProtocol]:
+    from gateway.mqtt.server import MqttProtocol
+    from gateway.mqtt.websocket import WebSocketProtocol
+
+    return lambda: WebSocketProtocol(MqttProtocol(server))
+
+
+def _kafka_connections(server: Any) -> Callable[[], asyncio.BaseProtocol]:
+    from gateway.kafka.server import KafkaConnection
+
+    return lambda: KafkaConnection(server, server.context)
 
 
 async def _start_mqtt(context: ServerContext, host: str, port: int) -> Listener:
@@ -182,7 +253,14 @@ LISTENERS: tuple[ListenerSlot, ...] = (
     ListenerSlot("mqtt", "mqtt_port", _start_mqtt),  # gateway/mqtt: MQTT 3.1.1 / 5.0 over TCP
     ListenerSlot("mqtt-ws", "mqtt_ws_port", _start_mqtt_ws),  # gateway/mqtt: MQTT over WebSocket
     ListenerSlot("kafka", "kafka_port", _start_kafka),  # gateway/kafka
-    ListenerSlot("http", "http_port", _start_http),  # braid/http.py: /health, /metrics
+    ListenerSlot("http", "http_port", _start_http),  # braid/web/: /health, /metrics, /api
+    # TLS listeners (braid/tls.py): on when [tls] has a certificate; each serves its plain
+    # listener's gateway, so they start after them.
+    ListenerSlot("amqps", "amqps_port", _tls_of("amqp", _amqp_connections), tls=True),
+    ListenerSlot("mqtts", "mqtts_port", _tls_of("mqtt", _mqtt_connections), tls=True),
+    ListenerSlot("mqtt-wss", "mqtt_wss_port", _tls_of("mqtt-ws", _mqtt_ws_connections), tls=True),
+    ListenerSlot("kafka-tls", "kafka_tls_port", _tls_of("kafka", _kafka_connections), tls=True),
+    ListenerSlot("https", "https_port", _start_https, tls=True),
 )
 
 
@@ -218,6 +296,44 @@ def broker_collector(broker: Broker) -> Collector:
     return collect
 
 
+def security_collector(security: SecurityService) -> Collector:
+    def collect() -> list[Family]:
+        return [
+            Family(
+                "braid_login_failures_total",
+                COUNTER,
+                "Failed logins on every protocol (each is an audit line).",
+                security.audit.login_failures,
+            ),
+            Family(
+                "braid_access_denied_total",
+                COUNTER,
+                "Operations refused by the authorizer.",
+                security.audit.denials,
+            ),
+            Family(
+                "braid_login_attempts_delayed_total",
+                COUNTER,
+                "Login attempts made to wait by the slow-down after failures from their host.",
+                security.throttle.delayed,
+            ),
+            Family(
+                "braid_login_attempts_refused_total",
+                COUNTER,
+                "Login attempts refused unchecked: their host's slow-down queue was too long.",
+                security.throttle.refused,
+            ),
+            Family(
+                "braid_users",
+                GAUGE,
+                "Users in the user store.",
+                len(security.store.users()),
+            ),
+        ]
+
+    return collect
+
+
 def format_address(address: tuple[str, int] | None) -> str:
     if address is None:
         return NOT_LISTENING
@@ -240,6 +356,8 @@ class BraidServer:
         self.listeners: dict[str, Listener] = {}
         self.stopping = False
         self._lock_fd: int | None = None
+        self.security: SecurityService | None = None
+        self.tls: TlsContext | None = None
 
     # -- start -----------------------------------------------------------------------------
 
@@ -265,9 +383,25 @@ class BraidServer:
             )
             self.metrics.register_counters("braid_timers_", lambda: broker.timers.metrics)
             self.metrics.register("process", process_collector)
-            context = ServerContext(
-                self.settings, self.broker, BrokerAPI(broker), self.metrics, self.health
+            self.security = security = SecurityService(
+                self.store, self.settings.auth, vhosts=self.settings.amqp.vhosts
             )
+            self.metrics.register("security", security_collector(security))
+            if self.settings.tls.enabled:
+                try:
+                    self.tls = TlsContext(self.settings.tls)
+                except TlsConfigError as error:
+                    raise StartupError(str(error)) from None
+            context = ServerContext(
+                self.settings,
+                self.broker,
+                BrokerAPI(broker, security),
+                self.metrics,
+                self.health,
+                security=security,
+                tls=self.tls,
+            )
+            self.metrics.register("http", context.http_responses.collect_metrics)
             for slot in self.slots:
                 await self._start_listener(slot, context)
         except BaseException:
@@ -332,12 +466,16 @@ class BraidServer:
         if slot.factory is None:
             log.info("%s listener not implemented yet (port %d unused)", slot.name, port)
             return
+        if slot.tls and context.tls is None:
+            log.info("%s listener off (no TLS certificate: --tls-cert)", slot.name)
+            return
         host = self.settings.listeners.host
         try:
             listener = await slot.factory(context, host, port)
         except OSError as error:
             raise StartupError(f"cannot listen for {slot.name} on {host}:{port}: {error}") from None
         self.listeners[slot.name] = listener
+        context.started[slot.name] = listener
         log.info("%s listening on %s", slot.name, format_address(listener.address))
 
     # -- state -----------------------------------------------------------------------------
@@ -349,7 +487,9 @@ class BraidServer:
     def ready_line(self) -> str:
         parts = [f"data={self.settings.data_dir}"]
         parts += [
-            f"{slot.name}={format_address(self.address_of(slot.name))}" for slot in self.slots
+            f"{slot.name}={format_address(self.address_of(slot.name))}"
+            for slot in self.slots
+            if not slot.tls or self.tls is not None  # TLS listeners shown when configured
         ]
         return "braid ready: " + " ".join(parts)
 
@@ -422,6 +562,15 @@ async def serve(settings: ServerSettings) -> int:
         loop.add_signal_handler(signum, on_signal, signum)
 
     server = BraidServer(settings)
+
+    def on_hangup() -> None:
+        # SIGHUP: load the TLS certificate again (open connections keep theirs).
+        if server.tls is not None:
+            server.tls.reload()
+        else:
+            log.info("SIGHUP: no TLS certificate to reload")
+
+    loop.add_signal_handler(signal.SIGHUP, on_hangup)
     try:
         await server.start()
     except StartupError as error:

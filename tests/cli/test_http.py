@@ -1,162 +1,33 @@
-"""braid/http.py: the sans-IO parser from byte strings, then the server over a real socket."""
+"""braid/web/: the aiohttp listener over real sockets: /health and /metrics as before (open,
+keep-alive, pipelining, bad requests, idle timeout, close), responses counted by status code,
+HTTP Basic auth against the user store, and the RabbitMQ-style users and permissions API."""
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import json
 import re
-from http import HTTPStatus
 
+import aiohttp
 import pytest
 
-from braid import http
-from braid.http import (
-    HTTPServer,
-    RemoteProtocolError,
-    Request,
-    Response,
-    Router,
-    encode_response,
-    operations_router,
-    parse_request,
-)
 from braid.metrics import MetricsRegistry
-
-SIMPLE = b"GET /health HTTP/1.1\r\nHost: example\r\nAccept: */*\r\n\r\n"
-
-
-def feed_one_byte_at_a_time(data: bytes) -> tuple[Request, int]:
-    buffer = bytearray()
-    for index in range(len(data)):
-        buffer += data[index : index + 1]
-        parsed = parse_request(buffer)
-        if parsed is not None:
-            assert index == len(data) - 1, "parsed before the request was complete"
-            return parsed
-    raise AssertionError("never parsed")
-
-
-@pytest.mark.parametrize(
-    ("raw", "method", "path", "version", "keep_alive"),
-    [
-        (SIMPLE, "GET", "/health", (1, 1), True),
-        (
-            b"GET /metrics?x=1 HTTP/1.1\r\nConnection: close\r\n\r\n",
-            "GET",
-            "/metrics",
-            (1, 1),
-            False,
-        ),
-        (b"GET /health HTTP/1.0\r\n\r\n", "GET", "/health", (1, 0), False),
-        (b"GET / HTTP/1.0\r\nConnection: Keep-Alive\r\n\r\n", "GET", "/", (1, 0), True),
-        (b"HEAD http://h:1/metrics HTTP/1.1\r\n\r\n", "HEAD", "/metrics", (1, 1), True),
-        (
-            b"\r\nPOST /health HTTP/1.1\r\nContent-Length: 3\r\n\r\nabc",
-            "POST",
-            "/health",
-            (1, 1),
-            True,
-        ),
-        (b"OPTIONS * HTTP/1.1\r\n\r\n", "OPTIONS", "*", (1, 1), True),
-    ],
-)
-def test_parse_whole_and_byte_by_byte_and_with_trailing_bytes(
-    raw, method, path, version, keep_alive
-):
-    for request, consumed in (
-        parse_request(raw),
-        feed_one_byte_at_a_time(raw),
-        parse_request(raw + b"GET /next HTTP/1.1\r\n"),
-    ):
-        assert consumed == len(raw)
-        assert request.method == method
-        assert request.path == path
-        assert request.version == version
-        assert request.keep_alive is keep_alive
-
-
-def test_headers_are_lower_cased_and_trimmed():
-    request, _ = parse_request(b"GET / HTTP/1.1\r\nX-Thing:  a b \t\r\nHOST: h\r\n\r\n")
-    assert request.headers == (("x-thing", "a b"), ("host", "h"))
-    assert request.header("host") == "h"
-    assert request.header("missing") is None
-
-
-def test_pipelined_requests_parse_in_turn():
-    buffer = bytearray(SIMPLE + b"GET /metrics HTTP/1.1\r\n\r\n")
-    first, consumed = parse_request(buffer)
-    del buffer[:consumed]
-    second, consumed = parse_request(buffer)
-    assert (first.path, second.path) == ("/health", "/metrics")
-    assert consumed == len(buffer)
-
-
-def test_incomplete_body_waits():
-    assert parse_request(b"GET / HTTP/1.1\r\nContent-Length: 5\r\n\r\nab") is None
-
-
-@pytest.mark.parametrize(
-    ("raw", "status"),
-    [
-        (b"garbage\r\n\r\n", HTTPStatus.BAD_REQUEST),
-        (b"\r\n\r\n", HTTPStatus.BAD_REQUEST),
-        (b"GET /a b HTTP/1.1\r\n\r\n", HTTPStatus.BAD_REQUEST),
-        (b"GET health HTTP/1.1\r\n\r\n", HTTPStatus.BAD_REQUEST),
-        (b"GET /\x7f HTTP/1.1\r\n\r\n", HTTPStatus.BAD_REQUEST),
-        (b"G(T / HTTP/1.1\r\n\r\n", HTTPStatus.BAD_REQUEST),
-        (b"GET / HTTP/1\r\n\r\n", HTTPStatus.BAD_REQUEST),
-        (b"GET / HTTP/2.0\r\n\r\n", HTTPStatus.HTTP_VERSION_NOT_SUPPORTED),
-        (b"GET / HTTP/1.1\r\nno colon\r\n\r\n", HTTPStatus.BAD_REQUEST),
-        (b"GET / HTTP/1.1\r\nHost : x\r\n\r\n", HTTPStatus.BAD_REQUEST),
-        (b"GET / HTTP/1.1\r\nA: b\r\n c\r\n\r\n", HTTPStatus.BAD_REQUEST),
-        (b"GET / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n", HTTPStatus.NOT_IMPLEMENTED),
-        (b"GET / HTTP/1.1\r\nContent-Length: -1\r\n\r\n", HTTPStatus.BAD_REQUEST),
-        (b"GET / HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n", 400),
-        (b"GET / HTTP/1.1\r\nContent-Length: 99999999\r\n\r\n", 413),
-        (b"GET / HTTP/1.1\r\nX: " + b"a" * (http.MAX_HEAD_BYTES + 1), 431),
-    ],
-)
-def test_bad_requests(raw, status):
-    with pytest.raises(RemoteProtocolError) as caught:
-        parse_request(raw)
-    assert caught.value.status == status
-
-
-def test_a_long_head_without_end_is_rejected_early():
-    with pytest.raises(RemoteProtocolError):
-        parse_request(b"GET / HTTP/1.1\r\n" + b"X: y\r\n" * (http.MAX_HEAD_BYTES // 6 + 1))
-
-
-def test_encode_response():
-    response = Response(HTTPStatus.OK, b"hi", "text/plain", (("X-A", "1"),))
-    raw = encode_response(response, keep_alive=False)
-    head, _, body = raw.partition(b"\r\n\r\n")
-    assert head.split(b"\r\n")[0] == b"HTTP/1.1 200 OK"
-    assert b"Content-Length: 2" in head
-    assert b"Connection: close" in head
-    assert b"X-A: 1" in head
-    assert body == b"hi"
-    assert encode_response(response, keep_alive=True, head_only=True).endswith(b"\r\n\r\n")
-
-
-def test_router_statuses():
-    def boom(_request):
-        raise RuntimeError("handler bug")
-
-    router = Router({"/ok": lambda _r: Response(HTTPStatus.OK), "/boom": boom})
-    get = Request("GET", "/ok", "/ok", (1, 1), ())
-    assert router.respond(get).status == HTTPStatus.OK
-    missing = Request("GET", "/nope", "/nope", (1, 1), ())
-    assert router.respond(missing).status == HTTPStatus.NOT_FOUND
-    assert router.respond(Request("PUT", "/ok", "/ok", (1, 1), ())).status == 405
-    assert router.respond(Request("GET", "/boom", "/boom", (1, 1), ())).status == 500
-    assert router.responses == {200: 1, 404: 1, 405: 1, 500: 1}
-
-
-# -- over a real socket ----------------------------------------------------------------------
+from braid.web import WebServer, build_app
+from braid.web.server import ResponseCounter
+from core.log import LogConfig, LogStore
+from core.security import SecurityService
+from core.security.passwords import verify_password
 
 
 @pytest.fixture
-async def server():
+async def security(tmp_path):
+    store = LogStore(LogConfig(tmp_path / "data", segment_size=256 * 1024, retention_ms=None))
+    yield SecurityService(store, vhosts=("/", "staging"))
+    await store.aclose()
+
+
+async def started(security, *, idle_timeout_s: float = 30.0):
     healthy = {"ok": True}
 
     def health():
@@ -164,32 +35,56 @@ async def server():
 
     registry = MetricsRegistry()
     registry.register("test", lambda: [("test_value", "gauge", "A test gauge.", 7)])
-    instance = HTTPServer(operations_router(health, registry))
-    await instance.start("127.0.0.1", 0)
-    instance.healthy = healthy
+    counter = ResponseCounter()
+    registry.register("http", counter.collect_metrics)
+    server = WebServer(
+        build_app(health, registry, security), counter, idle_timeout_s=idle_timeout_s
+    )
+    await server.start("127.0.0.1", 0)
+    server.healthy = healthy
+    server.registry = registry
+    return server
+
+
+@pytest.fixture
+async def server(security):
+    instance = await started(security)
     yield instance
     await instance.close()
 
 
-async def exchange(server, data: bytes, *, read_until_close: bool = True) -> bytes:
+async def exchange(server, data: bytes) -> bytes:
     host, port = server.address
     reader, writer = await asyncio.open_connection(host, port)
     writer.write(data)
     await writer.drain()
-    answer = await asyncio.wait_for(reader.read(), 10) if read_until_close else b""
+    answer = await asyncio.wait_for(reader.read(), 10)
     writer.close()
     await writer.wait_closed()
     return answer
 
 
-async def test_health_and_metrics(server):
+def basic(user: str, password: str) -> str:
+    return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+
+
+GUEST = {"Authorization": basic("guest", "guest")}
+
+
+def url(server, path: str) -> str:
+    host, port = server.address
+    return f"http://{host}:{port}{path}"
+
+
+async def test_health_and_metrics_are_open(server):
     answer = await exchange(server, b"GET /health HTTP/1.0\r\n\r\n")
-    assert answer.startswith(b"HTTP/1.1 200 OK\r\n")
+    assert answer.startswith(b"HTTP/1.0 200 OK\r\n")  # aiohttp answers in the request's version
+    assert b"Server: braid\r\n" in answer
     assert b'"status": "ok"' in answer
     assert b'"detail": 1' in answer
     server.healthy["ok"] = False
     answer = await exchange(server, b"GET /health HTTP/1.0\r\n\r\n")
-    assert answer.startswith(b"HTTP/1.1 503 Service Unavailable\r\n")
+    assert answer.startswith(b"HTTP/1.0 503 Service Unavailable\r\n")
     assert b'"status": "unavailable"' in answer
     answer = await exchange(server, b"GET /metrics HTTP/1.0\r\n\r\n")
     assert b"Content-Type: text/plain; version=0.0.4; charset=utf-8\r\n" in answer
@@ -198,12 +93,11 @@ async def test_health_and_metrics(server):
 
 async def test_pipelined_keep_alive_requests_are_answered_in_order(server):
     requests = (
-        b"GET /health HTTP/1.1\r\n\r\n"
-        b"HEAD /metrics HTTP/1.1\r\n\r\n"
-        b"GET /nope HTTP/1.1\r\n\r\n"
-        b"GET /health HTTP/1.1\r\nConnection: close\r\n\r\n"
-        b"GET /never-answered HTTP/1.1\r\n\r\n"
-    )
+        b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
+        b"HEAD /metrics HTTP/1.1\r\nHost: x\r\n\r\n"
+        b"GET /nope HTTP/1.1\r\nHost: x\r\n\r\n"
+        b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )  # (a request after "Connection: close" breaks RFC 9112 9.6: llhttp answers 400)
     answer = await exchange(server, requests)
     statuses = re.findall(rb"HTTP/1\.1 \d{3} [^\r]*", answer)
     ok, missing = b"HTTP/1.1 200 OK", b"HTTP/1.1 404 Not Found"
@@ -214,36 +108,44 @@ async def test_pipelined_keep_alive_requests_are_answered_in_order(server):
 async def test_a_bad_request_closes_only_its_connection(server):
     host, port = server.address
     reader, writer = await asyncio.open_connection(host, port)
-    writer.write(b"GET /health HTTP/1.1\r\n\r\n")
+    writer.write(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
     await writer.drain()
-    first = await asyncio.wait_for(reader.read(4096), 10)
+    first = await asyncio.wait_for(reader.readuntil(b"}"), 10)
     assert first.startswith(b"HTTP/1.1 200 OK")
 
-    answer = await exchange(server, b"BAD\r\n\r\n")
-    assert answer.startswith(b"HTTP/1.1 400 Bad Request\r\n")
-    assert b"Connection: close" in answer
+    for garbage in (b"BAD\r\n\r\n", b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03\r\n\r\n"):
+        answer = await exchange(server, garbage)  # read to the end: the server closes
+        assert re.match(rb"HTTP/1\.[01] 400 Bad Request\r\n", answer)
 
-    writer.write(b"GET /metrics HTTP/1.1\r\n\r\n")  # the first connection still works
+    writer.write(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")  # the first connection still works
     await writer.drain()
     second = await asyncio.wait_for(reader.read(4096), 10)
     assert second.startswith(b"HTTP/1.1 200 OK")
     writer.close()
     await writer.wait_closed()
+    text = server.registry.render()
+    assert 'braid_http_responses_total{code="400"} 2' in text
+    assert 'braid_http_responses_total{code="200"} 2' in text
 
 
-async def test_idle_connections_are_closed(server, monkeypatch):
-    monkeypatch.setattr(http, "IDLE_TIMEOUT_S", 0.05)
-    host, port = server.address
-    reader, writer = await asyncio.open_connection(host, port)
-    assert await asyncio.wait_for(reader.read(), 10) == b""
-    writer.close()
-    await writer.wait_closed()
+async def test_idle_connections_are_closed(security):
+    server = await started(security, idle_timeout_s=0.05)
+    try:
+        host, port = server.address
+        reader, writer = await asyncio.open_connection(host, port)
+        writer.write(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        await writer.drain()
+        answer = await asyncio.wait_for(reader.read(), 10)  # answered, then closed when idle
+        assert answer.startswith(b"HTTP/1.1 200 OK")
+        writer.close()
+    finally:
+        await server.close()
 
 
 async def test_close_drops_open_connections(server):
     host, port = server.address
     reader, writer = await asyncio.open_connection(host, port)
-    writer.write(b"GET /health HTTP/1.1\r\n\r\n")
+    writer.write(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
     await writer.drain()
     assert (await asyncio.wait_for(reader.read(4096), 10)).startswith(b"HTTP/1.1 200")
     await server.close()
@@ -252,3 +154,125 @@ async def test_close_drops_open_connections(server):
     writer.close()
     with pytest.raises(ConnectionRefusedError):
         await asyncio.open_connection(host, port)
+
+
+async def test_the_api_needs_basic_auth_from_a_management_user(server, security):
+    await security.put_user("viewer", password="v", tags="monitoring")
+    await security.put_user("app", password="a", tags="")
+    async with aiohttp.ClientSession() as client:
+        async with client.get(url(server, "/api/whoami")) as response:
+            assert response.status == 401
+            assert response.headers["WWW-Authenticate"] == 'Basic realm="BraidMQ"'
+        for headers in ({"Authorization": basic("guest", "wrong")}, {"Authorization": "Bearer x"}):
+            async with client.get(url(server, "/api/whoami"), headers=headers) as response:
+                assert response.status == 401
+        async with client.get(url(server, "/api/whoami"), headers=GUEST) as response:
+            assert response.status == 200
+            assert await response.json() == {"name": "guest", "tags": ["administrator"]}
+        viewer = {"Authorization": basic("viewer", "v")}
+        async with client.get(url(server, "/api/whoami"), headers=viewer) as response:
+            assert await response.json() == {"name": "viewer", "tags": ["monitoring"]}
+        async with client.get(url(server, "/api/users"), headers=viewer) as response:
+            assert response.status == 401
+            assert (await response.json())["reason"] == "Not administrator user"
+        app = {"Authorization": basic("app", "a")}
+        async with client.get(url(server, "/api/whoami"), headers=app) as response:
+            assert response.status == 401
+            assert (await response.json())["reason"] == "Not management user"
+        async with client.get(url(server, "/health")) as response:
+            assert response.status == 200
+
+
+async def test_users_the_rabbitmq_way(server, security):
+    async with aiohttp.ClientSession(headers=GUEST) as client:
+        body = {"password": "alice-secret", "tags": "management"}
+        async with client.put(url(server, "/api/users/alice"), json=body) as response:
+            assert response.status == 201
+        async with client.put(url(server, "/api/users/alice"), json=body) as response:
+            assert response.status == 204
+        async with client.get(url(server, "/api/users/alice")) as response:
+            alice = await response.json()
+        assert alice["name"] == "alice"
+        assert alice["hashing_algorithm"] == "argon2id"
+        assert alice["tags"] == ["management"]
+        assert "alice-secret" not in json.dumps(alice)
+        imported = {
+            "password_hash": "kI3GCqW5JLMJa4iX1lo7X4D6XbYqlLgxIs30+P6tENUV2POR",
+            "hashing_algorithm": "rabbit_password_hashing_sha256",
+            "tags": ["administrator"],
+        }
+        async with client.put(url(server, "/api/users/old"), json=imported) as response:
+            assert response.status == 201
+        assert verify_password(security.store.user("old").password, "test12")
+        async with client.get(url(server, "/api/users")) as response:
+            names = [user["name"] for user in await response.json()]
+        assert names == ["alice", "guest", "old"]
+        for bad in (
+            {"tags": ""},
+            {"password": 5, "tags": ""},
+            {"password_hash": "??", "tags": ""},
+            {"password_hash": "x", "hashing_algorithm": "md4", "tags": ""},
+        ):
+            async with client.put(url(server, "/api/users/bad"), json=bad) as response:
+                assert response.status == 400, bad
+        async with client.put(url(server, "/api/users/bad"), data=b"{not json") as response:
+            assert response.status == 400
+        async with client.delete(url(server, "/api/users/alice")) as response:
+            assert response.status == 204
+        async with client.delete(url(server, "/api/users/alice")) as response:
+            assert response.status == 404
+        async with client.get(url(server, "/api/users/alice")) as response:
+            assert response.status == 404
+            assert await response.json() == {"error": "Object Not Found", "reason": "Not Found"}
+        async with client.post(url(server, "/api/users/alice"), json=body) as response:
+            assert response.status == 405
+
+
+async def test_permissions_and_topic_permissions_the_rabbitmq_way(server, security):
+    await security.put_user("alice", password="a")
+    async with aiohttp.ClientSession(headers=GUEST) as client:
+        permission = {"configure": "^alice\\.", "write": "^alice\\.", "read": ".*"}
+        async with client.put(url(server, "/api/permissions/%2F/alice"), json=permission) as r:
+            assert r.status == 201
+        async with client.put(url(server, "/api/permissions/staging/alice"), json=permission) as r:
+            assert r.status == 201
+        async with client.get(url(server, "/api/permissions/%2F/alice")) as r:
+            assert await r.json() == {"user": "alice", "vhost": "/", **permission}
+        async with client.get(url(server, "/api/users/alice/permissions")) as r:
+            assert [p["vhost"] for p in await r.json()] == ["/", "staging"]
+        async with client.get(url(server, "/api/permissions")) as r:
+            assert [(p["vhost"], p["user"]) for p in await r.json()] == [
+                ("/", "alice"),
+                ("/", "guest"),
+                ("staging", "alice"),
+            ]
+        for path, body in (
+            ("/api/permissions/nope/alice", permission),  # no such vhost
+            ("/api/permissions/%2F/bob", permission),  # no such user
+            ("/api/permissions/%2F/alice", {**permission, "write": "("}),
+            ("/api/permissions/%2F/alice", {"configure": ".*"}),
+        ):
+            async with client.put(url(server, path), json=body) as r:
+                assert r.status == 400, path
+        topic = {"exchange": "amq.topic", "write": "^{username}\\.", "read": ".*"}
+        async with client.put(url(server, "/api/topic-permissions/%2F/alice"), json=topic) as r:
+            assert r.status == 201
+        async with client.get(url(server, "/api/topic-permissions/%2F/alice")) as r:
+            assert await r.json() == [{"user": "alice", "vhost": "/", **topic}]
+        async with client.get(url(server, "/api/topic-permissions")) as r:
+            assert len(await r.json()) == 1
+        async with client.delete(url(server, "/api/topic-permissions/%2F/alice")) as r:
+            assert r.status == 204
+        async with client.get(url(server, "/api/topic-permissions/%2F/alice")) as r:
+            assert r.status == 404
+        async with client.delete(url(server, "/api/permissions/%2F/alice")) as r:
+            assert r.status == 204
+        async with client.get(url(server, "/api/permissions/%2F/alice")) as r:
+            assert r.status == 404
+        async with client.get(url(server, "/api/vhosts")) as r:
+            assert await r.json() == [{"name": "/"}, {"name": "staging"}]
+    # The authorizer sees the change at once.
+    assert security.authorize(
+        "amqp", "1.2.3.4:5", "alice", "", "amqp basic.publish", "amq.vhost.staging.alice.x"
+    )
+    assert not security.authorize("amqp", "1.2.3.4:5", "alice", "", "amqp basic.publish", "alice.x")

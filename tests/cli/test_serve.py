@@ -41,11 +41,13 @@ def test_ready_line_health_metrics_and_sigterm(tmp_path, brokers):
     assert match, broker.ready_line
     assert match["data"] == str(tmp_path / "data")
     assert match["amqp"] == match["mqtt"] == match["mqtt_ws"] == match["kafka"] == "-"
+    # No certificate: the TLS listeners are off, and not in the ready line.
+    assert "amqps listener off (no TLS certificate" in broker.stderr
     assert re.fullmatch(r"127\.0\.0\.1:\d+", match["http"])
 
     status, headers, body = http_get(broker.http_url + "/health")
     assert status == 200
-    assert headers["Content-Type"] == "application/json"
+    assert headers["Content-Type"].startswith("application/json")
     health = json.loads(body)
     assert health["status"] == "ok"
     assert health["listeners"]["http"] == match["http"]
@@ -131,7 +133,7 @@ def test_http_errors_do_not_stop_the_server(tmp_path, brokers):
     assert status == 404
     status, headers, _ = http_get(broker.http_url + "/health", method="POST")
     assert status == 405
-    assert headers["Allow"] == "GET, HEAD"
+    assert set(headers["Allow"].replace(" ", "").split(",")) == {"GET", "HEAD"}
 
     host, port = broker.listeners["http"].rsplit(":", 1)
     for garbage in (b"garbage\r\n\r\n", b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03\r\n\r\n"):
@@ -140,8 +142,7 @@ def test_http_errors_do_not_stop_the_server(tmp_path, brokers):
             answer = b""
             while chunk := sock.recv(4096):
                 answer += chunk
-        assert answer.startswith(b"HTTP/1.1 400 ")
-        assert b"Connection: close" in answer
+        assert re.match(rb"HTTP/1\.[01] 400 ", answer)  # and closed: read to the end
     with socket.create_connection((host, int(port)), timeout=10) as sock:
         sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")
         sock.shutdown(socket.SHUT_WR)  # half a request, then EOF

@@ -64,7 +64,18 @@ def settings_for(tmp_path, **ports: int) -> ServerSettings:
 
 
 def test_every_port_setting_has_a_slot():
-    assert [slot.name for slot in LISTENERS] == ["amqp", "mqtt", "mqtt-ws", "kafka", "http"]
+    assert [slot.name for slot in LISTENERS] == [
+        "amqp",
+        "mqtt",
+        "mqtt-ws",
+        "kafka",
+        "http",
+        "amqps",
+        "mqtts",
+        "mqtt-wss",
+        "kafka-tls",
+        "https",
+    ]
     for slot in LISTENERS:
         assert hasattr(ListenerSettings(), slot.port_setting)
 

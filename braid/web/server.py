@@ -1,0 +1,138 @@
+"""WebServer: one aiohttp application on one address, plain or TLS.
+
+Connections idle longer than :data:`IDLE_TIMEOUT_S` between requests are closed (aiohttp's
+keep-alive timeout). Every response, including the 400 aiohttp answers to a malformed request
+before any handler runs, is counted by status code through the access-log hook (the one place
+aiohttp reports every response), for ``braid_http_responses_total``.
+"""
+
+from __future__ import annotations
+
+import logging
+import ssl
+from collections.abc import Mapping
+from typing import Final
+
+from aiohttp import web
+from aiohttp.abc import AbstractAccessLogger
+
+from braid import metrics
+from braid.web.auth import basic_auth_middleware
+from braid.web.management import add_management_routes
+from braid.web.operations import HealthCheck, add_operations_routes
+from core.security import SecurityService
+
+log = logging.getLogger(__name__)
+
+# Close a connection idle this long (no complete request): keeps slow or stuck clients from
+# holding sockets forever (nginx's keepalive_timeout is 75 s; uvicorn's is 5 s).
+IDLE_TIMEOUT_S: Final = 30.0
+# Largest request body read: the management API takes small JSON documents (RabbitMQ's own
+# limit for definitions is far larger, but users and permissions are a few hundred bytes).
+MAX_BODY_BYTES: Final = 64 * 1024
+SERVER_NAME: Final = "braid"
+# Wait this long for handlers to finish when the listener closes.
+SHUTDOWN_TIMEOUT_S: Final = 5.0
+
+
+class ResponseCounter:
+    """Responses by status code (``braid_http_responses_total``)."""
+
+    def __init__(self) -> None:
+        self.responses: dict[int, int] = {}
+
+    def count(self, status: int) -> None:
+        self.responses[status] = self.responses.get(status, 0) + 1
+
+    def collect_metrics(self) -> list[metrics.Family]:
+        return [
+            metrics.Family(
+                "braid_http_responses_total",
+                metrics.COUNTER,
+                "Responses of the HTTP listeners, by status code.",
+                [({"code": str(code)}, count) for code, count in sorted(self.responses.items())],
+            )
+        ]
+
+
+def _counting_access_logger(counter: ResponseCounter) -> type[AbstractAccessLogger]:
+    class CountingAccessLogger(AbstractAccessLogger):
+        def log(self, request: web.BaseRequest, response: web.StreamResponse, time: float) -> None:
+            counter.count(response.status)
+
+        @property
+        def enabled(self) -> bool:
+            return True
+
+    return CountingAccessLogger
+
+
+async def _server_header(_request: web.Request, response: web.StreamResponse) -> None:
+    # Not aiohttp's default "Python/3.x aiohttp/3.y": versions tell an attacker what to try.
+    response.headers["Server"] = SERVER_NAME
+
+
+def build_app(
+    health: HealthCheck,
+    registry: metrics.MetricsRegistry,
+    security: SecurityService | None,
+    *,
+    open_paths: Mapping[str, bool] | None = None,
+) -> web.Application:
+    """The application: ``/health`` and ``/metrics`` open; with a security service, the
+    management API behind Basic auth."""
+    middlewares = []
+    if security is not None:
+        middlewares.append(basic_auth_middleware(security))
+    app = web.Application(middlewares=middlewares, client_max_size=MAX_BODY_BYTES)
+    app.on_response_prepare.append(_server_header)
+    add_operations_routes(app, health, registry)
+    if security is not None:
+        add_management_routes(app, security)
+    return app
+
+
+class WebServer:
+    """``await start(host, port, ssl_context)``, ``address``, ``await close()``."""
+
+    def __init__(
+        self,
+        app: web.Application,
+        counter: ResponseCounter,
+        *,
+        idle_timeout_s: float = IDLE_TIMEOUT_S,
+    ) -> None:
+        self.app = app
+        self.counter = counter
+        self.idle_timeout_s = idle_timeout_s
+        self._runner: web.AppRunner | None = None
+
+    async def start(self, host: str, port: int, ssl_context: ssl.SSLContext | None = None) -> None:
+        runner = web.AppRunner(
+            self.app,
+            handle_signals=False,
+            access_log_class=_counting_access_logger(self.counter),
+            keepalive_timeout=self.idle_timeout_s,
+            shutdown_timeout=SHUTDOWN_TIMEOUT_S,
+        )
+        await runner.setup()
+        try:
+            site = web.TCPSite(runner, host, port, ssl_context=ssl_context, reuse_address=True)
+            await site.start()
+        except BaseException:
+            await runner.cleanup()
+            raise
+        self._runner = runner
+
+    @property
+    def address(self) -> tuple[str, int] | None:
+        if self._runner is None or not self._runner.addresses:
+            return None
+        sockname = self._runner.addresses[0]
+        return str(sockname[0]), int(sockname[1])
+
+    async def close(self) -> None:
+        """Stop accepting and close open connections."""
+        runner, self._runner = self._runner, None
+        if runner is not None:
+            await runner.cleanup()
