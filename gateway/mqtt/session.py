@@ -723,6 +723,7 @@ class Connection:
     def _refuse(self, reason_code: int, reason: str) -> None:
         """CONNACK with an error, then close [MQTT-3.2.2-7]."""
         self.metrics["connects_refused"] += 1
+        log.info("mqtt (connecting) from %s: refused: %s", self.context.peer or "?", reason)
         properties = NO_PROPERTIES
         if self.version == MQTT_5:
             properties = Properties(reason_string=reason)
