@@ -229,21 +229,21 @@ final class LogDir {
     }
     int limit = mapped.capacity();
     if (at + Layout.CRC_START > limit) {
-      throw new CorruptRecordException(position, "truncated frame prefix");
+      throw Corruption.at(position, "truncated frame prefix");
     }
     long total = mapped.getInt(at + Layout.TOTAL_SIZE) & 0xFFFFFFFFL;
     int magic = mapped.getInt(at + Layout.MAGIC);
     if (magic != Layout.RECORD_MAGIC) {
       // A BLANK filler is never the target of an index entry or a LINK.
-      throw new CorruptRecordException(position, String.format("bad magic 0x%08x", magic));
+      throw Corruption.at(position, String.format("bad magic 0x%08x", magic));
     }
     if (total < Layout.HEADER_SIZE || at + total > limit) {
-      throw new CorruptRecordException(position, "bad size " + total);
+      throw Corruption.at(position, "bad size " + total);
     }
     byte[] frame = new byte[(int) total];
     mapped.get(at, frame, 0, frame.length);
     if (!Frames.crcMatches(frame, 0, frame.length)) {
-      throw new CorruptRecordException(position, "crc32c mismatch");
+      throw Corruption.at(position, "crc32c mismatch");
     }
     return frame;
   }

@@ -218,7 +218,7 @@ final class RangeDecoder {
     int length = segment.capacity();
     for (int i = low; i < high; i++) {
       if (positions[i] - base + (sizes[i] & 0xFFFFFFFFL) > length) {
-        throw new CorruptRecordException(positions[i], "index entry points past the segment");
+        throw Corruption.at(positions[i], "index entry points past the segment");
       }
     }
     // Every frame of the run copied end to end: one bulk copy per stretch of adjacent frames.
@@ -248,13 +248,13 @@ final class RangeDecoder {
       int at = starts[k - low];
       if (Layout.i32(copy, at + Layout.MAGIC) != Layout.RECORD_MAGIC
           || Layout.i32(copy, at + Layout.TOTAL_SIZE) != sizes[k]) {
-        throw new CorruptRecordException(positions[k], "frame does not match its index entry");
+        throw Corruption.at(positions[k], "frame does not match its index entry");
       }
     }
     if (verifyChecksums) {
       for (int k = low; k < high; k++) {
         if (!Frames.crcMatches(copy, starts[k - low], sizes[k])) {
-          throw new CorruptRecordException(positions[k], "crc32c mismatch");
+          throw Corruption.at(positions[k], "crc32c mismatch");
         }
       }
     }
@@ -454,7 +454,7 @@ final class RangeDecoder {
       int depth = 0;
       do {
         if (depth++ == Layout.MAX_LINK_DEPTH) {
-          throw new CorruptRecordException(position, "LINK chain too deep");
+          throw Corruption.at(position, "LINK chain too deep");
         }
         Fields link = new Fields();
         link.locate(frame, at);
