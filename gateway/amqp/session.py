@@ -281,6 +281,7 @@ class Session:
         self._confirm_end = 0
         self._confirm_groups: deque[_ConfirmGroup] = deque()
         self._confirm_tasks: set[asyncio.Task[None]] = set()
+        self._confirm_flush_scheduled = False
         self._timer: asyncio.TimerHandle | None = self.loop.call_later(
             HANDSHAKE_TIMEOUT_S, self._handshake_timeout
         )
@@ -776,7 +777,19 @@ class Session:
             task.add_done_callback(lambda done: self._durable(group, done))
             return
         group.ready = True
-        self._flush_confirms()
+        # Not now: after the deliveries these publishes make (the queues' pumps are already
+        # scheduled with call_soon), so a consumer on this connection gets a message before
+        # its publisher's confirm, as from RabbitMQ. aiormq's "connection close stairway" test
+        # publishes, awaits the confirm, then awaits the delivery: with the confirm first, a
+        # connection dropped between the two left it waiting forever (15 of 16 cases hung).
+        if not self._confirm_flush_scheduled:
+            self._confirm_flush_scheduled = True
+            self.loop.call_soon(self._flush_ready_confirms)
+
+    def _flush_ready_confirms(self) -> None:
+        self._confirm_flush_scheduled = False
+        if self.state != CLOSED:
+            self._flush_confirms()
 
     async def _wait_durable(self, end: int) -> None:
         await self.api.when_durable(end)
