@@ -11,6 +11,7 @@ import time
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.errors import KafkaError
+from aiokafka.structs import TopicPartition
 from kio.schema.errors import ErrorCode
 from kio.schema.fetch.v12.request import FetchPartition, FetchRequest, FetchTopic
 from kio.schema.heartbeat.v4.request import HeartbeatRequest
@@ -268,6 +269,41 @@ async def test_list_offsets_earliest_latest_and_by_time(kafka_server: KafkaServe
         assert await offset_for(-3) == (4, T0 + 200)
     finally:
         await client.close()
+
+
+async def test_list_offsets_by_the_timestamps_of_records_of_every_protocol(
+    kafka_server: KafkaServer,
+) -> None:
+    broker = broker_of(kafka_server)
+    broker.declare_topic("timed-mixed", 1)
+    await broker.publish("timed-mixed", b"amqp", born_ms=T0 + 100, queue=0)  # offset 0
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap(kafka_server))
+    await producer.start()
+    try:
+        await producer.send_and_wait("timed-mixed", b"kafka", timestamp_ms=T0 + 300)  # 1
+    finally:
+        await producer.stop()
+    await broker.publish("timed-mixed", b"mqtt", born_ms=T0 + 200, queue=0)  # offset 2
+    before_store = time.time_ns() // 1_000_000
+    await broker.publish("timed-mixed", b"no publisher time", queue=0)  # 3: its store time
+
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap(kafka_server))
+    await consumer.start()
+    try:
+        partition = TopicPartition("timed-mixed", 0)
+
+        async def found(timestamp: int) -> tuple[int, int] | None:
+            answer = (await consumer.offsets_for_times({partition: timestamp}))[partition]
+            return None if answer is None else (answer.offset, answer.timestamp)
+
+        assert await found(T0 + 50) == (0, T0 + 100)
+        assert await found(T0 + 150) == (1, T0 + 300)
+        answer = await found(T0 + 301)
+        assert answer is not None
+        assert answer[0] == 3
+        assert answer[1] >= before_store
+    finally:
+        await consumer.stop()
 
 
 async def test_expired_transaction_is_aborted_and_its_producer_fenced(
