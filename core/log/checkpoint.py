@@ -48,8 +48,8 @@ def read_checkpoint(data_dir: Path) -> tuple[int, dict[str, int]]:
 
 
 class Checkpoints:
-    """Captures and writes checkpoints of ``commitlog`` and ``queues`` in ``data_dir``; counts
-    ``checkpoints`` in ``metrics``."""
+    """Captures and writes checkpoints of ``commitlog`` and ``queues`` in ``data_dir``;
+    ``written`` counts them."""
 
     def __init__(
         self,
@@ -57,13 +57,12 @@ class Checkpoints:
         commitlog: CommitLog,
         queues: dict[tuple[str, int], ConsumeQueue],
         executor: Executor,
-        metrics: dict[str, int],
     ) -> None:
         self.data_dir = data_dir
         self.commitlog = commitlog
         self.queues = queues
         self.executor = executor
-        self.metrics = metrics
+        self.written = 0
         self._last: tuple[int, dict[str, int]] | None = None
         self._lock = threading.Lock()
         self._seq = 0
@@ -101,7 +100,7 @@ class Checkpoints:
             write_atomically(self.data_dir / names.CHECKPOINT_FILE, json.dumps(payload).encode())
             self._written_seq = seq
             self._last = (position, counts)
-            self.metrics["checkpoints"] += 1
+            self.written += 1
 
     def write(self) -> None:
         """Blocking checkpoint: indexes are complete up to the recorded commit-log position."""

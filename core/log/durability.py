@@ -25,19 +25,18 @@ from core.log.consumequeue import ConsumeQueue
 
 class GroupCommit:
     """fdatasyncs of ``commitlog`` (and of the indexes in ``queues`` on a full flush) in
-    ``executor``'s thread; counts ``fsyncs`` in ``metrics``."""
+    ``executor``'s thread; ``fsyncs`` counts the commit-log syncs."""
 
     def __init__(
         self,
         commitlog: CommitLog,
         queues: dict[tuple[str, int], ConsumeQueue],
         executor: Executor,
-        metrics: dict[str, int],
     ) -> None:
         self.commitlog = commitlog
         self.queues = queues
         self.executor = executor
-        self.metrics = metrics
+        self.fsyncs = 0
         # Called before each group commit picks the position it syncs to: appends a caller
         # holds back until the end of a loop turn (coalesced transaction commits) get written
         # first, so they share that fsync.
@@ -71,7 +70,7 @@ class GroupCommit:
                     write_held_back()
                 target = self.commitlog.write_position
                 await loop.run_in_executor(self.executor, self.commitlog.sync_to, target)
-                self.metrics["fsyncs"] += 1
+                self.fsyncs += 1
                 while self._waiters and self._waiters[0][0] <= target:
                     _, future = self._waiters.popleft()
                     if not future.done():
@@ -93,7 +92,7 @@ class GroupCommit:
     def flush(self) -> None:
         """Blocking: make everything appended so far durable, indexes included."""
         self.commitlog.sync_to(self.commitlog.write_position)
-        self.metrics["fsyncs"] += 1
+        self.fsyncs += 1
         for index in self.queues.values():
             index.sync()
 
@@ -112,4 +111,4 @@ class GroupCommit:
             await asyncio.get_running_loop().run_in_executor(
                 self.executor, self.commitlog.sync_to, target
             )
-            self.metrics["fsyncs"] += 1
+            self.fsyncs += 1

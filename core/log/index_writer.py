@@ -6,7 +6,7 @@ Every entry goes through :meth:`IndexWriter.add` (or :meth:`IndexWriter.add_run`
 records of one queue): the append paths of :class:`~core.log.store.LogStore`, a transaction's
 commit (``core/transactions/decisions.py``) and recovery, which replays each frame through
 :meth:`IndexWriter.dispatch_frame`, the same dispatch the general append path takes. Each entry
-written is counted (``metrics["index_entries"]``) and announced to the ``listeners``.
+written is counted (``entries``) and announced to the ``listeners``.
 
 Dispatch rules: a record is indexed into each of its destinations (its own (topic, queue) when it
 names none); a half message only into ``__half/0``; a delayed record only into ``__timers/0``; a
@@ -37,19 +37,19 @@ IndexListener = Callable[[str, int, int], None]
 
 class IndexWriter:
     """Writes the index entries of the frames in ``commitlog`` into ``queues`` (the store's
-    open indexes, by (topic, queue); ``open_queue`` opens a missing one)."""
+    open indexes, by (topic, queue); ``open_queue`` opens a missing one). ``entries`` counts
+    the entries written."""
 
     def __init__(
         self,
         commitlog: CommitLog,
         queues: dict[tuple[str, int], ConsumeQueue],
         open_queue: Callable[[str, int], ConsumeQueue],
-        metrics: dict[str, int],
     ) -> None:
         self.commitlog = commitlog
         self.queues = queues
         self._open_queue = open_queue
-        self.metrics = metrics
+        self.entries = 0
         self.listeners: list[IndexListener] = []
 
     def queue(self, topic: str, queue: int) -> ConsumeQueue:
@@ -88,7 +88,7 @@ class IndexWriter:
             index.next_offset = first + record_count
         else:
             first = index.append(position, size, record_count, tag_mask, store_ms)
-        self.metrics["index_entries"] += 1
+        self.entries += 1
         for listener in self.listeners:
             listener(topic, queue, first)
         return first
@@ -106,7 +106,7 @@ class IndexWriter:
         queue, written with one copy (ConsumeQueue.append_run); returns the first offset."""
         first = index.append_run(positions, sizes, store_ms)
         count = len(positions)
-        self.metrics["index_entries"] += count
+        self.entries += count
         if self.listeners:
             for offset in range(first, first + count):
                 for listener in self.listeners:

@@ -32,7 +32,7 @@ RetentionGuard = Callable[[int, int], bool]
 
 class Retention:
     """Enforces ``config``'s limits on ``commitlog``; ``skip_deleted_head`` moves a queue's
-    start past entries of deleted segments. Counts ``segments_deleted`` in ``metrics``."""
+    start past entries of deleted segments. ``segments_deleted`` counts what it deleted."""
 
     def __init__(
         self,
@@ -40,13 +40,12 @@ class Retention:
         commitlog: CommitLog,
         queues: dict[tuple[str, int], ConsumeQueue],
         skip_deleted_head: Callable[[ConsumeQueue], None],
-        metrics: dict[str, int],
     ) -> None:
         self.config = config
         self.commitlog = commitlog
         self.queues = queues
         self._skip_deleted_head = skip_deleted_head
-        self.metrics = metrics
+        self.segments_deleted = 0
         self.guards: list[RetentionGuard] = []
 
     def enforce(self, now: int | None = None) -> list[int]:
@@ -80,7 +79,7 @@ class Retention:
                 break
             commitlog.delete_segment(oldest)
             deleted.append(start)
-            self.metrics["segments_deleted"] += 1
+            self.segments_deleted += 1
             log.info("retention: deleted segment %s", names.segment_name(start))
         if deleted:
             for index in self.queues.values():

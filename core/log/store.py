@@ -32,7 +32,7 @@ from core.log.checkpoint import Checkpoints
 from core.log.config import DURABILITY_SYNC, LogConfig, LogMeta
 from core.log.consumequeue import ConsumeQueue
 from core.log.durability import GroupCommit
-from core.log.frames import FrameHead, FrameWriter, store_ms_now
+from core.log.frames import FrameHead, FrameWriter, ReferenceFrameWriter, store_ms_now
 from core.log.index_writer import IndexListener, IndexWriter
 from core.log.reader import LogReader
 from core.log.recovery import recover
@@ -90,26 +90,12 @@ class LogStore(LogReader):
                 "%s was created with segment size %d; keeping it", data_dir, meta.segment_size
             )
         super().__init__(data_dir, _writable=True)
-        self.metrics: dict[str, int] = {
-            "appends": 0,
-            "appended_bytes": 0,
-            "index_entries": 0,
-            "fsyncs": 0,
-            "checkpoints": 0,
-            "segments_deleted": 0,
-            "recovered_records": 0,
-            "truncated_bytes": 0,
-        }
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="braid-fsync")
-        self.frames = FrameWriter(self.commitlog, self.metrics)
-        self.indexes = IndexWriter(self.commitlog, self._queues, self._open_queue, self.metrics)
-        self.durability = GroupCommit(self.commitlog, self._queues, self._executor, self.metrics)
-        self.checkpoints = Checkpoints(
-            data_dir, self.commitlog, self._queues, self._executor, self.metrics
-        )
-        self.retention = Retention(
-            config, self.commitlog, self._queues, self._skip_deleted_head, self.metrics
-        )
+        self.frames = (FrameWriter if fast_paths else ReferenceFrameWriter)(self.commitlog)
+        self.indexes = IndexWriter(self.commitlog, self._queues, self._open_queue)
+        self.durability = GroupCommit(self.commitlog, self._queues, self._executor)
+        self.checkpoints = Checkpoints(data_dir, self.commitlog, self._queues, self._executor)
+        self.retention = Retention(config, self.commitlog, self._queues, self._skip_deleted_head)
         # The parts' hooks, under the names callers register with.
         self.index_listeners: list[IndexListener] = self.indexes.listeners
         self.retention_guards: list[RetentionGuard] = self.retention.guards
@@ -127,8 +113,20 @@ class LogStore(LogReader):
             self.checkpoints,
             check_own_writes=self.check_own_writes,
         )
-        self.metrics["recovered_records"] = self.recovery.replayed_records
-        self.metrics["truncated_bytes"] = self.recovery.truncated_bytes
+
+    @property
+    def metrics(self) -> dict[str, int]:
+        """Counters since this store opened, from its parts (a new dict at each read)."""
+        return {
+            "appends": self.frames.appends,
+            "appended_bytes": self.frames.appended_bytes,
+            "index_entries": self.indexes.entries,
+            "fsyncs": self.durability.fsyncs,
+            "checkpoints": self.checkpoints.written,
+            "segments_deleted": self.retention.segments_deleted,
+            "recovered_records": self.recovery.replayed_records,
+            "truncated_bytes": self.recovery.truncated_bytes,
+        }
 
     # -- appending -------------------------------------------------------------------------
 
@@ -160,9 +158,9 @@ class LogStore(LogReader):
             and record_count == 1
             and not (headers or tags or subject or client or address or destinations)
             and not (flags or deliver_at_ms)
-            and self.fast_paths
         ):
-            # The common record: FrameWriter.write_plain, one entry in its own queue.
+            # The common record: FrameWriter.write_plain, one entry in its own queue (a
+            # ReferenceFrameWriter declines: then the general path below).
             head = self._plain_heads.get((topic, queue)) or self._plain_head(topic, queue)
             position = self.frames.write_plain(head, key, body, born_ms, protocol)
             if position >= 0:
@@ -185,8 +183,9 @@ class LogStore(LogReader):
         store_ms = store_ms_now()
         if deliver_at_ms > store_ms:
             flags |= rec.FLAG_DELAYED
-        position, size = self.frames.write(
-            topic,
+        frames = self.frames
+        encoded, body_part = rec.encode_record_parts(
+            frames.topic_bytes(topic),
             queue,
             body,
             store_ms=store_ms,
@@ -203,6 +202,7 @@ class LogStore(LogReader):
             deliver_at_ms=deliver_at_ms,
             record_count=record_count,
         )
+        position, size = frames.write(encoded, body_part)
         targets = destinations or (None if flags & rec.FLAG_LINK else ((topic, queue),))
         offsets = self.indexes.dispatch(
             position, size, flags, targets, tags_mask(tags) if tags else 0, record_count, store_ms
@@ -262,7 +262,7 @@ class LogStore(LogReader):
         they fit in the current segment (FrameWriter.write_many)."""
         written: tuple[Sequence[int], list[int]] | None = None
         index: ConsumeQueue | None = None
-        if not client and key is not None and bodies and self.fast_paths:
+        if not client and key is not None and bodies:
             head = self._plain_heads.get((topic, queue)) or self._plain_head(topic, queue)
             written = self.frames.write_many(head, bodies, key, protocol)
             store_ms = head.store_ms
@@ -378,14 +378,15 @@ class LogStore(LogReader):
                 deliver_at_ms=deliver_at_ms,
             )
         store_ms = store_ms_now()
-        position, size = self.frames.write(
-            names.TRANSACTIONS_TOPIC,
+        head, body_part = rec.encode_record_parts(
+            self.frames.topic_bytes(names.TRANSACTIONS_TOPIC),
             0,
             body,
             store_ms=store_ms,
             destinations=rec.encode_destinations(destinations),
             flags=rec.FLAG_LINK,
         )
+        position, size = self.frames.write(head, body_part)
         offsets = self.indexes.link_known_targets(targets, destinations, index_info, store_ms)
         return Appended(position, position + size, offsets)
 

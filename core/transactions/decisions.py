@@ -26,14 +26,15 @@ from typing import NamedTuple
 
 from crc32c import crc32c
 
+from core.log import frames
 from core.log import record as rec
-from core.log.frames import HEAD_TAIL, store_ms_now
 from core.log.names import TRANSACTIONS_TOPIC
 from core.log.store import Appended, LogStore, encoded_headers
 from core.log.tags import tags_mask
 
 _new_tuple = tuple.__new__
 _TRANSACTIONS_TOPIC_BYTES = TRANSACTIONS_TOPIC.encode()
+_OWN_QUEUE = (TRANSACTIONS_TOPIC, 0)  # where a decision is itself indexed
 # One target of a LINK body (see core.log.record.encode_link_body).
 _LINK_TARGET = struct.Struct("<QI")
 # What follows the head in a decision frame, packed as one string: key, headers, tags, client,
@@ -72,7 +73,7 @@ def decision_head(
     tags, client, destinations and body), its CRC32C, and the Struct packing the whole frame."""
     store_ms, key_len, headers_len, tags_len, client_len, dests_len, body_len = layout
     head = (
-        HEAD_TAIL.pack(
+        frames.HEAD_TAIL.pack(
             rec.FLAG_LINK | rec.FLAG_LINK_INDEXED,
             rec.PROTOCOL_INTERNAL,
             store_ms,
@@ -146,7 +147,7 @@ class DecisionWriter:
         store = self.store
         if not store.fast_paths:
             return self.append_reference(targets, decision, destinations)
-        store_ms = store_ms_now()
+        store_ms = frames.clock_ns() // 1_000_000
         tags = decision.tags
         cached = self._tags.get(tags)
         if cached is None:
@@ -174,24 +175,24 @@ class DecisionWriter:
         _, head_bytes, head_crc, frame = head
         size = frame.size
         rest = b"".join((key, headers, tag_bytes, client, dests, body))
-        crc = crc32c(rest, head_crc)
-        position = store.frames.write_packed(frame, size, rec.RECORD_MAGIC, crc, head_bytes, rest)
+        position = store.frames.write_packed(frame, crc32c(rest, head_crc), head_bytes, rest)
         indexes = store.indexes
-        own = indexes.queue(TRANSACTIONS_TOPIC, 0)
-        first = indexes.add(TRANSACTIONS_TOPIC, 0, own, position, size, 1, own_mask, store_ms)
+        add = indexes.add
+        queues = indexes.queues
+        own = queues.get(_OWN_QUEUE) or indexes.queue(TRANSACTIONS_TOPIC, 0)
+        first = add(TRANSACTIONS_TOPIC, 0, own, position, size, 1, own_mask, store_ms)
         offsets = [(TRANSACTIONS_TOPIC, 0, first)]
         if known_targets is None:
             offsets += indexes.link_targets(position, size, targets, destinations, False, store_ms)
             return Appended(position, position + size, offsets)
         # The entries IndexWriter.link_targets writes for this frame, in the same order.
-        add = indexes.add
-        queue_index = indexes.queue
         for (target_position, target_size), known in zip(targets, known_targets, strict=True):
             for topic, queue in destinations or known.destinations:
+                index = queues.get((topic, queue)) or indexes.queue(topic, queue)
                 offset = add(
                     topic,
                     queue,
-                    queue_index(topic, queue),
+                    index,
                     target_position,
                     target_size,
                     known.record_count,

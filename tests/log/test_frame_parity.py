@@ -34,7 +34,7 @@ HALF_HEADERS = rec.encode_headers([("x-braid-txn", b"t" * 19)])
 
 
 class PinnedClock:
-    """The frame writer's clock (``core.log.frames._time_ns``), moved only by the test."""
+    """The frame writer's clock (``core.log.frames.clock_ns``), moved only by the test."""
 
     def __init__(self) -> None:
         self.ms = 1_700_000_000_000
@@ -46,7 +46,7 @@ class PinnedClock:
 @pytest.fixture
 def pinned_clock(monkeypatch: pytest.MonkeyPatch) -> PinnedClock:
     clock = PinnedClock()
-    monkeypatch.setattr(frames_module, "_time_ns", clock)
+    monkeypatch.setattr(frames_module, "clock_ns", clock)
     return clock
 
 
@@ -225,11 +225,12 @@ def test_fast_paths_write_the_reference_bytes_and_recover_the_same(
         pinned_clock.ms = start_ms  # the same clock readings for both
         outcomes[fast] = run(store, pinned_clock, ops)
     fast_store, reference = stores[1], stores[0]
-    # The reference store took no fast path; the fast one did wherever a plain op came.
-    assert not reference._plain_heads
+    # The reference store took no fast path (no frame head was ever filled); the fast one
+    # did wherever a plain op came.
+    assert all(head.store_ms == -1 for head in reference._plain_heads.values())
     assert not reference._half_heads
     if any(op[0] in ("plain", "many") for op in ops):
-        assert fast_store._plain_heads
+        assert any(head.store_ms != -1 for head in fast_store._plain_heads.values())
     assert outcomes[1] == outcomes[0]
     for name in ("appends", "appended_bytes", "index_entries"):
         assert fast_store.metrics[name] == reference.metrics[name], name
@@ -279,7 +280,8 @@ def test_each_fast_path_is_taken_only_with_fast_paths(
         half = store.append("h", 0, b"half", headers=HALF_HEADERS, flags=rec.FLAG_HALF)
     decision = LinkDecision(b"txn", "g", ("commit",), b"")
     decisions.append([(half.position, half.end - half.position)], decision)
-    assert sorted(store._plain_heads) == ([("p", 0), ("p", 1)] if fast else [])
+    used = sorted(queue for queue, head in store._plain_heads.items() if head.store_ms != -1)
+    assert used == ([("p", 0), ("p", 1)] if fast else [])
     assert sorted(store._half_heads) == ([("h", 0)] if fast else [])
     assert (len(store.frames._staging) >= 48_000) == fast
     assert (decisions._head is not None) == fast
