@@ -49,6 +49,7 @@ from braid.metrics import (
 )
 from braid.tls import TlsConfigError, TlsContext, TlsListener
 from braid.web import HealthCheck, WebServer, build_app
+from braid.web.rabbit import ManagementSources
 from braid.web.server import ResponseCounter
 from core.api import BrokerAPI
 from core.broker import Broker
@@ -110,8 +111,13 @@ class StartupError(Exception):
     """The server could not start; the message says what and where."""
 
 
+def _sources(context: ServerContext) -> ManagementSources:
+    """What the management API reads: the Broker API and the listeners as they start."""
+    return ManagementSources(context.api, context.started)
+
+
 async def _start_http(context: ServerContext, host: str, port: int) -> Listener:
-    app = build_app(context.health, context.metrics, context.security)
+    app = build_app(context.health, context.metrics, context.security, sources=_sources(context))
     server = WebServer(app, context.http_responses)
     await server.start(host, port)
     return server
@@ -119,7 +125,7 @@ async def _start_http(context: ServerContext, host: str, port: int) -> Listener:
 
 async def _start_https(context: ServerContext, host: str, port: int) -> Listener:
     assert context.tls is not None
-    app = build_app(context.health, context.metrics, context.security)
+    app = build_app(context.health, context.metrics, context.security, sources=_sources(context))
     server = WebServer(app, context.http_responses)
     await server.start(host, port, context.tls.ssl)
     return server
@@ -194,6 +200,29 @@ async def _start_mqtt_ws(context: ServerContext, host: str, port: int) -> Listen
     return server
 
 
+def _mqtt_tls(plain: str, websocket: bool) -> ListenerFactory:
+    """MQTTS (or MQTT over secure WebSocket): the connections of the plain listener ``plain``
+    when it is on, else a gateway server of its own on the TLS port alone."""
+    connections = _mqtt_ws_connections if websocket else _mqtt_connections
+    beside_plain = _tls_of(plain, connections)
+
+    async def start(context: ServerContext, host: str, port: int) -> Listener:
+        from gateway.mqtt.options import MqttOptions
+        from gateway.mqtt.server import MQTTServer
+
+        assert context.tls is not None
+        if plain in context.started:
+            return await beside_plain(context, host, port)
+        options = MqttOptions(**context.settings.mqtt_options)  # type: ignore[arg-type]
+        server = MQTTServer(context.api, websocket=websocket, options=options)
+        prefix = "braid_mqtt_wss_" if websocket else "braid_mqtts_"
+        context.metrics.register_counters(prefix, lambda: server.metrics)
+        await server.start(host, port, context.tls.ssl)
+        return server
+
+    return start
+
+
 async def _start_amqp(context: ServerContext, host: str, port: int) -> Listener:
     from gateway.amqp.server import AMQPServer
     from gateway.amqp.session import SessionSettings
@@ -257,8 +286,8 @@ LISTENERS: tuple[ListenerSlot, ...] = (
     # TLS listeners (braid/tls.py): on when [tls] has a certificate; each serves its plain
     # listener's gateway, so they start after them.
     ListenerSlot("amqps", "amqps_port", _tls_of("amqp", _amqp_connections), tls=True),
-    ListenerSlot("mqtts", "mqtts_port", _tls_of("mqtt", _mqtt_connections), tls=True),
-    ListenerSlot("mqtt-wss", "mqtt_wss_port", _tls_of("mqtt-ws", _mqtt_ws_connections), tls=True),
+    ListenerSlot("mqtts", "mqtts_port", _mqtt_tls("mqtt", websocket=False), tls=True),
+    ListenerSlot("mqtt-wss", "mqtt_wss_port", _mqtt_tls("mqtt-ws", websocket=True), tls=True),
     ListenerSlot("kafka-tls", "kafka_tls_port", _tls_of("kafka", _kafka_connections), tls=True),
     ListenerSlot("https", "https_port", _start_https, tls=True),
 )

@@ -34,6 +34,8 @@ from urllib.parse import unquote
 from aiohttp import web
 
 from braid.web.auth import REQUEST_TAGS, REQUEST_USER, not_authorized
+from braid.web.rabbit import ROUTES as RABBIT_ROUTES
+from braid.web.rabbit import ManagementSources, RabbitResources
 from core.security import SecurityError, SecurityService
 from core.security.model import TAG_ADMINISTRATOR, TopicPermission, User, VhostPermission
 from core.security.passwords import NO_PASSWORD_HASH, RABBIT_SHA256, PasswordHash, PasswordHashError
@@ -106,9 +108,12 @@ def topic_permission_json(vhost: str, user: str, permission: TopicPermission) ->
 
 
 class ManagementAPI:
-    def __init__(self, security: SecurityService) -> None:
+    def __init__(self, security: SecurityService, sources: ManagementSources | None = None) -> None:
         self.security = security
         self.store = security.store
+        # The broker's own resources (queues, exchanges, ...: braid/web/rabbit.py); without
+        # the Broker API (a test app), only users and permissions are served.
+        self.resources = None if sources is None else RabbitResources(security, sources)
 
     async def dispatch(self, request: web.Request) -> web.StreamResponse:
         segments = _path_segments(request)
@@ -119,6 +124,12 @@ class ManagementAPI:
             user: str = request[REQUEST_USER]
             tags: tuple[str, ...] = request[REQUEST_TAGS]
             return _json({"name": user, "tags": list(tags)})
+        if self.resources is not None:
+            resource = RABBIT_ROUTES.get(segments[0])
+            if resource is not None:
+                # Each resource checks the tags it needs (management, monitoring, administrator).
+                response: web.StreamResponse = await resource(self.resources, request, segments)
+                return response
         if TAG_ADMINISTRATOR not in request[REQUEST_TAGS]:
             raise not_authorized("Not administrator user")
         route = _ROUTES.get((segments[0], len(segments)))
@@ -322,6 +333,8 @@ _ROUTES: Final[
 }
 
 
-def add_management_routes(app: web.Application, security: SecurityService) -> None:
-    api = ManagementAPI(security)
+def add_management_routes(
+    app: web.Application, security: SecurityService, sources: ManagementSources | None = None
+) -> None:
+    api = ManagementAPI(security, sources)
     app.router.add_route("*", "/api/{tail:.*}", api.dispatch)

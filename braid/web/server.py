@@ -20,6 +20,7 @@ from braid import metrics
 from braid.web.auth import basic_auth_middleware
 from braid.web.management import add_management_routes
 from braid.web.operations import HealthCheck, add_operations_routes
+from braid.web.rabbit import ManagementSources
 from core.security import SecurityService
 
 log = logging.getLogger(__name__)
@@ -27,9 +28,10 @@ log = logging.getLogger(__name__)
 # Close a connection idle this long (no complete request): keeps slow or stuck clients from
 # holding sockets forever (nginx's keepalive_timeout is 75 s; uvicorn's is 5 s).
 IDLE_TIMEOUT_S: Final = 30.0
-# Largest request body read: the management API takes small JSON documents (RabbitMQ's own
-# limit for definitions is far larger, but users and permissions are a few hundred bytes).
-MAX_BODY_BYTES: Final = 64 * 1024
+# Largest request body read: definitions imports are the large ones (RabbitMQ's own limit is
+# 100 MB; 32 MiB holds tens of thousands of queues). Bodies are read only after the Basic auth
+# check, so an anonymous client cannot make the server read one.
+MAX_BODY_BYTES: Final = 32 * 1024 * 1024
 SERVER_NAME: Final = "braid"
 # Wait this long for handlers to finish when the listener closes.
 SHUTDOWN_TIMEOUT_S: Final = 5.0
@@ -78,6 +80,7 @@ def build_app(
     security: SecurityService | None,
     *,
     open_paths: Mapping[str, bool] | None = None,
+    sources: ManagementSources | None = None,
 ) -> web.Application:
     """The application: ``/health`` and ``/metrics`` open; with a security service, the
     management API behind Basic auth."""
@@ -88,7 +91,7 @@ def build_app(
     app.on_response_prepare.append(_server_header)
     add_operations_routes(app, health, registry)
     if security is not None:
-        add_management_routes(app, security)
+        add_management_routes(app, security, sources)
     return app
 
 

@@ -69,6 +69,10 @@ from core.api.base import (
     Publication,
     PublishOutcome,
 )
+from core.api.management import BindingView as BindingView
+from core.api.management import BrowsedMessage as BrowsedMessage
+from core.api.management import ConsumerView as ConsumerView
+from core.api.management import ManagementCalls
 from core.api.partitions import PartitionCalls
 from core.api.queues import QueueCalls
 from core.api.security import SecurityCalls
@@ -166,10 +170,11 @@ __all__ = [
 ]
 
 
-class BrokerAPI(QueueCalls, SessionCalls, PartitionCalls, SecurityCalls):
+class BrokerAPI(QueueCalls, SessionCalls, PartitionCalls, SecurityCalls, ManagementCalls):
     """The one object a gateway talks to (the contract is the module docstring's): the calls
     every protocol uses (``base.py``), those of each consumption model: queues
     (``queues.py``), sessions (``sessions.py``) and partitions (``partitions.py``), and
-    logins and access checks (``security.py``). ``BrokerAPI(broker, security)``: the process
+    logins and access checks (``security.py``), listings and operator actions for the
+    management API (``management.py``). ``BrokerAPI(broker, security)``: the process
     passes its :class:`~core.security.SecurityService`; without one, a default one over the
     broker's log is made at the first security call."""
