@@ -86,10 +86,14 @@ def test_queues_exchanges_bindings_purge_get_after_real_traffic(braid: BraidProc
     queue = api(braid, "GET", "queues/%2F/billing")
     assert queue.status_code == 200, queue.text
     body = queue.json()
-    assert body["name"] == "billing" and body["vhost"] == "/"
-    assert body["messages"] == 5 and body["messages_ready"] == 5
-    assert body["messages_unacknowledged"] == 0 and body["consumers"] == 0
-    assert body["durable"] is True and body["arguments"] == {"x-max-length": 100}
+    assert body["name"] == "billing"
+    assert body["vhost"] == "/"
+    assert body["messages"] == 5
+    assert body["messages_ready"] == 5
+    assert body["messages_unacknowledged"] == 0
+    assert body["consumers"] == 0
+    assert body["durable"] is True
+    assert body["arguments"] == {"x-max-length": 100}
     assert "rate" in body["messages_details"]
 
     # A consumer holding two unacked: counts move, /api/consumers lists it.
@@ -115,10 +119,13 @@ def test_queues_exchanges_bindings_purge_get_after_real_traffic(braid: BraidProc
     assert all(not name.startswith("kafka-topic") for _v, name in listed)
 
     exchanges = {e["name"]: e for e in api(braid, "GET", "exchanges/%2F").json()}
-    assert exchanges["orders"]["type"] == "topic" and exchanges["orders"]["durable"] is True
-    assert "" in exchanges and "amq.topic" in exchanges
+    assert exchanges["orders"]["type"] == "topic"
+    assert exchanges["orders"]["durable"] is True
+    assert "" in exchanges
+    assert "amq.topic" in exchanges
     one = api(braid, "GET", "exchanges/%2F/orders")
-    assert one.status_code == 200 and one.json()["name"] == "orders"
+    assert one.status_code == 200
+    assert one.json()["name"] == "orders"
     assert api(braid, "GET", "exchanges/%2F/missing").status_code == 404
 
     bindings = api(braid, "GET", "queues/%2F/billing/bindings").json()
@@ -139,7 +146,8 @@ def test_queues_exchanges_bindings_purge_get_after_real_traffic(braid: BraidProc
     assert got.status_code == 200, got.text
     messages = got.json()
     assert [m["payload"] for m in messages] == ["order 0", "order 1"]
-    assert messages[0]["routing_key"] == "order.created" and messages[0]["exchange"] == "orders"
+    assert messages[0]["routing_key"] == "order.created"
+    assert messages[0]["exchange"] == "orders"
     assert messages[0]["properties"]["content_type"] == "text/plain"
     assert messages[0]["properties"]["headers"] == {"n": 0}
     assert messages[0]["message_count"] == 4
@@ -148,7 +156,8 @@ def test_queues_exchanges_bindings_purge_get_after_real_traffic(braid: BraidProc
     taken = api(
         braid, "POST", "queues/%2F/billing/get", {"count": 1, "ackmode": "ack_requeue_false"}
     ).json()
-    assert taken[0]["payload"] == "order 0" and taken[0]["redelivered"] is True
+    assert taken[0]["payload"] == "order 0"
+    assert taken[0]["redelivered"] is True
     assert api(braid, "GET", "queues/%2F/billing").json()["messages"] == 4
 
     purged = api(braid, "DELETE", "queues/%2F/billing/contents")
@@ -158,9 +167,15 @@ def test_queues_exchanges_bindings_purge_get_after_real_traffic(braid: BraidProc
     overview = api(braid, "GET", "overview").json()
     assert overview["object_totals"]["queues"] >= 1
     assert overview["object_totals"]["connections"] >= 2  # pika and paho still connected
-    assert {l["protocol"] for l in overview["listeners"]} >= {"amqp", "mqtt", "kafka", "http"}
+    assert {listener["protocol"] for listener in overview["listeners"]} >= {
+        "amqp",
+        "mqtt",
+        "kafka",
+        "http",
+    }
     nodes = api(braid, "GET", "nodes").json()
-    assert nodes[0]["running"] is True and nodes[0]["name"] == overview["node"]
+    assert nodes[0]["running"] is True
+    assert nodes[0]["name"] == overview["node"]
 
     client.loop_stop()
     client.disconnect()
@@ -182,7 +197,8 @@ def test_declare_delete_bind_over_http_is_what_amqp_clients_see(braid: BraidProc
     bound = api(
         braid, "POST", "bindings/%2F/e/events/q/audit", {"routing_key": "", "arguments": {}}
     )
-    assert bound.status_code == 201 and bound.headers["Location"].endswith("/~")
+    assert bound.status_code == 201
+    assert bound.headers["Location"].endswith("/~")
 
     connection = pika.BlockingConnection(
         pika.ConnectionParameters(
@@ -261,7 +277,8 @@ def test_health_checks_and_aliveness(braid: BraidProcess) -> None:
     assert api(braid, "GET", "health/checks/local-alarms").status_code == 200
     assert api(braid, "GET", f"health/checks/port-listener/{braid.amqp_port}").status_code == 200
     missing = api(braid, "GET", "health/checks/port-listener/1")
-    assert missing.status_code == 503 and missing.json()["status"] == "failed"
+    assert missing.status_code == 503
+    assert missing.json()["status"] == "failed"
     assert api(braid, "GET", "health/checks/protocol-listener/amqp").status_code == 200
     assert api(braid, "GET", "health/checks/protocol-listener/stomp").status_code == 503
     assert api(braid, "GET", "health/checks/virtual-hosts").status_code == 200
@@ -332,7 +349,8 @@ def test_definitions_export_import_round_trip(tmp_path: Path, braid: BraidProces
             "definitions",
             {**document, "queues": [{"name": "x", "vhost": "elsewhere"}]},
         )
-        assert refused.status_code == 400 and "elsewhere" in refused.json()["reason"]
+        assert refused.status_code == 400
+        assert "elsewhere" in refused.json()["reason"]
 
 
 def _rabbit_sha256(password: str) -> str:
