@@ -80,7 +80,7 @@ AMQP_ANY_VHOST = "*"
 # defaults (this module imports no gateway: braid/server.py alone knows them; a test holds the two
 # to each other). Type, and the range an integer must be in (None: any non-negative).
 MQTT_SETTINGS: dict[str, tuple[object, tuple[int, int] | None]] = {
-    "allow_anonymous": (bool, None),
+    "use_identity_as_username": (bool, None),
     "max_packet_size": (int, (1, 268_435_455)),  # the largest MQTT packet (5.0 §2.1.4)
     "receive_maximum": (int, (1, 65_535)),  # 0 is a Protocol Error (5.0 §3.2.2.3.3)
     "topic_alias_maximum": (int, (0, 65_535)),

@@ -107,6 +107,11 @@ class SecurityCalls(BrokerCalls):
             routing_key,
         )
 
+    def security_generation(self, context: ClientContext) -> int:
+        """A number that changes with every change of users, permissions or ACLs: a gateway
+        may keep :meth:`authorize`'s answers for a connection while it stays the same."""
+        return self._security().store.generation
+
     def denied_mqtt_publish_closes(self, context: ClientContext) -> bool:
         """Whether an MQTT 3.1.1 PUBLISH without permission closes the connection (RabbitMQ)
         instead of being acknowledged and dropped (Mosquitto, the default)."""

@@ -104,6 +104,12 @@ class LoginResult:
     tags: tuple[str, ...] = ()
     reason: str = ""
 
+    @property
+    def not_authorized(self) -> bool:
+        """Refused although the credentials may be right (a loopback-only user from elsewhere,
+        anonymous clients not allowed): MQTT answers 0x87/0x05 rather than 0x86/0x04."""
+        return self.reason == NOT_AUTHORIZED
+
 
 def is_loopback(peer: str) -> bool:
     """Whether the peer (``host:port``, ``[v6]:port`` or a bare host) is a loopback address

@@ -59,6 +59,7 @@ from core.api import (
     tags_from_headers,
     validate_topic_filter,
 )
+from gateway.mqtt.access import PUBLISH, SUBSCRIBE, WILL, Access
 from gateway.mqtt.addresses import (
     DELAYED_PREFIX,
     GLOBAL_SOURCE,
@@ -100,6 +101,9 @@ SESSION_RECORD_VERSION: Final = 1
 Outcome = tuple[int, int, str]  # (reason code, end position to wait durable for, log topic)
 _NO_HEADERS: Final[list[tuple[str, bytes]]] = []  # never mutated
 _REFUSED_TOPIC: Final[Outcome] = (ReasonCode.TOPIC_NAME_INVALID, 0, "")
+# A publish the user may not make: 5.0 PUBACK 0x87; 3.1.1 acknowledged and dropped (or the
+# connection closed: [auth] mqtt_denied_publish).
+_DENIED: Final[Outcome] = (ReasonCode.NOT_AUTHORIZED, 0, "")
 
 
 _hubs: weakref.WeakKeyDictionary[BrokerAPI, MqttHub] = weakref.WeakKeyDictionary()
@@ -180,21 +184,7 @@ class MqttHub:
         if not task.cancelled() and task.exception() is not None:
             log.error("mqtt task failed", exc_info=task.exception())
 
-    # -- authentication and client ids -----------------------------------------------------
-
-    def authenticate(self, username: str | None, password: bytes | None, client_id: str) -> int:
-        """0 if the client may connect, else the CONNACK reason code."""
-        options = self.options
-        if username is None:
-            return 0 if options.allow_anonymous else ReasonCode.NOT_AUTHORIZED
-        if options.authenticate is not None:
-            accepted = options.authenticate(username, password, client_id)
-            return 0 if accepted else ReasonCode.BAD_USER_NAME_OR_PASSWORD
-        if options.users is not None:
-            expected = options.users.get(username)
-            if expected is None or password != expected.encode():
-                return ReasonCode.BAD_USER_NAME_OR_PASSWORD
-        return 0
+    # -- client ids --------------------------------------------------------------------------
 
     @staticmethod
     def new_client_id() -> str:
@@ -335,6 +325,20 @@ class MqttHub:
         if not isinstance(outcome, tuple):
             await outcome
 
+    def may_publish_will(self, access: Access, will: Will) -> bool:
+        """The will's publish permission, checked at CONNECT (its target as a PUBLISH to the
+        same topic name would have; a name that cannot be published is refused later, as any
+        publish)."""
+        target = will.topic
+        if target.startswith(DELAYED_PREFIX):
+            delayed = parse_delayed(target)
+            target = delayed.topic if delayed is not None else target
+        elif target.startswith(HALF_PREFIX):
+            half = parse_half(target)
+            target = half.topic if half is not None else target
+        address = to_log_address(target)
+        return address is None or access.allowed(WILL, address.topic, address.subject)
+
     # -- publishing ------------------------------------------------------------------------
 
     def publish_packet(
@@ -365,6 +369,10 @@ class MqttHub:
         address = to_log_address(target)
         if address is None:
             return _REFUSED_TOPIC
+        if publisher is not None and not publisher.access.allowed(
+            PUBLISH, address.topic, address.subject
+        ):
+            return _DENIED
         props = packet.properties
         expires_at = 0
         if props is not NO_PROPERTIES:
@@ -466,6 +474,8 @@ class MqttHub:
                     return
                 if sub.tag_filter is not None and not sub.takes(tags):
                     return
+                if sub.per_record and not session.may_read(message.topic):
+                    return
                 qos = sub.qos if sub.qos < message.qos else message.qos
                 ids: tuple[int, ...] = (sub.identifier,) if sub.identifier else ()
                 session.offer(message, qos, message.retain and sub.retain_as_published, ids, None)
@@ -482,6 +492,8 @@ class MqttHub:
                 continue
             if sub.tag_filter is not None and not sub.takes(tags):
                 continue  # per subscription: another of the session's may still match
+            if sub.per_record and not sub.session.may_read(message.topic):
+                continue
             by_session.setdefault(sub.session, []).append(sub)
         for session, matched in by_session.items():
             qos, retain, all_ids = combine(message, matched)
@@ -496,6 +508,8 @@ class MqttHub:
             if sub.no_local and message.origin == session.client_id:
                 continue
             if sub.tag_filter is not None and not sub.takes(_properties_tags(message)):
+                continue
+            if sub.per_record and not session.may_read(message.topic):
                 continue
             qos = sub.qos if sub.qos < message.qos else message.qos
             ids = (sub.identifier,) if sub.identifier else ()
@@ -567,6 +581,14 @@ class MqttHub:
         plan = binding_plan(inner)
         if plan is None:
             return ReasonCode.NOT_AUTHORIZED, None, False
+        first = plan[0]
+        connection = session.connection
+        if (
+            first.source != GLOBAL_SOURCE
+            and connection is not None
+            and not connection.access.allowed(SUBSCRIBE, first.source, first.pattern)
+        ):
+            return ReasonCode.NOT_AUTHORIZED, None, False  # 3.1.1: 0x80
         existing = session.subscriptions.get(topic_filter)
         if existing is not None:  # replaced: new options, same subscription [MQTT-3.8.4-3]
             existing.qos = request.qos

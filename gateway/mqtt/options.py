@@ -8,7 +8,6 @@ I/O.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
@@ -45,10 +44,10 @@ SHARED_SUBSCRIPTION_STRATEGIES: Final = (ROUND_ROBIN, RANDOM, STICKY, HASH_CLIEN
 class MqttOptions:
     """Settings of the MQTT gateway (the defaults behave as Mosquitto's and EMQX's)."""
 
-    allow_anonymous: bool = True
-    # username -> password; or a callable (username, password, client id) -> accepted.
-    users: dict[str, str] | None = None
-    authenticate: Callable[[str, bytes | None, str], bool] | None = None
+    # Logins are the broker's one user store ([auth]: anonymous clients, loopback-only users);
+    # on MQTTS / WSS with client certificates, the certificate's common name is the user name
+    # instead of CONNECT's user name and password (Mosquitto's use_identity_as_username).
+    use_identity_as_username: bool = False
     max_packet_size: int = DEFAULT_MAX_PACKET_SIZE
     receive_maximum: int = DEFAULT_RECEIVE_MAXIMUM
     topic_alias_maximum: int = DEFAULT_TOPIC_ALIAS_MAXIMUM

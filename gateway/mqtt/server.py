@@ -32,6 +32,7 @@ import socket
 from collections import deque
 from collections.abc import Awaitable
 from dataclasses import replace
+from ssl import SSLContext
 from typing import Any, Final, cast
 
 from core.api import BrokerAPI
@@ -54,6 +55,8 @@ WRITE_LOW_WATER: Final = 256 << 10
 # The listen backlog: 10,000 clients connecting at once should not be refused (Mosquitto: 100,
 # EMQX: 1024; the kernel caps it at net.core.somaxconn).
 LISTEN_BACKLOG: Final = 4096
+# A TLS client that has not finished its handshake by then is dropped (braid/tls.py's value).
+TLS_HANDSHAKE_TIMEOUT_S: Final = 10.0
 
 METRICS: Final = (
     "connections_opened",
@@ -65,6 +68,7 @@ METRICS: Final = (
     "packets_received",
     "publishes_received",
     "publishes_sent",
+    "publishes_denied",
     "subscribes",
     "duplicates",
     "messages_dropped",
@@ -76,6 +80,18 @@ METRICS: Final = (
     "sessions_taken_over",
     "handler_errors",
 )
+
+
+def certificate_common_name(certificate: Any) -> str | None:
+    """The common name of a verified client certificate (``ssl``'s ``getpeercert()`` form), or
+    None: the user name with ``use_identity_as_username``."""
+    if not certificate:
+        return None
+    for rdn in certificate.get("subject", ()):
+        for key, value in rdn:
+            if key == "commonName":
+                return str(value)
+    return None
 
 
 class MqttProtocol(asyncio.Protocol):
@@ -106,8 +122,14 @@ class MqttProtocol(asyncio.Protocol):
         # uvloop's transports implement asyncio.Transport without subclassing it.
         self.transport = transport = cast(asyncio.Transport, transport)
         peer = transport.get_extra_info("peername")
+        connection = self.connection
         if isinstance(peer, tuple) and len(peer) >= 2:
-            self.connection.context = replace(self.connection.context, peer=f"{peer[0]}:{peer[1]}")
+            connection.context = replace(connection.context, peer=f"{peer[0]}:{peer[1]}")
+        if transport.get_extra_info("ssl_object") is not None:  # MQTTS, or WSS below us
+            connection.tls = True
+            connection.certificate_user = certificate_common_name(
+                transport.get_extra_info("peercert")
+            )
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             with contextlib.suppress(OSError):
@@ -341,7 +363,9 @@ class MQTTServer:
             gauges["retained_messages"] = len(self._hub.retained)
         return gauges
 
-    async def start(self, host: str, port: int) -> None:
+    async def start(self, host: str, port: int, ssl: SSLContext | None = None) -> None:
+        """Listen on ``host:port``; with ``ssl``, MQTTS (or WSS) on its own, without a plain
+        listener (the context is the process's one TLS context, reloaded in place)."""
         self._loop = asyncio.get_running_loop()
         self._hub = MqttHub.acquire(self.api, self.options)
         factory: Any
@@ -357,7 +381,13 @@ class MQTTServer:
 
         try:
             self._server = await self._loop.create_server(
-                factory, host, port, backlog=LISTEN_BACKLOG, reuse_address=True
+                factory,
+                host,
+                port,
+                backlog=LISTEN_BACKLOG,
+                reuse_address=True,
+                ssl=ssl,
+                ssl_handshake_timeout=TLS_HANDSHAKE_TIMEOUT_S if ssl is not None else None,
             )
         except BaseException:
             self._hub.release()

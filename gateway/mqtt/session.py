@@ -44,8 +44,17 @@ from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
-from core.api import PROTOCOL_MQTT, ClientContext, Delivery, Subscription, TagFilter, now_ms
-from gateway.mqtt.addresses import filter_matches
+from core.api import (
+    PROTOCOL_MQTT,
+    ClientContext,
+    Delivery,
+    LoginResult,
+    Subscription,
+    TagFilter,
+    now_ms,
+)
+from gateway.mqtt.access import DELIVER, Access
+from gateway.mqtt.addresses import filter_matches, to_log_address
 from gateway.mqtt.encoder import encode, encode_ack, encode_publish
 from gateway.mqtt.errors import MqttProtocolError, protocol_error
 from gateway.mqtt.flow import InboundFlow, Outcome
@@ -260,7 +269,9 @@ class Session:
         matched = [
             sub
             for sub in self.plain
-            if _matches(sub.levels, topic) and not (sub.no_local and origin == self.client_id)
+            if _matches(sub.levels, topic)
+            and not (sub.no_local and origin == self.client_id)
+            and (not sub.per_record or self.may_read(topic))
         ]
         if matched and self.filtered:
             # Only the subscriptions whose tag filter takes the record match it (the queue's
@@ -275,13 +286,26 @@ class Session:
 
     def on_group_delivery(self, sub: Sub, delivery: Delivery, message: OutMessage) -> None:
         """A record of a shared group this session is a member of (``shared.py`` chose it)."""
-        if not _matches(sub.levels, message.topic):
+        if not _matches(sub.levels, message.topic) or (
+            sub.per_record and not self.may_read(message.topic)
+        ):
             delivery.ack()
             return
         qos = sub.qos if sub.qos < message.qos else message.qos
         retain = message.retain and sub.retain_as_published
         ids = (sub.identifier,) if sub.identifier else NO_IDS
         self.offer(message, qos, retain, ids, delivery)
+
+    def may_read(self, topic: str) -> bool:
+        """Whether the connected user may receive a record of MQTT ``topic`` through a filter
+        whose first level is a wildcard (``mqtt deliver``: checked per record, cached)."""
+        connection = self.connection
+        if connection is None:
+            return False
+        address = to_log_address(topic)
+        return address is not None and connection.access.allowed(
+            DELIVER, address.topic, address.subject
+        )
 
     def offer(
         self,
@@ -458,6 +482,12 @@ class Connection:
         # the user and client id at CONNECT. ``peer``: the client's ``host:port``.
         self.context = ClientContext(PROTOCOL_MQTT, peer=peer, connection_id=new_connection_id())
         self.state = State.AWAIT_CONNECT
+        # What the user may do (made again at CONNECT, for the user who logged in).
+        self.access = Access(hub.api, self.context)
+        # Set by the transport of a TLS connection: its verified client certificate's common
+        # name (None: no certificate), the user with ``use_identity_as_username``.
+        self.tls = False
+        self.certificate_user: str | None = None
         self.version = MQTT_5
         self.session: Session | None = None
         self.client_id = ""
@@ -662,19 +692,59 @@ class Connection:
             # Enhanced authentication (AUTH) is not offered.
             self._refuse(ReasonCode.BAD_AUTHENTICATION_METHOD, "no enhanced authentication")
             return None
-        refusal = hub.authenticate(packet.username, packet.password, packet.client_id)
-        if refusal:
-            self._refuse(refusal, "not authorized")
-            return None
-        keep_alive, server_keep_alive, too_long = grant_keep_alive(
-            packet.keep_alive, options.max_keepalive, version
-        )
+        too_long = grant_keep_alive(packet.keep_alive, options.max_keepalive, version)[2]
         if too_long:  # 3.1.1: 0x02 Identifier rejected, as Mosquitto (options.py says why)
             self._refuse(
                 ReasonCode.CLIENT_IDENTIFIER_NOT_VALID,
                 f"keep alive {packet.keep_alive} above max_keepalive {options.max_keepalive}",
             )
             return None
+        api = hub.api
+        context = self.context
+        if self.certificate_user is not None and options.use_identity_as_username:
+            # The verified certificate names the user; CONNECT's user name and password are
+            # not looked at (Mosquitto's use_identity_as_username).
+            self._logged_in(packet, api.login_certificate(context, self.certificate_user))
+            return None
+        if self.tls and options.use_identity_as_username:
+            self._refuse(ReasonCode.NOT_AUTHORIZED, "no client certificate")
+            return None
+        if packet.username is None:
+            self._logged_in(packet, api.login_anonymous(context))
+            return None
+        return self._login(packet, packet.username, packet.password or b"")
+
+    async def _login(self, packet: Connect, user: str, password: bytes) -> None:
+        """A user name and password against the user store (it may wait: the host's login
+        slow-down, then the hash check in a thread; the transport holds what follows)."""
+        try:
+            text = password.decode()
+        except UnicodeDecodeError:  # no stored password is other than UTF-8 text
+            text = "\0" + password.hex()
+        result = await self.hub.api.login_password(self.context, user, text, "MQTT")
+        if self.state is State.AWAIT_CONNECT:  # not closed while the check ran
+            self._logged_in(packet, result)
+
+    def _logged_in(self, packet: Connect, result: LoginResult) -> None:
+        if not result.ok:
+            code = (
+                ReasonCode.NOT_AUTHORIZED
+                if result.not_authorized
+                else ReasonCode.BAD_USER_NAME_OR_PASSWORD
+            )
+            self._refuse(code, f"login refused ({result.reason}): user {result.user!r}")
+            return
+        self._accept(packet, result.user)
+
+    def _accept(self, packet: Connect, user: str) -> None:
+        hub = self.hub
+        options = hub.options
+        version = self.version
+        v5 = version == MQTT_5
+        props = packet.properties
+        keep_alive, server_keep_alive, _ = grant_keep_alive(
+            packet.keep_alive, options.max_keepalive, version
+        )
         client_id = packet.client_id
         assigned: str | None = None
         if not client_id:
@@ -693,9 +763,14 @@ class Connection:
         if options.max_session_expiry is not None and expiry > options.max_session_expiry:
             granted_expiry = options.max_session_expiry
         self.client_id = client_id
-        self.context = replace(self.context, user=packet.username or "", client_id=client_id)
+        self.context = context = replace(self.context, user=user, client_id=client_id)
+        self.access = access = Access(hub.api, context)
+        will = packet.will
+        if will is not None and not hub.may_publish_will(access, will):
+            self._refuse(ReasonCode.NOT_AUTHORIZED, f"will topic {will.topic!r} not allowed")
+            return
         self.keep_alive = keep_alive
-        self.will = packet.will
+        self.will = will
         session, present = hub.open_session(self, client_id, packet.clean_start, granted_expiry)
         self.session = session
         self.state = State.CONNECTED
@@ -718,7 +793,6 @@ class Connection:
         if keep_alive:
             self.link.start_keep_alive(keep_alive)
         session.attach(self, present)
-        return None
 
     def _refuse(self, reason_code: int, reason: str) -> None:
         """CONNACK with an error, then close [MQTT-3.2.2-7]."""
@@ -760,9 +834,21 @@ class Connection:
         outcome = hub.publish_packet(self.context, self, topic, packet)
         if not isinstance(outcome, tuple):
             return self._publish_later(packet, outcome)
+        if outcome[0] == ReasonCode.NOT_AUTHORIZED:
+            self._denied(topic)
         if qos:
             self._acknowledge(packet, outcome)
         return None
+
+    def _denied(self, topic: str) -> None:
+        """A publish without permission (the core wrote the audit line): 5.0 answers PUBACK
+        0x87; 3.1.1 is acknowledged and dropped (Mosquitto), or the connection is closed when
+        ``[auth] mqtt_denied_publish = "disconnect"`` (RabbitMQ)."""
+        self.metrics["publishes_denied"] += 1
+        if self.version != MQTT_5 and self.hub.api.denied_mqtt_publish_closes(self.context):
+            raise MqttProtocolError(
+                ReasonCode.NOT_AUTHORIZED, f"publish to {topic!r} not allowed: closed"
+            )
 
     async def _publish_when_unblocked(self, packet: Publish, topic: str) -> None:
         self.link.pause_reading("flow")
@@ -778,6 +864,8 @@ class Connection:
         outcome = self.hub.publish_packet(self.context, self, topic, packet)
         if not isinstance(outcome, tuple):
             return self._publish_later(packet, outcome)
+        if outcome[0] == ReasonCode.NOT_AUTHORIZED:
+            self._denied(topic)
         self._acknowledge(packet, outcome)
         return None
 

@@ -29,6 +29,7 @@ class Sub:
         "identifier",
         "levels",
         "no_local",
+        "per_record",
         "qos",
         "retain_as_published",
         "retain_handling",
@@ -61,6 +62,9 @@ class Sub:
         # Tag filter (user property ``tag-filter``): a plain subscription matches only records
         # carrying one of its tags; a shared one's is its group queue's (kept here to persist).
         self.tag_filter = tag_filter
+        # A filter whose first level is a wildcard names no exchange to check at SUBSCRIBE: each
+        # record it would deliver is checked instead (``mqtt deliver``, docs/security.md).
+        self.per_record = levels[0] in ("+", "#")
 
     def takes(self, tags: list[str] | None) -> bool:
         """Whether this subscription's tag filter lets a record with ``tags`` through."""

@@ -19,6 +19,7 @@ from core.broker import Broker
 from core.delivery import Delivery
 from core.log import LogConfig, LogStore, names
 from core.log import record as rec
+from core.security import SecurityConfig, SecurityService
 from gateway.mqtt.addresses import session_queue_name
 from gateway.mqtt.codec import (
     Connack,
@@ -226,7 +227,11 @@ async def test_wildcard_first_level_persistent_session(server: MQTTServer) -> No
 
 
 async def test_authentication(broker: Broker) -> None:
-    server = await start_server(broker, MqttOptions(allow_anonymous=False, users={"dev": "secret"}))
+    # The broker's user store decides (no anonymous clients here, even from loopback).
+    security = SecurityService(broker.store, SecurityConfig(anonymous="never"))
+    await security.put_user("dev", password="secret")
+    server = MQTTServer(BrokerAPI(broker, security))
+    await server.start("127.0.0.1", 0)
     try:
         for username, password, code in (
             ("dev", b"secret", 0x00),
