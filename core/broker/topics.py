@@ -9,6 +9,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from core.errors import TopicError as TopicError  # re-exported: its importers name it here
 from core.log import LogStore
 from core.log.names import META_TOPIC, is_system_topic
 from core.state import DurableTable
@@ -17,14 +18,6 @@ _TOPIC_KEY = "topic:"
 # Kafka's limit on topic names is 249 characters; AMQP's shortstr allows 255 bytes.
 MAX_TOPIC_NAME_BYTES = 255
 _CONTROL = re.compile(r"[\x00-\x1f]")
-
-
-class TopicError(ValueError):
-    """An invalid topic operation; ``code`` names the condition for the gateway to map."""
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
 
 
 @dataclass

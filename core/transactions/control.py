@@ -58,15 +58,15 @@ import asyncio
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from core.broker.topics import TopicError
 from core.delivery.message import (
     BATCH_SELECT_HEADER,
     EXPIRES_AT_HEADER,
     ROUTING_KEY_HEADER,
     inner_subject,
 )
+from core.errors import TopicError
 from core.log import Record
 from core.log import record as rec
 from core.log.batches import batch_is_control, unpack_batch
@@ -86,9 +86,6 @@ from core.transactions.state import (
     UNKNOWN,
     TransactionError,
 )
-
-if TYPE_CHECKING:
-    from core.broker.broker import Broker
 
 log = logging.getLogger(__name__)
 
@@ -227,13 +224,40 @@ def outcome_txn_id(headers: Sequence[tuple[str, bytes]], subject: str, key: byte
     return _text(key) if key else ""
 
 
+class TopicNames(Protocol):
+    def __contains__(self, name: str) -> bool: ...
+
+
+class PublishingBroker(Protocol):
+    """What :class:`HalfMessages` uses of the ``Broker`` (core.broker.broker imports this
+    module, so this one names the broker by what it does rather than importing it)."""
+
+    @property
+    def topics(self) -> TopicNames: ...
+
+    def declare_topic(self, name: str) -> object: ...
+
+    async def publish(
+        self,
+        topic: str,
+        body: bytes | None,
+        *,
+        subject: str,
+        headers: rec.Headers,
+        client: str,
+        address: str,
+        create_topic: bool,
+        wait_durable: bool,
+    ) -> object: ...
+
+
 class HalfMessages:
     """The convention over one broker's :class:`TransactionService` (``broker.transactions``).
 
     Construct it in the broker's constructor, after the service (which has replayed the log):
     it gives the producer groups of recovered transactions their check-back again."""
 
-    def __init__(self, broker: Broker, service: TransactionService) -> None:
+    def __init__(self, broker: PublishingBroker, service: TransactionService) -> None:
         self.broker = broker
         self.service = service
         self._groups: set[str] = set()  # service groups given our check-back
