@@ -5,13 +5,18 @@ what aiormq's "connection close stairway" test and pika's connection-loss tests 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import threading
+from collections.abc import Callable, Iterator
 
 import aiormq
+import pika
+import pika.exceptions
 import pytest
 from pamqp import commands
 from yarl import URL
 
-from tests.amqp.forwarder import BLACK_HOLE, CLOSE, forwarding
+from tests.amqp.forwarder import BLACK_HOLE, CLOSE, Forwarder, forwarding
 from tests.amqp.raw import RawConnection
 from tests.braid_process import BraidProcess
 
@@ -96,3 +101,70 @@ async def test_a_silent_connection_is_closed_after_two_heartbeats(braid: BraidPr
             # The client's own check (no frame for 3 heartbeat intervals) closes it too.
             await asyncio.wait([connection.closing])
         assert connection.is_closed
+
+
+@contextlib.contextmanager
+def forwarder_in_a_thread(braid: BraidProcess) -> Iterator[tuple[int, Callable[[], None]]]:
+    """A forwarder for a blocking client: its port, and a call that resets every connection
+    through it and returns once that is done (pika's ForwardServer.stop)."""
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    started = asyncio.run_coroutine_threadsafe(
+        Forwarder(("127.0.0.1", braid.amqp_port)).start(), loop
+    )
+    forwarder = started.result(DEADLINE_S)
+
+    async def drop() -> None:
+        forwarder.drop()
+
+    try:
+        yield forwarder.port, lambda: asyncio.run_coroutine_threadsafe(drop(), loop).result(10)
+    finally:
+        asyncio.run_coroutine_threadsafe(forwarder.close(), loop).result(DEADLINE_S)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(DEADLINE_S)
+        loop.close()
+
+
+@pytest.mark.parametrize(
+    ("phase", "expected"),
+    [
+        ("_on_connection_start", pika.exceptions.ProbableAuthenticationError),
+        ("_on_connection_tune", pika.exceptions.ProbableAccessDeniedError),
+    ],
+)
+def test_pika_connection_lost_during_the_handshake(
+    braid: BraidProcess, phase: str, expected: type[Exception]
+) -> None:
+    """pika's TestDisconnectDuringConnectionStart / ...Tune: the forwarder resets the
+    connection when Connection.Start (Tune) arrives; pika names the phase it was lost in,
+    which needs Start and Tune to arrive one by one, each answered before the next."""
+    with forwarder_in_a_thread(braid) as (port, drop):
+
+        def dropping_first(self: pika.SelectConnection, *args: object, **kwargs: object) -> None:
+            drop()
+            getattr(pika.SelectConnection, phase)(self, *args, **kwargs)
+
+        impl = type("DroppingConnection", (pika.SelectConnection,), {phase: dropping_first})
+        parameters = pika.ConnectionParameters("127.0.0.1", port, socket_timeout=5)
+        with pytest.raises(expected):
+            pika.BlockingConnection(parameters, _impl_class=impl)
+
+
+def test_pika_connection_lost_while_blocked_in_queue_declare(braid: BraidProcess) -> None:
+    """pika's TestBrokerDropBlockedInQueueDeclare, blocking flavour: the connection goes while
+    queue.declare waits for its Declare-Ok; the call raises instead of waiting forever."""
+    with forwarder_in_a_thread(braid) as (port, drop):
+        connection = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port))
+        channel = connection.channel()
+        original = connection._impl._send_method  # type: ignore[attr-defined]
+
+        def send_then_drop(channel_number: int, method: object, *rest: object) -> None:
+            original(channel_number, method, *rest)
+            if type(method).__name__ == "Declare":
+                drop()
+
+        connection._impl._send_method = send_then_drop  # type: ignore[attr-defined]
+        with pytest.raises(pika.exceptions.AMQPConnectionError):
+            channel.queue_declare("lost-in-declare", exclusive=True)
