@@ -154,13 +154,9 @@ class MetricsRegistry:
         merged.update((family.name, family) for family in self._own_metrics())
         return list(merged.values())
 
-    def render(self) -> str:
-        lines: list[str] = []
-        for family in self.collect():
-            lines.append(f"# HELP {family.name} {escape_help(family.help)}")
-            lines.append(f"# TYPE {family.name} {family.kind}")
-            lines.extend(_sample_lines(family.name, family.samples))
-        return "\n".join(lines) + "\n"
+    def render(self, extra: Iterable[Family] = ()) -> str:
+        """The registry's families, then ``extra`` (families built for this scrape)."""
+        return render_families([*self.collect(), *extra])
 
     def _own_metrics(self) -> list[Family]:
         return [
@@ -171,6 +167,16 @@ class MetricsRegistry:
                 self.collector_errors,
             )
         ]
+
+
+def render_families(families: Iterable[Family]) -> str:
+    """Families in the Prometheus text format (one HELP and TYPE line each)."""
+    lines: list[str] = []
+    for family in families:
+        lines.append(f"# HELP {family.name} {escape_help(family.help)}")
+        lines.append(f"# TYPE {family.name} {family.kind}")
+        lines.extend(_sample_lines(family.name, family.samples))
+    return "\n".join(lines) + "\n"
 
 
 def _as_list(samples: Samples) -> list[tuple[Labels, Number]]:

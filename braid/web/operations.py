@@ -17,11 +17,17 @@ from aiohttp import web
 from braid import metrics
 
 HealthCheck = Callable[[], tuple[bool, dict[str, object]]]
-OPEN_PATHS: Final = frozenset({"/health", "/metrics"})
+OPEN_PATHS: Final = frozenset({"/health", "/metrics", "/metrics/per-object"})
+# Families built per scrape (the dashboards' names: braid/web/prometheus.py), or none.
+ExtraFamilies = Callable[[], list[metrics.Family]]
 
 
 def add_operations_routes(
-    app: web.Application, health: HealthCheck, registry: metrics.MetricsRegistry
+    app: web.Application,
+    health: HealthCheck,
+    registry: metrics.MetricsRegistry,
+    aggregated: ExtraFamilies | None = None,
+    per_object: ExtraFamilies | None = None,
 ) -> None:
     started = time.monotonic()
 
@@ -35,10 +41,20 @@ def add_operations_routes(
         )
 
     async def get_metrics(_request: web.Request) -> web.Response:
+        extra = aggregated() if aggregated is not None else []
         return web.Response(
-            body=registry.render().encode(),
+            body=registry.render(extra).encode(),
+            headers={"Content-Type": metrics.CONTENT_TYPE, "Cache-Control": "no-store"},
+        )
+
+    async def get_per_object(_request: web.Request) -> web.Response:
+        # As RabbitMQ's /metrics/per-object: the per-queue samples (no braid_* families).
+        families = per_object() if per_object is not None else []
+        return web.Response(
+            body=metrics.render_families(families).encode(),
             headers={"Content-Type": metrics.CONTENT_TYPE, "Cache-Control": "no-store"},
         )
 
     app.router.add_get("/health", get_health)
     app.router.add_get("/metrics", get_metrics)
+    app.router.add_get("/metrics/per-object", get_per_object)

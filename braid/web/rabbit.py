@@ -485,7 +485,7 @@ class RabbitResources:
     def node_json(self) -> Json:
         uptime_ms = int((time.monotonic() - self.sources.started_monotonic) * 1000)
         disk = shutil.disk_usage(".")
-        rss = _rss_bytes()
+        rss = rss_bytes()
         try:
             fd_used = len(os.listdir("/proc/self/fd"))
         except OSError:
@@ -1287,7 +1287,7 @@ def _integer(value: object) -> int | None:
     return None
 
 
-def _rss_bytes() -> int:
+def rss_bytes() -> int:
     try:
         with open("/proc/self/statm") as statm:
             return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")

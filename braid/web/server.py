@@ -20,7 +20,8 @@ from braid import metrics
 from braid.web.auth import basic_auth_middleware
 from braid.web.management import add_management_routes
 from braid.web.operations import HealthCheck, add_operations_routes
-from braid.web.rabbit import ManagementSources
+from braid.web.prometheus import DashboardMetrics
+from braid.web.rabbit import ManagementSources, RabbitResources
 from core.security import SecurityService
 
 log = logging.getLogger(__name__)
@@ -89,7 +90,12 @@ def build_app(
         middlewares.append(basic_auth_middleware(security))
     app = web.Application(middlewares=middlewares, client_max_size=MAX_BODY_BYTES)
     app.on_response_prepare.append(_server_header)
-    add_operations_routes(app, health, registry)
+    if security is not None and sources is not None:
+        resources = RabbitResources(security, sources)
+        dashboards = DashboardMetrics(resources, sources)
+        add_operations_routes(app, health, registry, dashboards.aggregated, dashboards.per_object)
+    else:
+        add_operations_routes(app, health, registry)
     if security is not None:
         add_management_routes(app, security, sources)
     return app
