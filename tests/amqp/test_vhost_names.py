@@ -212,7 +212,7 @@ def test_amqp_config_users() -> None:
         ({"vhosts": ["/", "/"]}, "listed twice"),
         ({"vhosts": "/"}, "expected a list of strings"),
         ({"vhost": ["/"]}, r"\[amqp\] vhost: unknown key \(known: vhosts, users\)"),
-        ({"users": {"a": {"vhosts": ["/"]}}}, r"users.a password: expected a string"),
+        ({"users": {"a": {"vhosts": ["/"]}}}, r"users.a: password missing"),
         ({"users": {"a": {"password": "p", "tags": []}}}, r"users.a tags: unknown key"),
         ({"users": {"a": {"password": "p", "vhosts": ["nope"]}}}, "'nope' is not one of"),
         ({"users": {"a": "p"}}, r"users.a: expected a table"),
