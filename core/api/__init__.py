@@ -132,9 +132,14 @@ from core.scoped_reads import stored_flags as stored_flags
 from core.scoped_reads import stored_tags as stored_tags
 from core.scoped_reads import stored_time as stored_time
 from core.security.mapping import OPERATIONS as SECURITY_OPERATIONS
+from core.security.model import OPERATION_NUMBERS as KAFKA_ACL_OPERATION_NUMBERS
+from core.security.model import PATTERN_TYPE_NUMBERS as KAFKA_ACL_PATTERN_TYPE_NUMBERS
+from core.security.model import PERMISSION_TYPE_NUMBERS as KAFKA_ACL_PERMISSION_TYPE_NUMBERS
+from core.security.model import RESOURCE_TYPE_NUMBERS as KAFKA_ACL_RESOURCE_TYPE_NUMBERS
 from core.security.model import KafkaAcl as KafkaAcl
 from core.security.model import KafkaAclFilter as KafkaAclFilter
 from core.security.model import SecurityModelError as SecurityModelError
+from core.security.scram import KAFKA_MECHANISM_NUMBERS as KAFKA_SCRAM_MECHANISM_NUMBERS
 from core.security.scram import ScramCredential as ScramCredential
 from core.security.service import LoginResult as LoginResult
 from core.security.service import ScramLogin as ScramLogin
@@ -150,6 +155,11 @@ run_until_first_wait = run_eagerly
 
 __all__ = [
     "EXCHANGE_QUEUE",
+    "KAFKA_ACL_OPERATION_NUMBERS",
+    "KAFKA_ACL_PATTERN_TYPE_NUMBERS",
+    "KAFKA_ACL_PERMISSION_TYPE_NUMBERS",
+    "KAFKA_ACL_RESOURCE_TYPE_NUMBERS",
+    "KAFKA_SCRAM_MECHANISM_NUMBERS",
     "PRODUCER_GROUP_HEADER",
     "PROTOCOL_AMQP",
     "PROTOCOL_INTERNAL",

@@ -1,6 +1,6 @@
 """Cluster and topic APIs: ApiVersions, Metadata, FindCoordinator, DescribeCluster,
 CreateTopics, DeleteTopics, CreatePartitions, DescribeConfigs, AlterConfigs,
-IncrementalAlterConfigs, and the SASL refusal.
+IncrementalAlterConfigs (SASL: ``access.py``; ACLs and SCRAM credentials: ``acls.py``).
 
 Configs: topics and the broker describe theirs (read-only: the config file sets them); a consumer
 group has one config, ``braid.tag.filter`` (its tag filter, ``tagfilters.py``), that
@@ -26,6 +26,7 @@ from kio.schema.errors import ErrorCode
 
 from core.api import ClientContext, TopicError, TopicInfo, is_system_topic
 from gateway.kafka import tagfilters
+from gateway.kafka.access import allowed
 from gateway.kafka.apis import ApiKey, api_versions_response
 from gateway.kafka.codec import Request
 from gateway.kafka.context import (
@@ -147,7 +148,9 @@ async def handle_metadata(
         # null (v1+) or empty (v0): every topic, the internal ones flagged
         listed = kafka_topics(context, connection.client) + internal_topics(context, connection)
         for each in sorted(listed, key=lambda listed_topic: listed_topic.name):
-            topics.append(_topic_metadata(each.name, ErrorCode.none, each))
+            # As Kafka: only the topics the principal may describe are listed.
+            if allowed(context, connection, "kafka Metadata", each.name):
+                topics.append(_topic_metadata(each.name, ErrorCode.none, each))
     else:
         allow_create = context.settings.auto_create_topics and getattr(
             body, "allow_auto_topic_creation", True
@@ -161,6 +164,10 @@ async def handle_metadata(
             seen.add(name)
             info: TopicInfo | None = None
             error = ErrorCode.none
+            if not allowed(context, connection, "kafka Metadata", name):
+                # Kafka: TOPIC_AUTHORIZATION_FAILED without DESCRIBE, whether it exists or not.
+                topics.append(_topic_metadata(name, ErrorCode.topic_authorization_failed, None))
+                continue
             if is_system_topic(name):
                 if internal is None:
                     internal = {
@@ -175,7 +182,7 @@ async def handle_metadata(
             if info is None and error == ErrorCode.none:
                 if not is_legal_topic_name(name):
                     error = ErrorCode.invalid_topic_exception
-                elif allow_create:
+                elif allow_create and allowed(context, connection, "kafka CreateTopics", name):
                     try:
                         info = declare_kafka_topic(
                             context,
@@ -208,8 +215,17 @@ async def handle_find_coordinator(
     host, port = connection.advertised(context.settings)
     key_type = getattr(request.body, "key_type", COORDINATOR_GROUP)
     error = ErrorCode.none
+    key = getattr(request.body, "key", "")
     if key_type not in (COORDINATOR_GROUP, COORDINATOR_TRANSACTION):
         error = ErrorCode.invalid_request
+    elif key_type == COORDINATOR_GROUP and not allowed(
+        context, connection, "kafka FindCoordinator group", key
+    ):
+        error = ErrorCode.group_authorization_failed
+    elif key_type == COORDINATOR_TRANSACTION and not allowed(
+        context, connection, "kafka FindCoordinator transaction", key
+    ):
+        error = ErrorCode.transactional_id_authorization_failed
     return build_response(
         ApiKey.FIND_COORDINATOR,
         request.api_version,
@@ -262,6 +278,9 @@ async def handle_create_topics(
             error, message = ErrorCode.invalid_request, "topic named more than once"
         elif not is_legal_topic_name(name) or is_system_topic(name):
             error, message = ErrorCode.invalid_topic_exception, f"illegal topic name {name!r}"
+        elif not allowed(context, connection, "kafka CreateTopics", name):
+            error = ErrorCode.topic_authorization_failed
+            message = "Authorization failed."
         elif context.api.has_topic(connection.client, name):
             error, message = ErrorCode.topic_already_exists, f"topic {name!r} already exists"
         elif topic.replication_factor not in (-1, 1):
@@ -296,7 +315,11 @@ async def handle_delete_topics(
     body: Any = request.body
     for name in body.topic_names:
         error = ErrorCode.none
-        if is_system_topic(name) or not context.api.has_topic(connection.client, name):
+        if not is_system_topic(name) and not allowed(
+            context, connection, "kafka DeleteTopics", name
+        ):
+            error = ErrorCode.topic_authorization_failed
+        elif is_system_topic(name) or not context.api.has_topic(connection.client, name):
             error = ErrorCode.unknown_topic_or_partition
         else:
             context.api.delete_topic(connection.client, name)
@@ -316,7 +339,9 @@ async def handle_create_partitions(
         info = context.api.topic_info(connection.client, topic.name)
         error = ErrorCode.none
         message: str | None = None
-        if info is None or is_system_topic(topic.name):
+        if not allowed(context, connection, "kafka CreatePartitions", topic.name):
+            error, message = ErrorCode.topic_authorization_failed, "Authorization failed."
+        elif info is None or is_system_topic(topic.name):
             error = ErrorCode.unknown_topic_or_partition
         elif topic.count <= info.queues:
             error = ErrorCode.invalid_partitions
@@ -586,31 +611,6 @@ async def handle_describe_configs(
     )
 
 
-async def handle_sasl_handshake(
-    context: KafkaContext, connection: Connection, request: Request
-) -> ResponseBody:
-    # No SASL on this listener: refuse every mechanism (an empty list of enabled ones).
-    return build_response(
-        ApiKey.SASL_HANDSHAKE,
-        request.api_version,
-        {"error_code": ErrorCode.unsupported_sasl_mechanism, "mechanisms": []},
-    )
-
-
-async def handle_sasl_authenticate(
-    context: KafkaContext, connection: Connection, request: Request
-) -> ResponseBody:
-    return build_response(
-        ApiKey.SASL_AUTHENTICATE,
-        request.api_version,
-        {
-            "error_code": ErrorCode.illegal_sasl_state,
-            "error_message": "SASL is not enabled on this listener",
-            "auth_bytes": b"",
-        },
-    )
-
-
 HANDLERS: dict[int, Handler] = {
     ApiKey.API_VERSIONS: handle_api_versions,
     ApiKey.METADATA: handle_metadata,
@@ -622,6 +622,4 @@ HANDLERS: dict[int, Handler] = {
     ApiKey.DESCRIBE_CONFIGS: handle_describe_configs,
     ApiKey.ALTER_CONFIGS: handle_alter_configs,
     ApiKey.INCREMENTAL_ALTER_CONFIGS: handle_incremental_alter_configs,
-    ApiKey.SASL_HANDSHAKE: handle_sasl_handshake,
-    ApiKey.SASL_AUTHENTICATE: handle_sasl_authenticate,
 }

@@ -82,6 +82,9 @@ Rules that set the bounds:
 - AlterConfigs 0-2 and IncrementalAlterConfigs 0-1: every version kio has, and each client's
   max (the newer versions only changed encoding); they set a consumer group's tag filter
   (resource type GROUP, ``admin.py``). librdkafka reads configs with DescribeConfigs v1.
+- DescribeAcls/CreateAcls/DeleteAcls 1-3 (kio has no v0; v1 added PREFIXED patterns, which every
+  client sends since Kafka 2.0), DescribeUserScramCredentials and AlterUserScramCredentials 0
+  (the only versions): ``acls.py``.
 - ApiVersions 0-4 (v3 is flexible and carries the client software name; v4 only lifts the
   ban on a 0 feature min version). A newer ApiVersions gets the KIP-511 fallback in ``codec``.
 """
@@ -128,12 +131,17 @@ class ApiKey(enum.IntEnum):
     ADD_OFFSETS_TO_TXN = 25
     END_TXN = 26
     TXN_OFFSET_COMMIT = 28
+    DESCRIBE_ACLS = 29
+    CREATE_ACLS = 30
+    DELETE_ACLS = 31
     DESCRIBE_CONFIGS = 32
     ALTER_CONFIGS = 33
     SASL_AUTHENTICATE = 36
     CREATE_PARTITIONS = 37
     DELETE_GROUPS = 42
     INCREMENTAL_ALTER_CONFIGS = 44
+    DESCRIBE_USER_SCRAM_CREDENTIALS = 50
+    ALTER_USER_SCRAM_CREDENTIALS = 51
     DESCRIBE_CLUSTER = 60
 
 
@@ -162,12 +170,17 @@ SUPPORTED_APIS: Final[dict[int, tuple[int, int]]] = {
     ApiKey.ADD_OFFSETS_TO_TXN: (0, 3),
     ApiKey.END_TXN: (0, 3),
     ApiKey.TXN_OFFSET_COMMIT: (0, 3),
+    ApiKey.DESCRIBE_ACLS: (1, 3),
+    ApiKey.CREATE_ACLS: (1, 3),
+    ApiKey.DELETE_ACLS: (1, 3),
     ApiKey.DESCRIBE_CONFIGS: (1, 4),
     ApiKey.ALTER_CONFIGS: (0, 2),
     ApiKey.SASL_AUTHENTICATE: (0, 2),
     ApiKey.CREATE_PARTITIONS: (0, 3),
     ApiKey.DELETE_GROUPS: (0, 2),
     ApiKey.INCREMENTAL_ALTER_CONFIGS: (0, 1),
+    ApiKey.DESCRIBE_USER_SCRAM_CREDENTIALS: (0, 0),
+    ApiKey.ALTER_USER_SCRAM_CREDENTIALS: (0, 0),
     ApiKey.DESCRIBE_CLUSTER: (0, 1),
 }
 

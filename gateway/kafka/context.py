@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Final, TypeAlias
 
 from kio.schema.errors import ErrorCode
 
-from core.api import PROTOCOL_KAFKA, ClientContext, is_system_topic
+from core.api import PROTOCOL_KAFKA, ClientContext, ScramLogin, is_system_topic
 from gateway.kafka.codec import Request
 
 if TYPE_CHECKING:
@@ -74,6 +74,20 @@ class KafkaContext:
 
 
 @dataclass(eq=False, slots=True)
+class LoginState:
+    """A connection's login: set by SASL, a client certificate or the anonymous check."""
+
+    logged_in: bool = False
+    mechanism: str | None = None  # chosen by SaslHandshake, until the exchange ends
+    scram: ScramLogin | None = None  # a SCRAM exchange after its first message
+    failed: bool = False  # a SASL login failed: the connection is good for nothing else
+    certificate_user: str | None = None  # the verified client certificate's CN (TLS)
+    # Allowed (operation, name) pairs and the store generation they were decided under.
+    allowed: dict[tuple[str, str], bool] = field(default_factory=dict)
+    generation: int = -1
+
+
+@dataclass(eq=False, slots=True)
 class Connection:
     """One client connection as handlers see it."""
 
@@ -83,6 +97,8 @@ class Connection:
     client_id: str | None = None
     # Who calls the Broker API for this connection (client_id follows the request headers').
     client: ClientContext = NO_CLIENT_YET
+    # Its login and the access answers kept for it (access.py).
+    login: LoginState = field(default_factory=LoginState)
 
     def advertised(self, settings: KafkaSettings) -> tuple[str, int]:
         return (

@@ -66,6 +66,7 @@ from core.api import (
     stored_tags,
     tags_from_headers,
 )
+from gateway.kafka.access import allowed
 from gateway.kafka.apis import ApiKey
 from gateway.kafka.codec import Request
 from gateway.kafka.context import (
@@ -267,8 +268,11 @@ def _read(
     total = 0
     errors = False
     for topic, partitions in plan:
-        internal = is_system_topic(topic)
-        info = None if internal else api.topic_info(client, topic)
+        # The broker's own records (other groups' offsets, sessions, its tables) are no
+        # client's to read, nor is a topic the principal may not read: Kafka's answer to a
+        # client without READ on a topic.
+        refused = is_system_topic(topic) or not allowed(context, connection, "kafka Fetch", topic)
+        info = None if refused else api.topic_info(client, topic)
         results = []
         for wanted in partitions:
             partition = wanted.partition
@@ -276,9 +280,7 @@ def _read(
             records: list[Any] = []
             size = 0
             start = end = -1
-            if internal:
-                # The broker's own records (other groups' offsets, sessions, its tables) are
-                # no client's to read: Kafka's answer to a client without READ on a topic.
+            if refused:
                 error = ErrorCode.topic_authorization_failed
             elif info is None or not 0 <= partition < info.queues:
                 error = ErrorCode.unknown_topic_or_partition
@@ -386,7 +388,10 @@ async def handle_list_offsets(
     body: Any = request.body
     for topic in body.topics:
         name = topic.name
-        internal = is_system_topic(name)
+        # Without DESCRIBE on the topic: TOPIC_AUTHORIZATION_FAILED, as for internal topics.
+        internal = is_system_topic(name) or not allowed(
+            context, connection, "kafka ListOffsets", name
+        )
         info = None if internal else api.topic_info(client, name)
         results = []
         for wanted in topic.partitions:
@@ -447,7 +452,10 @@ async def handle_offset_for_leader_epoch(
     body: Any = request.body
     for topic in body.topics:
         name = topic.topic
-        internal = is_system_topic(name)
+        # Without DESCRIBE on the topic: TOPIC_AUTHORIZATION_FAILED, as for internal topics.
+        internal = is_system_topic(name) or not allowed(
+            context, connection, "kafka ListOffsets", name
+        )
         info = None if internal else api.topic_info(client, name)
         results = []
         for wanted in topic.partitions:

@@ -14,6 +14,7 @@ from typing import Any, Final
 from kio.schema.errors import ErrorCode
 
 from core.api import ClientContext, is_system_topic
+from gateway.kafka.access import allowed
 from gateway.kafka.apis import ApiKey
 from gateway.kafka.codec import Request
 from gateway.kafka.context import Connection, Handler, KafkaContext, ResponseBody, ms
@@ -32,6 +33,20 @@ def _client_host(connection: Connection) -> str:
     return "/" + connection.peer.rpartition(":")[0]
 
 
+def _group_denied(api_key: int, request: Request) -> ResponseBody:
+    """GROUP_AUTHORIZATION_FAILED (30) for the whole request, as Kafka answers a group
+    operation without READ (DESCRIBE for OffsetFetch) on the group."""
+    return _build(
+        api_key,
+        request,
+        {
+            "throttle_time": 0,
+            "error_code": ErrorCode.group_authorization_failed,
+            "generation_id": -1,
+        },
+    )
+
+
 def _build(api_key: int, request: Request, values: dict[str, Any]) -> ResponseBody:
     return build_response(api_key, request.api_version, values)
 
@@ -40,6 +55,8 @@ async def handle_join_group(
     context: KafkaContext, connection: Connection, request: Request
 ) -> ResponseBody:
     body: Any = request.body
+    if not allowed(context, connection, "kafka JoinGroup", body.group_id):
+        return _group_denied(ApiKey.JOIN_GROUP, request)
     version = request.api_version
     result = await context.api.join_group(
         connection.client,
@@ -80,6 +97,8 @@ async def handle_sync_group(
     context: KafkaContext, connection: Connection, request: Request
 ) -> ResponseBody:
     body: Any = request.body
+    if not allowed(context, connection, "kafka SyncGroup", body.group_id):
+        return _group_denied(ApiKey.SYNC_GROUP, request)
     result = await context.api.sync_group(
         connection.client,
         body.group_id,
@@ -110,6 +129,8 @@ async def handle_heartbeat(
     context: KafkaContext, connection: Connection, request: Request
 ) -> ResponseBody:
     body: Any = request.body
+    if not allowed(context, connection, "kafka Heartbeat", body.group_id):
+        return _group_denied(ApiKey.HEARTBEAT, request)
     error = context.api.heartbeat(
         connection.client,
         body.group_id,
@@ -124,6 +145,8 @@ async def handle_leave_group(
     context: KafkaContext, connection: Connection, request: Request
 ) -> ResponseBody:
     body: Any = request.body
+    if not allowed(context, connection, "kafka LeaveGroup", body.group_id):
+        return _group_denied(ApiKey.LEAVE_GROUP, request)
     if request.api_version >= 3:
         members = [(member.member_id, member.group_instance_id) for member in body.members]
     else:
@@ -159,6 +182,15 @@ async def handle_describe_groups(
     groups = []
     body: Any = request.body
     for group_id in body.groups:
+        if not allowed(context, connection, "kafka DescribeGroups", group_id):
+            groups.append(
+                {
+                    "error_code": ErrorCode.group_authorization_failed,
+                    "group_id": group_id,
+                    "authorized_operations": -(2**31),
+                }
+            )
+            continue
         described = context.api.describe_group(connection.client, group_id)
         groups.append(
             {
@@ -207,6 +239,8 @@ async def handle_list_groups(
                     "group_type": CLASSIC_GROUP_TYPE,
                 }
                 for listing in listings
+                # Kafka lists the groups the principal may describe.
+                if allowed(context, connection, "kafka ListGroups", listing.group_id)
             ],
         },
     )
@@ -216,8 +250,16 @@ async def handle_delete_groups(
     context: KafkaContext, connection: Connection, request: Request
 ) -> ResponseBody:
     body: Any = request.body
+    permitted = [
+        name
+        for name in body.groups_names
+        if allowed(context, connection, "kafka DeleteGroups", name)
+    ]
     # A deleted group's committed offsets go with it.
-    errors = context.api.delete_groups(connection.client, body.groups_names)
+    errors: dict[str, int] = dict.fromkeys(
+        body.groups_names, int(ErrorCode.group_authorization_failed)
+    )
+    errors.update(context.api.delete_groups(connection.client, permitted) if permitted else {})
     for group_id, error in errors.items():
         if error == 0:
             group_tag_filters(context.api).on_delete(group_id)
@@ -244,6 +286,8 @@ async def handle_offset_commit(
     context: KafkaContext, connection: Connection, request: Request
 ) -> ResponseBody:
     body: Any = request.body
+    if not allowed(context, connection, "kafka OffsetCommit", body.group_id):
+        return _group_denied(ApiKey.OFFSET_COMMIT, request)
     api = context.api
     error: int = api.validate_group_member(
         connection.client,
@@ -260,7 +304,9 @@ async def handle_offset_commit(
             partition_error: int = error
             metadata = partition.committed_metadata or ""
             if partition_error == ErrorCode.none:
-                if not partition_exists(
+                if not allowed(context, connection, "kafka OffsetCommit topic", topic.name):
+                    partition_error = ErrorCode.topic_authorization_failed
+                elif not partition_exists(
                     context, connection.client, topic.name, partition.partition_index
                 ):
                     partition_error = ErrorCode.unknown_topic_or_partition
@@ -289,6 +335,8 @@ async def handle_offset_fetch(
     context: KafkaContext, connection: Connection, request: Request
 ) -> ResponseBody:
     body: Any = request.body
+    if not allowed(context, connection, "kafka OffsetFetch", body.group_id):
+        return _group_denied(ApiKey.OFFSET_FETCH, request)
     api = context.api
     client = connection.client
     group_id = body.group_id
@@ -304,9 +352,10 @@ async def handle_offset_fetch(
     topics = []
     for topic, partitions in wanted:
         results = []
+        visible = allowed(context, connection, "kafka OffsetFetch topic", topic)
         for partition in partitions:
-            committed = api.fetch_offset(client, group_id, topic, partition)
-            error = ErrorCode.none
+            committed = api.fetch_offset(client, group_id, topic, partition) if visible else None
+            error = ErrorCode.none if visible else ErrorCode.topic_authorization_failed
             if require_stable and context.transactions.has_pending_offsets(
                 group_id, topic, partition
             ):

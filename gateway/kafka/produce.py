@@ -39,6 +39,7 @@ from core.api import (
     now_ms,
     unpack_batch,
 )
+from gateway.kafka.access import allowed
 from gateway.kafka.apis import ApiKey
 from gateway.kafka.codec import Request
 from gateway.kafka.context import Connection, Handler, KafkaContext, ResponseBody
@@ -76,7 +77,8 @@ async def handle_produce(
     for topic_data in body.topic_data:
         name = topic_data.name
         internal = is_system_topic(name)
-        info = None if internal else api.topic_info(client, name)
+        permitted = internal or allowed(context, connection, "kafka Produce", name)
+        info = None if internal or not permitted else api.topic_info(client, name)
         if internal:
             log.info("kafka: %s produced to internal topic %s: refused", connection.peer, name)
         durable_end = 0
@@ -93,6 +95,8 @@ async def handle_produce(
                 # ReplicaManager.appendToLocalLog: only the broker writes its internal topics.
                 error = ErrorCode.invalid_topic_exception
                 message = f"Cannot append to internal topic {name}"
+            elif not permitted:
+                error = ErrorCode.topic_authorization_failed
             elif info is None or not 0 <= index < info.queues:
                 error = ErrorCode.unknown_topic_or_partition
             else:

@@ -46,7 +46,7 @@ from core.api import (
     RestOfCoroutine,
     run_until_first_wait,
 )
-from gateway.kafka import admin, fetch, groups, produce, txn_handlers
+from gateway.kafka import access, acls, admin, fetch, groups, produce, txn_handlers
 from gateway.kafka.apis import SUPPORTED_APIS
 from gateway.kafka.codec import (
     MAX_REQUEST_SIZE,
@@ -90,6 +90,8 @@ HANDLERS: Final[dict[int, Handler]] = {
     **fetch.HANDLERS,
     **groups.HANDLERS,
     **txn_handlers.HANDLERS,
+    **access.HANDLERS,
+    **acls.HANDLERS,
 }
 
 METRICS: Final = (
@@ -160,6 +162,11 @@ class KafkaConnection(asyncio.Protocol):
             self.connection = Connection(peer_text, str(local[0]), int(local[1]), client=client)
         else:
             self.connection = Connection(peer_text, "", 0, client=client)
+        # A TLS connection with a verified client certificate: its CN is the principal unless
+        # the client logs in with SASL (access.py).
+        common_name = access.certificate_common_name(transport.get_extra_info("peercert"))
+        if common_name is not None:
+            self.connection.login.certificate_user = common_name
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             with contextlib.suppress(OSError):
@@ -273,6 +280,13 @@ class KafkaConnection(asyncio.Protocol):
             connection.client = dataclasses.replace(
                 connection.client, client_id=request.client_id or ""
             )
+        if (
+            not connection.login.logged_in
+            and request.api_key not in access.BEFORE_LOGIN
+            and not access.admit(self.context, connection, request)
+        ):
+            self.close()
+            return
         handler = HANDLERS[request.api_key]
         try:
             started = run_until_first_wait(handler(self.context, connection, request))

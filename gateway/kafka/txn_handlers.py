@@ -8,6 +8,7 @@ from typing import Any, Final
 
 from kio.schema.errors import ErrorCode
 
+from gateway.kafka.access import allowed
 from gateway.kafka.apis import ApiKey
 from gateway.kafka.codec import Request
 from gateway.kafka.context import (
@@ -36,6 +37,8 @@ async def handle_init_producer_id(
             await context.api.when_durable(reservation)
         error, epoch = ErrorCode.none, 0
         context.metrics["producer_ids"] += 1
+    elif not allowed(context, connection, "kafka InitProducerId", body.transactional_id):
+        error, producer_id, epoch = ErrorCode.transactional_id_authorization_failed, -1, -1
     else:
         error, producer_id, epoch = await context.transactions.init_producer_id(
             body.transactional_id, ms(body.transaction_timeout)
