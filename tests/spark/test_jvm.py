@@ -373,3 +373,22 @@ def test_register_falls_back_to_the_python_source_with_one_log_line(
     with pytest.raises(jvm.JvmReaderUnavailable):
         register(spark, reader="jvm")
     assert register(spark, reader="python") == "python"
+
+
+def test_the_java_sources_compile_without_warnings(tmp_path: Path) -> None:
+    """The Java is kept as the Python is: every javac lint on, warnings are errors."""
+    import subprocess
+
+    compiler = jvm.javac()
+    assert compiler is not None, "a JDK 17+ is needed to build the JVM reader"
+    sources = [str(path) for path in jvm.source_files() if path.suffix == ".java"]
+    lint = ["-Werror", "-Xlint:all", "-Xlint:-serial", "-Xlint:-path"]
+    target = ["-d", str(tmp_path), "-cp", str(jvm.spark_jars() / "*")]
+    done = subprocess.run(
+        [compiler, "--release", jvm.JAVA_RELEASE, *lint, *target, *sources],
+        capture_output=True,
+        text=True,
+        timeout=jvm.COMPILE_TIMEOUT_S,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr

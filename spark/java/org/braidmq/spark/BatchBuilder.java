@@ -63,6 +63,15 @@ final class BatchBuilder {
     }
   }
 
+  /** Empty again, its arrays kept for the next batch. */
+  void reset() {
+    rows = 0;
+    payloadBytes = 0;
+    headerKeys.size = 0;
+    headerValues.size = 0;
+    tagValues.size = 0;
+  }
+
   /** Room for one more row; returns its number. */
   int addRow() {
     if (rows == capacity) {

@@ -51,7 +51,12 @@ final class RangeDecoder {
   private final boolean verifyChecksums;
   private final boolean dedupe;
   private final KafkaBatch kafka = new KafkaBatch();
-  private final ArrayDeque<ColumnarBatch> ready = new ArrayDeque<>();
+  private final ArrayDeque<BatchBuilder> ready = new ArrayDeque<>();
+  // Builders whose batch Spark is done with (it asked for the next one): their arrays are
+  // reused, as Parquet's reader reuses its vectors, rather than allocated per batch (for every
+  // column of a Kafka batch's rows that was ~150 bytes a row of garbage).
+  private final ArrayDeque<BatchBuilder> spare = new ArrayDeque<>();
+  private BatchBuilder handedOut;
   private BatchBuilder builder;
 
   // Where decoding stands: the slice, its queue and the next index entry to read.
@@ -83,14 +88,23 @@ final class RangeDecoder {
     this.builder = new BatchBuilder(columns);
   }
 
-  /** The next batch, or null when every slice is read. */
+  /**
+   * The next batch, or null when every slice is read. The batch returned before this one is no
+   * longer valid (Spark's contract for columnar reads: it is done with a batch when it asks for
+   * the next).
+   */
   ColumnarBatch next() throws IOException {
+    if (handedOut != null) {
+      handedOut.reset();
+      spare.add(handedOut);
+      handedOut = null;
+    }
     while (ready.isEmpty()) {
       if (sliceDone) {
         if (!nextSlice()) {
           if (builder.rows > 0) {
-            ready.add(builder.build());
-            builder = new BatchBuilder(columns);
+            ready.add(builder);
+            builder = newBuilder();
           }
           break;
         }
@@ -98,7 +112,13 @@ final class RangeDecoder {
       }
       decodeChunk();
     }
-    return ready.poll();
+    handedOut = ready.poll();
+    return handedOut == null ? null : handedOut.build();
+  }
+
+  private BatchBuilder newBuilder() {
+    BatchBuilder reused = spare.poll();
+    return reused != null ? reused : new BatchBuilder(columns);
   }
 
   private boolean nextSlice() throws IOException {
@@ -267,8 +287,8 @@ final class RangeDecoder {
         decodePlain(copy, at, k);
       }
       if (builder.rows >= CHUNK_ENTRIES || builder.payloadBytes >= BATCH_BYTES) {
-        ready.add(builder.build());
-        builder = new BatchBuilder(columns);
+        ready.add(builder);
+        builder = newBuilder();
       }
     }
   }
