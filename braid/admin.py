@@ -146,7 +146,8 @@ def build_permission_parser(commands: Any) -> None:
         add_common_options(verb)
 
 
-def _client(args: argparse.Namespace) -> ManagementClient:
+def client_for(args: argparse.Namespace) -> ManagementClient:
+    """The client the options and ``BRAID_ADMIN_PASSWORD`` say (braid/admin_resources.py too)."""
     password = os.environ.get("BRAID_ADMIN_PASSWORD", "guest")
     return ManagementClient(args.url, args.admin_user, password)
 
@@ -161,7 +162,7 @@ def _new_password(args: argparse.Namespace, stdin: TextIO) -> str:
 
 
 def run_user(args: argparse.Namespace, out: TextIO, stdin: TextIO = sys.stdin) -> int:
-    client = _client(args)
+    client = client_for(args)
     command = args.user_command
     if command == "list":
         users = client.call("GET", "/api/users")
@@ -187,7 +188,7 @@ def run_user(args: argparse.Namespace, out: TextIO, stdin: TextIO = sys.stdin) -
 
 
 def run_permission(args: argparse.Namespace, out: TextIO) -> int:
-    client = _client(args)
+    client = client_for(args)
     command = args.permission_command
     if command == "list":
         permissions = client.call("GET", "/api/permissions")

@@ -7,6 +7,8 @@
     braid tail TOPIC [--data-dir DIR] [--last N] [--limit N] [--json]
     braid user add|passwd|delete|list ...           (a running broker's users: braid/admin.py)
     braid permission set|clear|list ...
+    braid queue list|purge|delete, braid exchange|binding|consumer list,
+    braid definitions export|import                 (AMQP resources: braid/admin_resources.py)
 
 Exit codes: 0 success; 1 runtime failure (a listener could not start, corruption found);
 2 usage or configuration error (argparse's convention).
@@ -221,6 +223,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     admin.build_user_parser(commands)
     admin.build_permission_parser(commands)
+    from braid import admin_resources
+
+    admin_resources.build_resource_parsers(commands)
     tail.add_argument(
         "--interval-ms",
         type=_non_negative,
@@ -343,4 +348,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         from braid import admin
 
         return admin.run(args)
+    if args.command in ("queue", "exchange", "binding", "consumer", "definitions"):
+        from braid import admin_resources
+
+        return admin_resources.run(args)
     return _log(args)
