@@ -162,7 +162,9 @@ def test_queue_purge_and_delete(braid: BraidProcess) -> None:
     gone = braid_cli(braid, "queue", "purge", "billing")
     assert gone.returncode == 1
     assert "404" in gone.stderr
-    assert braid_cli(braid, "queue", "delete", "billing").returncode == 1
+    again = braid_cli(braid, "queue", "delete", "billing")
+    assert again.returncode == 1
+    assert again.stderr == "braid queue: error: DELETE /api/queues/%2F/billing: 404 Not Found\n"
 
 
 def test_definitions_export_then_import_into_another_broker(
