@@ -207,7 +207,7 @@ def sorted_rows(frame: DataFrame) -> list[tuple]:
 def jvm_loaded(spark: SparkSession) -> None:
     from spark import register
 
-    assert register(spark) == "jvm"
+    assert register(spark, reader="jvm") == "jvm"
 
 
 @pytest.mark.parametrize(
