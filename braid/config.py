@@ -124,14 +124,14 @@ class AmqpUser:
     vhosts: tuple[str, ...] = (AMQP_DEFAULT_VHOST,)  # the vhosts it may open ("*": all)
 
 
-def _default_amqp_users() -> dict[str, AmqpUser]:
+def default_amqp_users() -> dict[str, AmqpUser]:
     return {"guest": AmqpUser("guest")}  # RabbitMQ's default user, allowed on "/"
 
 
 @dataclass(frozen=True)
 class AmqpSettings:
     vhosts: tuple[str, ...] = (AMQP_DEFAULT_VHOST,)
-    users: Mapping[str, AmqpUser] = field(default_factory=_default_amqp_users)
+    users: Mapping[str, AmqpUser] = field(default_factory=default_amqp_users)
 
 
 @dataclass(frozen=True)

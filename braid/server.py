@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from braid import version
-from braid.config import LOCK_FILE, ServerSettings
+from braid.config import LOCK_FILE, ServerSettings, default_amqp_users
 from braid.metrics import (
     COUNTER,
     GAUGE,
@@ -416,6 +416,12 @@ class BraidServer:
                 self.store, self.settings.auth, vhosts=self.settings.amqp.vhosts
             )
             self.metrics.register("security", security_collector(security))
+            config_users = self.settings.amqp.users
+            if config_users != default_amqp_users():
+                # One user store: the users a config file names act on every protocol.
+                await security.import_config_users(
+                    {name: (user.password, user.vhosts) for name, user in config_users.items()}
+                )
             if self.settings.tls.enabled:
                 try:
                     self.tls = TlsContext(self.settings.tls)

@@ -35,7 +35,7 @@ import hmac
 import ipaddress
 import os
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -382,6 +382,22 @@ class SecurityService:
     def _hash_new_password(self, password: str) -> tuple[PasswordHash, dict[str, ScramCredential]]:
         scram = credentials_from_password(password, iterations=self.config.scram_iterations)
         return hash_password(password), scram
+
+    async def import_config_users(self, users: Mapping[str, tuple[str, Sequence[str]]]) -> None:
+        """Bring the config file's ``[amqp.users]`` (name -> (password, vhosts); ``"*"``: every
+        vhost) into the one store, so the users a config names may log in, and act, on every
+        protocol: a user the store lacks is created with that password, and a vhost it lists
+        on which the store has no permission for it gets ``.*`` for all three (what the config
+        meant: full access to the vhosts it may open). What the store holds is never
+        overwritten, so changes made over the API survive a restart with the same config."""
+        for name, (password, vhosts) in users.items():
+            if self.store.user(name) is None:
+                await self.put_user(name, password=password)
+            wanted = self.vhosts if "*" in vhosts else [v for v in vhosts if v in self.vhosts]
+            for vhost in wanted:
+                if self.store.permission(vhost, name) is None:
+                    self.store.set_permission(vhost, name, VhostPermission(".*", ".*", ".*"))
+        await self._durable()
 
     async def change_password(self, name: str, password: str) -> None:
         user = self.store.user(name)
