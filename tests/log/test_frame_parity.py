@@ -193,6 +193,19 @@ def tear(data_dir: Path, cut: int) -> None:
             os.close(fd)
 
 
+def first_nonzero_byte(data_dir: Path, cut: int, end: int) -> int:
+    """The log position of the first non-zero byte at or after ``cut`` (``end`` if none)."""
+    found = end
+    for path in (data_dir / names.COMMITLOG_DIR).iterdir():
+        base = names.number_of(path)
+        data = path.read_bytes()
+        start = max(cut - base, 0)
+        stripped = data[start:].lstrip(b"\0")
+        if stripped:
+            found = min(found, base + len(data) - len(stripped))
+    return found
+
+
 def recovered(report: RecoveryReport) -> tuple[object, ...]:
     return (
         report.replayed_records,
@@ -244,6 +257,9 @@ def test_fast_paths_write_the_reference_bytes_and_recover_the_same(
 
     # A crash in the middle: the log torn at the same byte in both, then recovery.
     cut = end * cut_permille // 1000
+    # Zeros written over zeros change nothing (a cut inside an all-zero body leaves that frame
+    # whole and valid): recovery may keep the log up to the first byte the tear changed.
+    changed_from = first_nonzero_byte(directories[1], cut, end)
     for directory in directories.values():
         tear(directory, cut)
     reopened = {
@@ -251,7 +267,7 @@ def test_fast_paths_write_the_reference_bytes_and_recover_the_same(
         for fast, directory in directories.items()
     }
     assert recovered(reopened[1].recovery) == recovered(reopened[0].recovery)
-    assert reopened[1].commitlog.write_position <= cut
+    assert reopened[1].commitlog.write_position <= changed_from
     after = queue_entries(reopened[1])
     assert after == queue_entries(reopened[0])
     for queue, entries in after.items():
