@@ -461,6 +461,16 @@ class AckQueue:
                 return message
         return None
 
+    def put_back(self, message: Message) -> None:
+        """Return a record ``_next_message`` gave out, undelivered, to the head of where it
+        came from (its priority's lane in a priority queue)."""
+        lanes = self._lanes
+        if lanes is None:
+            self._buffer.appendleft(message)
+        else:
+            lanes[message.priority(len(lanes) - 1)].appendleft(message)
+            self._laned += 1
+
     def _requeue_into_lanes(self, lanes: list[deque[Message]]) -> None:
         top = len(lanes) - 1
         requeued: list[Message] = []

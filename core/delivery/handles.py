@@ -94,7 +94,7 @@ class QueueHandle:
         queue = self._queue
         message = queue._next_message()
         if message is not None:
-            queue._buffer.appendleft(message)
+            queue.put_back(message)
 
     def __repr__(self) -> str:
         return f"QueueHandle({self._queue!r})"

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from core.deadletter.policy import DEAD_LETTER_TOPIC_HEADER
 from core.log import record as rec
 from core.log.batches import unpack_batch
 from core.log.reader import QueueRecord
@@ -61,10 +62,16 @@ class Message:
 
     @property
     def expires_at_ms(self) -> int | None:
+        """Its per-message expiry, or None; none once it was dead-lettered: RabbitMQ removes a
+        dead letter's ``expiration`` (x-death keeps it as ``original-expiration``), so it does
+        not expire at once in the dead-letter queue (aio-pika's test_expiration)."""
+        expires_at = None
         for name, value in self.headers:
             if name == EXPIRES_AT_HEADER:
-                return int(value)
-        return None
+                expires_at = int(value)
+            elif name == DEAD_LETTER_TOPIC_HEADER:
+                return None
+        return expires_at
 
     def priority(self, max_priority: int) -> int:
         """Its priority in a queue of priorities 0..``max_priority`` (RabbitMQ: none is 0, a
