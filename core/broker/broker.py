@@ -541,7 +541,9 @@ class Broker:
         if target not in self.topics:
             self.declare_topic(target)
         destinations = [(target, 0)]
-        for routed in self.route(target, subject):
+        # With the record's headers, so a headers exchange routes its dead letters (aio-pika's
+        # RPC: a call that expired comes back through rpc.dlx by its "From" header).
+        for routed in self.route(target, subject, dict(message.headers)):
             if routed not in destinations:
                 destinations.append(routed)
         x_death = updated_x_death(

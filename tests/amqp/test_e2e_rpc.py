@@ -56,3 +56,20 @@ async def test_two_rpc_objects_share_one_channel(braid: BraidProcess) -> None:
             await server.unregister(answer)
             await server.close()
         assert not channel.is_closed
+
+
+async def test_a_call_that_expires_comes_back_as_a_timeout(braid: BraidProcess) -> None:
+    """aio-pika's test_timed_out: the call expires unconsumed in a queue whose dead-letter
+    exchange is rpc.dlx, a headers exchange; the dead letter reaches the caller's reply queue
+    through its binding on the call's ``From`` header, and the call raises TimeoutError.
+    (Dead letters used to be routed by routing key only: the call waited forever.)"""
+    async with await aio_pika.connect(braid.amqp_url) as connection:
+        channel = await connection.channel()
+        rpc = await RPC.create(channel, auto_delete=True)
+        await channel.declare_queue(
+            "test.timed_out", auto_delete=True, arguments={"x-dead-letter-exchange": RPC.DLX_NAME}
+        )
+        async with asyncio.timeout(DEADLINE_S):
+            with pytest.raises(asyncio.TimeoutError):
+                await rpc.call("test.timed_out", expiration=1)
+        await rpc.close()
