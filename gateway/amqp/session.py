@@ -481,7 +481,7 @@ class Session:
         # channel_max limits how many channels are open at once, not their numbers: any of
         # 1-65535 may be opened (RabbitMQ's rabbit_reader:create_channel compares its channel
         # count; aiormq's test_bad_channel opens 65535 right after Tune).
-        if len(self.channels) >= self.channel_max:
+        if self.channel_max and len(self.channels) >= self.channel_max:  # 0: no limit
             raise AmqpConnectionError(
                 NOT_ALLOWED,
                 f"NOT_ALLOWED - number of channels opened ({len(self.channels)}) has reached "

@@ -165,6 +165,27 @@ async def test_heartbeats_both_ways(tmp_path: Path) -> None:
         assert 1.0 <= loop.time() - started < 4.5
 
 
+async def test_channel_max_counts_open_channels(tmp_path: Path) -> None:
+    """RabbitMQ's rule (rabbit_reader:create_channel): channel_max bounds how many channels are
+    open, not their numbers; a closed channel's place can be taken again."""
+    async with serve(tmp_path / "data", channel_max=3) as server:
+        assert server.address is not None
+        raw = await RawConnection.connect(server.address)
+        await raw.handshake()
+        for number in (7, 65535, 2):
+            await raw.open_channel(number)
+        raw.send(7, commands.Channel.Close(200, "done", 0, 0))
+        await raw.expect(commands.Channel.CloseOk)
+        await raw.open_channel(1)
+        raw.send(3, commands.Channel.Open())
+        close = await raw.expect(commands.Connection.Close)
+        assert close.reply_code == 530
+        assert "number of channels opened (3) has reached the negotiated channel_max (3)" in (
+            close.reply_text
+        )
+        raw.close()
+
+
 async def test_connection_blocked_and_unblocked(server: ServerUnderTest) -> None:
     assert server.address is not None
     raw = await RawConnection.connect(server.address)
