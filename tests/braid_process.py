@@ -33,6 +33,19 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct free ports: all held open while choosing (one at a time, the kernel
+    may hand the port it just freed out again, and two listeners then collide)."""
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        return [int(sock.getsockname()[1]) for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
 class BraidProcess:
     def __init__(
         self,
@@ -44,7 +57,8 @@ class BraidProcess:
     ) -> None:
         self.tmp_path = tmp_path
         self.data_dir = data_dir or tmp_path / "braid-data"
-        self.ports = {name: (free_port() if name in listeners else 0) for name in LISTENERS}
+        chosen = iter(free_ports(sum(name in listeners for name in LISTENERS)))
+        self.ports = {name: (next(chosen) if name in listeners else 0) for name in LISTENERS}
         self.extra_args = extra_args
         self.process: subprocess.Popen[str] | None = None
         self.ready_line = ""
