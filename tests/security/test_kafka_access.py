@@ -8,10 +8,7 @@ vhost's queue out of an anonymous client's reach."""
 from __future__ import annotations
 
 import asyncio
-import base64
-import json
 import time
-import urllib.request
 import uuid
 from pathlib import Path
 from typing import Any
@@ -21,34 +18,10 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient
 
 from tests.braid_process import BraidProcess
+from tests.security.http_admin import Admin
 
 PRIVATE_QUEUE = "amq.vhost.secret.amq.queue.payroll"
 DEADLINE_S = 30.0
-
-
-class Admin:
-    """The RabbitMQ-style HTTP API of the broker, as guest (administrator, from loopback)."""
-
-    def __init__(self, port: int) -> None:
-        self.base = f"http://127.0.0.1:{port}/api"
-        self.auth = "Basic " + base64.b64encode(b"guest:guest").decode()
-
-    def _send(self, method: str, path: str, body: dict[str, str] | None = None) -> None:
-        request = urllib.request.Request(
-            self.base + path,
-            method=method,
-            data=json.dumps(body).encode() if body is not None else None,
-            headers={"authorization": self.auth, "content-type": "application/json"},
-        )
-        with urllib.request.urlopen(request, timeout=DEADLINE_S) as response:
-            assert response.status < 300
-
-    def user(self, name: str, password: str) -> None:
-        self._send("PUT", f"/users/{name}", {"password": password, "tags": ""})
-
-    def permit(self, user: str, configure: str = "", write: str = "", read: str = "") -> None:
-        body = {"configure": configure, "write": write, "read": read}
-        self._send("PUT", f"/permissions/%2F/{user}", body)
 
 
 @pytest.fixture

@@ -9,12 +9,8 @@ the HTTP API, as an operator would, and a change applies to the open connection 
 
 from __future__ import annotations
 
-import base64
-import json
 import threading
 import time
-import urllib.parse
-import urllib.request
 import uuid
 from pathlib import Path
 from typing import Any
@@ -26,6 +22,7 @@ from paho.mqtt.reasoncodes import ReasonCode
 from core.security.mapping import MQTT, OPERATION_LIST, READ, WRITE
 from tests.braid_process import BraidProcess, free_port
 from tests.security.certs import CertificateAuthority
+from tests.security.http_admin import Admin
 
 DEADLINE_S = 30.0
 MQTT_ROWS = [rule for rule in OPERATION_LIST if rule.protocol == MQTT]
@@ -36,35 +33,6 @@ def wait_for(predicate: Any, what: str) -> None:
     while not predicate():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.02)
-
-
-class Admin:
-    """The RabbitMQ-style HTTP API of the broker, as guest (administrator, from loopback)."""
-
-    def __init__(self, port: int) -> None:
-        self.base = f"http://127.0.0.1:{port}/api"
-        self.auth = "Basic " + base64.b64encode(b"guest:guest").decode()
-
-    def _send(self, method: str, path: str, body: dict[str, str] | None = None) -> None:
-        request = urllib.request.Request(
-            self.base + path,
-            method=method,
-            data=json.dumps(body).encode() if body is not None else None,
-            headers={"authorization": self.auth, "content-type": "application/json"},
-        )
-        with urllib.request.urlopen(request, timeout=DEADLINE_S) as response:
-            assert response.status < 300
-
-    def user(self, name: str, password: str) -> None:
-        self._send("PUT", f"/users/{name}", {"password": password, "tags": ""})
-
-    def permit(self, user: str, configure: str = "", write: str = "", read: str = "") -> None:
-        body = {"configure": configure, "write": write, "read": read}
-        self._send("PUT", f"/permissions/%2F/{user}", body)
-
-    def topic_permit(self, user: str, exchange: str, write: str, read: str) -> None:
-        body = {"exchange": exchange, "write": write, "read": read}
-        self._send("PUT", f"/topic-permissions/%2F/{user}", body)
 
 
 class Client:
