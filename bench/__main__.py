@@ -17,12 +17,15 @@ BENCHMARKS: dict[str, str] = {
     "kafka": "bench.kafka",
     "amqp": "bench.amqp",
     "mqtt": "bench.mqtt",
+    "mqtt_ws": "bench.mqtt_ws",
     "spark": "bench.spark",
     "interop": "bench.interop",
     "codec": "bench.codec",
     "routing": "bench.routing_table",
     "timers": "bench.timers",
     "compare": "bench.compare",
+    "mgmt": "bench.management",
+    "tls": "bench.tls",
 }
 
 

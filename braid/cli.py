@@ -9,6 +9,8 @@
     braid permission set|clear|list ...
     braid queue list|purge|delete, braid exchange|binding|consumer list,
     braid definitions export|import                 (AMQP resources: braid/admin_resources.py)
+    braid connection list|close, braid group list|describe,
+    braid session list, braid dlq list|redrive      (clients, groups: braid/admin_nouns.py)
 
 Exit codes: 0 success; 1 runtime failure (a listener could not start, corruption found);
 2 usage or configuration error (argparse's convention).
@@ -218,6 +220,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     tail.add_argument("--limit", type=_non_negative, metavar="N", help="exit after N records")
     tail.add_argument("--json", action="store_true", help="one JSON object per line")
+    tail.add_argument(
+        "--include-aborted",
+        action="store_true",
+        help="also show records of aborted Kafka transactions (default: committed ones only)",
+    )
     _add_max_body(tail, 200)
     from braid import admin
 
@@ -226,6 +233,9 @@ def build_parser() -> argparse.ArgumentParser:
     from braid import admin_resources
 
     admin_resources.build_resource_parsers(commands)
+    from braid import admin_nouns
+
+    admin_nouns.build_noun_parsers(commands)
     tail.add_argument(
         "--interval-ms",
         type=_non_negative,
@@ -324,6 +334,7 @@ def _tail(args: argparse.Namespace) -> int:
             interval_ms=tail.DEFAULT_INTERVAL_MS if args.interval_ms is None else args.interval_ms,
             out=sys.stdout,
             err=sys.stderr,
+            include_aborted=args.include_aborted,
         )
     except logtool.NotALogError as error:
         print(f"braid tail: error: {error}", file=sys.stderr)
@@ -352,4 +363,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         from braid import admin_resources
 
         return admin_resources.run(args)
+    if args.command in ("connection", "group", "session", "dlq"):
+        from braid import admin_nouns
+
+        return admin_nouns.run(args)
     return _log(args)

@@ -14,6 +14,7 @@ Config file layout (every key optional; docs/configuration.md lists them all)::
     [kafka]        group_tag_filters (``[kafka.group_tag_filters]``: "group id" = "TagA || TagB")
     [auth]         any field of core.security.SecurityConfig (anonymous, loopback_users, ...)
     [tls]          cert_file, key_file, ca_file, verify_peer, fail_if_no_peer_cert
+    [limits]       any field of core.limits.LimitsConfig (max_connections, max_message_size, ...)
 
 Unknown sections and keys are errors, so a typo is reported instead of silently ignored. The
 [log] and [broker] keys are the fields of those dataclasses, so a field added there is
@@ -37,6 +38,7 @@ from pathlib import Path
 
 from braid.tls import TlsConfigError, TlsSettings
 from core.broker import BrokerConfig
+from core.limits import LimitsConfig
 from core.log import LogConfig
 from core.security import SecurityConfig
 
@@ -60,15 +62,26 @@ DEFAULT_HTTPS_PORT = 15671
 DEFAULT_LOG_LEVEL = "info"
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 MAX_PORT = 65_535
-# Held (flock) in the data dir by the running broker; holds its pid. Kafka's log dirs have a
-# ``.lock`` for the same reason: a second broker would recover (truncate) a live log.
+# The running broker's pid, in the data dir. The lock itself is an flock on the directory (see
+# braid/server.py), as Kafka's ``.lock``: a second broker would recover (truncate) a live log.
 LOCK_FILE = "braid.lock"
 # An optional LogConfig limit set to this in the file means None (no limit); Kafka's convention.
 UNLIMITED = -1
 
 # LogConfig fields that are not settable from the [log] section (data_dir has its own key).
 _LOG_FIELDS_NOT_CONFIGURABLE = frozenset({"data_dir"})
-SECTIONS = ("log", "broker", "listeners", "logging", "amqp", "kafka", "mqtt", "auth", "tls")
+SECTIONS = (
+    "log",
+    "broker",
+    "listeners",
+    "logging",
+    "amqp",
+    "kafka",
+    "mqtt",
+    "auth",
+    "tls",
+    "limits",
+)
 # AMQP virtual hosts: "/" or 1-64 of these characters, as gateway/amqp/vhost.py requires (the
 # name becomes part of topic names: amq.vhost.<name>.<exchange>); "*" in a user's vhosts: all.
 AMQP_DEFAULT_VHOST = "/"
@@ -89,6 +102,7 @@ MQTT_SETTINGS: dict[str, tuple[object, tuple[int, int] | None]] = {
     "max_queued_messages": (int, None),
     "connect_timeout_s": (float, None),
     "shared_subscription_strategy": (str, None),
+    "sys_interval": (float, None),  # seconds between $SYS updates (Mosquitto's); 0: off
 }
 # EMQX's names (gateway/mqtt/options.py: SHARED_SUBSCRIPTION_STRATEGIES).
 MQTT_SHARED_SUBSCRIPTION_STRATEGIES = ("round_robin", "random", "sticky", "hash_clientid")
@@ -152,6 +166,8 @@ class ServerSettings:
     auth: SecurityConfig = field(default_factory=SecurityConfig)
     # [tls]: the certificate every TLS listener serves (braid/tls.py).
     tls: TlsSettings = field(default_factory=TlsSettings)
+    # [limits]: counts and sizes, for every protocol (core/limits/config.py).
+    limits: LimitsConfig = field(default_factory=LimitsConfig)
 
     def log_config(self) -> LogConfig:
         return LogConfig(Path(self.data_dir), **self.log_options)  # type: ignore[arg-type]
@@ -398,6 +414,8 @@ def _mqtt_options(section: Mapping[str, object], where: str) -> dict[str, object
                 raise ConfigError(f"{where} {key}: must be {low}..{high}, not {checked}")
         if key == "connect_timeout_s" and checked == 0:
             raise ConfigError(f"{where} {key}: must be positive")
+        if key == "sys_interval" and isinstance(checked, float) and checked < 0:
+            raise ConfigError(f"{where} {key}: must be 0 (off) or more seconds, not {checked}")
         if key == "shared_subscription_strategy" and checked not in (
             MQTT_SHARED_SUBSCRIPTION_STRATEGIES
         ):
@@ -476,6 +494,7 @@ def settings_from_mapping(raw: Mapping[str, object], source: str) -> ServerSetti
         mqtt_options=mqtt_options,
         auth=_auth_settings(_section(raw, "auth", source), f"{source}: [auth]"),
         tls=_tls_settings(_section(raw, "tls", source), f"{source}: [tls]"),
+        limits=_limits_settings(_section(raw, "limits", source), f"{source}: [limits]"),
     )
     validate(settings, source)
     return settings
@@ -553,3 +572,12 @@ def _tls_settings(section: Mapping[str, object], where: str) -> TlsSettings:
         else:
             options[key] = _coerce(value, fields[key], f"{where} {key}")
     return TlsSettings(**options)  # type: ignore[arg-type]
+
+
+def _limits_settings(section: Mapping[str, object], where: str) -> LimitsConfig:
+    """The ``[limits]`` section: the fields of core.limits.LimitsConfig (-1: no limit)."""
+    options = _dataclass_options(section, configurable_fields(LimitsConfig), where)
+    try:
+        return LimitsConfig(**options)  # type: ignore[arg-type]
+    except (TypeError, ValueError) as error:
+        raise ConfigError(f"{where} {error}") from None

@@ -82,15 +82,19 @@ def flag_names(flags: int) -> list[str]:
 
 
 def _broker_pid(data_dir: Path) -> str | None:
-    """The pid of the broker holding the data-dir lock, or None if no broker runs on it."""
+    """The pid of the broker holding the data-dir lock (an flock on the directory itself, see
+    braid/server.py), or None if no broker runs on it."""
     try:
-        fd = os.open(data_dir / LOCK_FILE, os.O_RDONLY)
+        fd = os.open(data_dir, os.O_RDONLY | os.O_DIRECTORY)
     except OSError:
         return None
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
     except OSError:
-        return os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+        try:
+            return (data_dir / LOCK_FILE).read_text()[:32].strip() or "?"
+        except OSError:
+            return "?"
     else:
         fcntl.flock(fd, fcntl.LOCK_UN)
         return None

@@ -29,6 +29,7 @@ import fcntl
 import gc
 import logging
 import os
+import resource
 import signal
 import sys
 from collections.abc import Awaitable, Callable, Sequence
@@ -47,12 +48,14 @@ from braid.metrics import (
     process_collector,
     store_collector,
 )
-from braid.tls import TlsConfigError, TlsContext, TlsListener
+from braid.tls import Listen, TlsConfigError, TlsContext, TlsListener, tls_listen
 from braid.web import HealthCheck, WebServer, build_app
 from braid.web.rabbit import ManagementSources
 from braid.web.server import ResponseCounter
 from core.api import BrokerAPI
+from core.api.limits import attach_limits
 from core.broker import Broker
+from core.limits import LimitsService, LimitsStore
 from core.log import LogStore, names
 from core.security import SecurityService
 
@@ -111,6 +114,35 @@ class StartupError(Exception):
     """The server could not start; the message says what and where."""
 
 
+def raise_descriptor_limit() -> None:
+    """Raise the soft RLIMIT_NOFILE to the hard limit (issue 21 item 3: the broker kept the
+    soft 1,024 of most shells while its hard limit allowed far more), as Kafka's and RabbitMQ's
+    start scripts have the operator do; logged. What the log and the connections may use of it
+    is decided from the raised limit (core/log/openfiles.py, core/broker/flow.py)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == hard:
+        log.info("file descriptor limit: %s", "unlimited" if soft < 0 else soft)
+        return
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    except (OSError, ValueError) as error:
+        log.warning("cannot raise the file descriptor limit from %d to %d: %s", soft, hard, error)
+        return
+    log.info(
+        "file descriptor limit raised from %d to %s (the hard limit)",
+        soft,
+        "unlimited" if hard == resource.RLIM_INFINITY else hard,
+    )
+
+
+def lock_holder_pid(data_dir: Path) -> str:
+    """The pid the broker holding ``data_dir`` wrote into ``braid.lock`` ("?" if unknown)."""
+    try:
+        return (data_dir / LOCK_FILE).read_text()[:32].strip() or "?"
+    except OSError:
+        return "?"
+
+
 def _sources(context: ServerContext) -> ManagementSources:
     """What the management API reads: the Broker API and the listeners as they start."""
     return ManagementSources(context.api, context.started)
@@ -127,7 +159,7 @@ async def _start_https(context: ServerContext, host: str, port: int) -> Listener
     assert context.tls is not None
     app = build_app(context.health, context.metrics, context.security, sources=_sources(context))
     server = WebServer(app, context.http_responses)
-    await server.start(host, port, context.tls.ssl)
+    await server.start(host, port, listen=tls_listen(context.tls, "http"))
     return server
 
 
@@ -145,7 +177,8 @@ def _tls_of(
                 f"the TLS listener of {plain} needs the {plain} listener on (its port is 0); "
                 "a TLS-only gateway is not supported yet"
             )
-        listener = TlsListener(factory(gateway), context.tls)
+        # protocol=: the audit line of a failed handshake (mqtt-ws is MQTT too).
+        listener = TlsListener(factory(gateway), context.tls, protocol=plain.split("-")[0])
         await listener.start(host, port)
         return listener
 
@@ -217,30 +250,58 @@ def _mqtt_tls(plain: str, websocket: bool) -> ListenerFactory:
         server = MQTTServer(context.api, websocket=websocket, options=options)
         prefix = "braid_mqtt_wss_" if websocket else "braid_mqtts_"
         context.metrics.register_counters(prefix, lambda: server.metrics)
-        await server.start(host, port, context.tls.ssl)
+        await server.start(host, port, listen=tls_listen(context.tls, "mqtt"))
         return server
 
     return start
 
 
 async def _start_amqp(context: ServerContext, host: str, port: int) -> Listener:
+    return await _start_amqp_server(context, host, port, None)
+
+
+def _amqp_tls(context: ServerContext, host: str, port: int) -> Awaitable[Listener]:
+    """AMQPS: the plain listener's connections when it is on, else an AMQP server of its own
+    on the TLS port alone (``--amqp-port 0``)."""
+    if "amqp" in context.started:
+        return _tls_of("amqp", _amqp_connections)(context, host, port)
+    assert context.tls is not None
+    return _start_amqp_server(context, host, port, tls_listen(context.tls, "amqp"))
+
+
+async def _start_amqp_server(
+    context: ServerContext, host: str, port: int, listen: Listen | None
+) -> Listener:
     from gateway.amqp.server import AMQPServer
     from gateway.amqp.session import SessionSettings
 
-    amqp = context.settings.amqp  # [amqp]: vhosts and users with the vhosts they may open
-    settings = SessionSettings(
-        users={name: user.password for name, user in amqp.users.items()},
-        vhosts=amqp.vhosts,
-        permissions={name: user.vhosts for name, user in amqp.users.items()},
-    )
+    # [amqp] vhosts; users log in through the user store, which BraidServer.start gave the
+    # config file's [amqp.users].
+    settings = SessionSettings(vhosts=context.settings.amqp.vhosts)
     # A gateway talks to core only through the Broker API.
     server = AMQPServer(context.api, settings)
-    context.metrics.register_counters("braid_amqp_", lambda: server.metrics)
-    await server.start(host, port)
+    prefix = "braid_amqps_" if listen is not None else "braid_amqp_"
+    context.metrics.register_counters(prefix, lambda: server.metrics)
+    await server.start(host, port, listen)
     return server
 
 
 async def _start_kafka(context: ServerContext, host: str, port: int) -> Listener:
+    return await _start_kafka_server(context, host, port, None)
+
+
+def _kafka_tls(context: ServerContext, host: str, port: int) -> Awaitable[Listener]:
+    """Kafka over TLS: the plain listener's connections when it is on, else a Kafka server of
+    its own on the TLS port alone (``--kafka-port 0``)."""
+    if "kafka" in context.started:
+        return _tls_of("kafka", _kafka_connections)(context, host, port)
+    assert context.tls is not None
+    return _start_kafka_server(context, host, port, tls_listen(context.tls, "kafka"))
+
+
+async def _start_kafka_server(
+    context: ServerContext, host: str, port: int, listen: Listen | None
+) -> Listener:
     from gateway.kafka.server import KafkaServer
     from gateway.kafka.tagfilters import group_tag_filters
 
@@ -257,7 +318,7 @@ async def _start_kafka(context: ServerContext, host: str, port: int) -> Listener
         num_partitions=broker.config.num_partitions,
     )
     context.metrics.register_counters("braid_kafka_", lambda: server.metrics)
-    await server.start(host, port)
+    await server.start(host, port, listen)
     return server
 
 
@@ -285,10 +346,10 @@ LISTENERS: tuple[ListenerSlot, ...] = (
     ListenerSlot("http", "http_port", _start_http),  # braid/web/: /health, /metrics, /api
     # TLS listeners (braid/tls.py): on when [tls] has a certificate; each serves its plain
     # listener's gateway, so they start after them.
-    ListenerSlot("amqps", "amqps_port", _tls_of("amqp", _amqp_connections), tls=True),
+    ListenerSlot("amqps", "amqps_port", _amqp_tls, tls=True),
     ListenerSlot("mqtts", "mqtts_port", _mqtt_tls("mqtt", websocket=False), tls=True),
     ListenerSlot("mqtt-wss", "mqtt_wss_port", _mqtt_tls("mqtt-ws", websocket=True), tls=True),
-    ListenerSlot("kafka-tls", "kafka_tls_port", _tls_of("kafka", _kafka_connections), tls=True),
+    ListenerSlot("kafka-tls", "kafka_tls_port", _kafka_tls, tls=True),
     ListenerSlot("https", "https_port", _start_https, tls=True),
 )
 
@@ -301,6 +362,18 @@ def broker_collector(broker: Broker) -> Collector:
                 GAUGE,
                 "1 while flow control slows publishers (memory or backlog pressure), else 0.",
                 1 if broker.flow.blocked else 0,
+            ),
+            Family(
+                "braid_disk_alarm",
+                GAUGE,
+                "1 while free space on the log's volume is below disk_free_limit_bytes.",
+                1 if broker.store.disk_space.alarm else 0,
+            ),
+            Family(
+                "braid_disk_free_bytes",
+                GAUGE,
+                "Bytes free on the log's volume at the last check.",
+                broker.store.disk_space.free_bytes,
             ),
             Family(
                 "braid_broker_ack_queues",
@@ -394,10 +467,13 @@ class BraidServer:
         """Open the store and start every listener; on failure undo what started and raise
         :class:`StartupError`."""
         try:
+            raise_descriptor_limit()
             self._lock_data_dir()
             self.store = self._open_store()
             await self.store.start()
             self.broker = broker = Broker(self.store, self.settings.broker_config())
+            # The disk alarm (core/log/diskspace.py) is one of flow control's reasons.
+            broker.flow.watch_disk(self.store.disk_space)
             await broker.start()
             self.metrics.register("log", store_collector(self.store))
             self.metrics.register_counters("braid_broker_", lambda: broker.metrics, BROKER_METRICS)
@@ -427,10 +503,13 @@ class BraidServer:
                     self.tls = TlsContext(self.settings.tls)
                 except TlsConfigError as error:
                     raise StartupError(str(error)) from None
+            api = BrokerAPI(broker, security)
+            # [limits] and RabbitMQ's user and vhost limits (__limits), for every protocol.
+            attach_limits(api, LimitsService(LimitsStore(self.store), self.settings.limits))
             context = ServerContext(
                 self.settings,
                 self.broker,
-                BrokerAPI(broker, security),
+                api,
                 self.metrics,
                 self.health,
                 security=security,
@@ -444,23 +523,32 @@ class BraidServer:
             raise
 
     def _lock_data_dir(self) -> None:
+        """Take the data directory for this process: an exclusive flock on the directory itself
+        (opened O_RDONLY | O_DIRECTORY), which no file operation inside it can take away. A lock
+        on a file inside it (``braid.lock`` up to issue 21) was lost when that file was deleted:
+        a second broker then made and locked a new one, recovered the live log and 1,200
+        confirmed messages were lost. ``braid.lock`` still holds the pid, for the message a
+        second broker prints and for ``braid log stat``; Kafka locks a ``.lock`` file as we did.
+        """
         data_dir = Path(self.settings.data_dir)
         try:
             data_dir.mkdir(parents=True, exist_ok=True)
-            fd = os.open(data_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = os.open(data_dir, os.O_RDONLY | os.O_DIRECTORY)
         except OSError as error:
             raise StartupError(f"cannot use data dir {data_dir}: {error}") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
-            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
             os.close(fd)
             raise StartupError(
-                f"data dir {data_dir} is in use by another braid process (pid {holder})"
+                f"data dir {data_dir} is in use by another braid process "
+                f"(pid {lock_holder_pid(data_dir)}; the directory itself is locked)"
             ) from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         self._lock_fd = fd
+        try:
+            (data_dir / LOCK_FILE).write_text(f"{os.getpid()}\n")
+        except OSError as error:  # the pid is for messages only: the lock is held already
+            log.warning("cannot write %s: %s", data_dir / LOCK_FILE, error)
 
     def _open_store(self) -> LogStore:
         config = self.settings.log_config()
@@ -546,7 +634,21 @@ class BraidServer:
         if not ok:
             details["reason"] = "stopping" if self.stopping else "log store closed"
         if store is not None and not store.closed:
+            space = store.disk_space
+            # Still "ok" under the disk alarm: consumers are served; publishers wait (RabbitMQ's
+            # alarms are listed apart from its liveness as well).
+            details["alarms"] = ["disk"] if space.alarm else []
+            details["disk"] = {
+                "free_bytes": space.free_bytes,
+                "limit_bytes": space.limit_bytes,
+                "alarm": space.alarm,
+            }
             details["log"] = {
+                # Issue 21 item 6: damaged records met by reads, and what the background
+                # check of sealed segments after an unclean start found (and how far it is).
+                "corrupt_reads": store.corrupt_reads,
+                "corrupt_frames_found": len(store.verification.corrupt),
+                "verification": store.verification.state,
                 "write_position": store.commitlog.write_position,
                 "flushed_position": store.commitlog.flushed_position,
                 "segments": len(store.commitlog.segments),

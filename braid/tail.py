@@ -23,6 +23,7 @@ from core.delivery.message import BATCH_SELECT_HEADER, selection_key
 from core.log import LogReader, Record
 from core.log import record as rec
 from core.log.batches import unpack_batch
+from core.log.txnindex import ABORTED, COMMITTED, OPEN, TxnOutcomes, batch_txn
 
 DEFAULT_INTERVAL_MS = 100
 DEFAULT_MAX_BODY = 200
@@ -150,9 +151,16 @@ def batch_selection(headers: list[tuple[str, bytes]], topic: str, queue: int) ->
 class Follower:
     """Where tail is in each queue of one topic; ``poll`` returns what arrived since."""
 
-    def __init__(self, reader: LogReader, topic: str, *, last: int | None) -> None:
+    def __init__(
+        self, reader: LogReader, topic: str, *, last: int | None, include_aborted: bool = False
+    ) -> None:
         self.reader = reader
         self.topic = topic
+        # Kafka transactions: a transactional batch is shown once committed (aborted ones
+        # too with ``include_aborted``); a queue is not followed past an open one (the last
+        # stable offset), and control batches are never shown.
+        self.include_aborted = include_aborted
+        self.outcomes = TxnOutcomes()
         # None: start at the end of queues that exist now; an int: that many records back.
         self.last = last
         self.positions: dict[int, int] = {}
@@ -173,6 +181,7 @@ class Follower:
     def poll(self) -> list[tuple[Record, int, int]]:
         """``(record, queue, offset)`` of each entry appended since the last poll."""
         self.reader.refresh()
+        self.outcomes.refresh(self.reader)
         found: list[tuple[Record, int, int]] = []
         topic = self.topic
         for queue in self.queues():
@@ -183,12 +192,31 @@ class Follower:
             offset = max(offset, first)  # retention may have removed what we had not read
             entries = self.reader.read(topic, queue, offset, max_records=READ_CHUNK)
             for entry in entries:
-                found.append((entry.record(), queue, entry.offset))
-            if entries:
-                self.positions[queue] = entries[-1].next_offset
+                record = entry.record()
+                shown = self._shown(record, queue)
+                if shown is None:
+                    break  # an open transaction: go on from here at the next poll
+                if shown:
+                    found.append((record, queue, entry.offset))
+                self.positions[queue] = entry.next_offset
         self._first_poll = False
         found.sort(key=lambda item: item[0].store_ms)
         return found
+
+    def _shown(self, record: Record, queue: int) -> bool | None:
+        """Whether to show ``record`` (read in ``queue``); None: it belongs to a Kafka
+        transaction still open."""
+        if not record.flags & rec.FLAG_BATCH:
+            return True
+        info = batch_txn(record.body)
+        if info is None:
+            return True
+        if info.control:
+            return False
+        state = self.outcomes.outcome(record.topic, queue, info.producer_id, record.position)
+        if state == OPEN:
+            return None
+        return state == COMMITTED or (self.include_aborted and state == ABORTED)
 
 
 def tail(
@@ -202,9 +230,11 @@ def tail(
     interval_ms: int,
     out: TextIO,
     err: TextIO | None = None,
+    include_aborted: bool = False,
 ) -> int:
     """Follow ``topic`` until SIGINT/SIGTERM, or until ``limit`` records were printed. Once it
-    knows where it starts in each queue, one line saying so goes to ``err``."""
+    knows where it starts in each queue, one line saying so goes to ``err``. Records of Kafka
+    transactions are shown once committed (aborted ones too with ``include_aborted``)."""
     reader = open_reader(data_dir)
     stopping = False
 
@@ -215,7 +245,7 @@ def tail(
     previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     printed = 0
     try:
-        follower = Follower(reader, topic, last=last)
+        follower = Follower(reader, topic, last=last, include_aborted=include_aborted)
         announced = False
         while not stopping:
             batch = follower.poll()

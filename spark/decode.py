@@ -50,7 +50,8 @@ from crc32c import crc32c
 from core.log import LogReader, consumequeue, names
 from core.log import record as rec
 from core.log.reader import MAX_LINK_DEPTH
-from spark.readers import refresh, retry_while_files_grow
+from core.log.txnindex import ABORTED, COMMITTED, OPEN, batch_txn
+from spark.readers import known_transactions, refresh, retry_while_files_grow, transactions
 from spark.schema import COLUMN_NAMES, arrow_schema
 
 # Rows per Arrow batch yielded: large enough that per-batch costs (IPC framing to the JVM,
@@ -156,6 +157,7 @@ def read_range(
     batch_rows: int = DEFAULT_BATCH_ROWS,
     verify_checksums: bool = True,
     dedupe: bool = False,
+    include_aborted: bool = False,
     columns: Sequence[str] = COLUMN_NAMES,
 ) -> Iterator[pa.RecordBatch]:
     """Rows of queue ``topic/queue`` with offsets in ``[start, end)`` (clamped to what exists),
@@ -165,6 +167,12 @@ def read_range(
     With ``dedupe``, a record stored once and indexed into several queues yields a row only in
     its home queue: the first queue it was indexed into when appended (its own topic and queue,
     or the first of its destinations); rows reached through other queues are dropped.
+
+    Kafka transactions (user topics; system topics are read as stored): a transactional
+    batch's records are rows once its transaction committed, never while it is open, and
+    aborted ones only with ``include_aborted``; control batches (COMMIT/ABORT markers) never.
+    The range itself is not cut at an open transaction: the source plans ranges that end at
+    each queue's Last Stable Offset (:meth:`spark.options.ReadOptions.bounds`).
 
     ``columns`` (a subset of :data:`spark.schema.COLUMN_NAMES`, in any order) are the columns
     built, so a query that needs only ``value`` does not pay for the others."""
@@ -178,6 +186,7 @@ def read_range(
         batch_rows,
         verify_checksums,
         dedupe,
+        include_aborted,
         tuple(columns),
     )
     index = reader.queue_index(topic, queue)
@@ -268,6 +277,7 @@ class _Plan(NamedTuple):
     batch_rows: int
     verify_checksums: bool
     dedupe: bool
+    include_aborted: bool
     columns: tuple[str, ...]
 
 
@@ -849,6 +859,8 @@ def _record_rows(
             continue
         if record.flags & rec.FLAG_TXN_CONTROL or record.body is None:
             continue  # a Kafka transaction marker is no record
+        if plan.follow_links and not _transaction_shows(plan, reader, record):
+            continue
         selected = batch_selection(record.headers, plan.topic, plan.queue)
         for item in unpack_batch(record.body):  # [] for a control batch
             offset = first_offset + item.offset_delta
@@ -865,6 +877,24 @@ def _record_rows(
                     _overlay(item.headers, overlay),
                     *tail,
                 )
+
+
+def _transaction_shows(plan: _Plan, reader: LogReader, record: rec.Record) -> bool:
+    """Whether a Kafka batch's records are rows: not a control batch; a transactional one once
+    committed (aborted too with ``include_aborted``), never while open. The outcomes are the
+    process's (cached per reader), read again once when a batch's transaction looks open: the
+    planner saw the log later than this worker may have."""
+    info = batch_txn(record.body)
+    if info is None:
+        return True
+    if info.control:
+        return False
+    outcomes = known_transactions(reader)
+    state = outcomes.outcome(record.topic, record.queue, info.producer_id, record.position)
+    if state == OPEN:
+        outcomes = transactions(reader)
+        state = outcomes.outcome(record.topic, record.queue, info.producer_id, record.position)
+    return state == COMMITTED or (plan.include_aborted and state == ABORTED)
 
 
 def batch_selection(

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from core.log import LogReader, names
+from core.log.txnindex import TxnOutcomes
 
 # Kafka's spark source uses -2 and -1 inside a JSON offset map for "earliest" and "latest".
 EARLIEST = -2
@@ -65,6 +66,7 @@ class ReadOptions:
     max_records_per_trigger: int | None = None
     verify_checksums: bool = True
     dedupe: bool = False
+    include_aborted: bool = False
 
     @classmethod
     def parse(cls, options: Mapping[str, str], *, streaming: bool = False) -> ReadOptions:
@@ -109,6 +111,7 @@ class ReadOptions:
             ),
             verify_checksums=_parse_bool(get("verifyChecksums"), True, "verifyChecksums"),
             dedupe=_parse_bool(get("dedupe"), False, "dedupe"),
+            include_aborted=_parse_bool(get("includeAborted"), False, "includeAborted"),
         )
 
     # -- selection -------------------------------------------------------------------------
@@ -132,26 +135,46 @@ class ReadOptions:
 
     # -- offset ranges ---------------------------------------------------------------------
 
-    def start_offset(self, reader: LogReader, topic: str, queue: int) -> int:
+    def bounds(
+        self, reader: LogReader, topic: str, queue: int, transactions: TxnOutcomes | None = None
+    ) -> tuple[int, int]:
+        """``(first offset, readable end)`` of a queue. With ``transactions`` (a read of
+        committed data), the end of a user topic's queue is its Last Stable Offset: nothing at
+        or past the first record of a Kafka transaction still open is read, as Kafka's
+        read_committed consumers (a record shown is never one that is later aborted). System
+        topics are read as stored."""
         first, after = reader.queue_bounds(topic, queue)
+        if transactions is not None and not names.is_system_topic(topic):
+            after = max(first, min(after, transactions.last_stable_offset(reader, topic, queue)))
+        return first, after
+
+    def start_offset(
+        self, reader: LogReader, topic: str, queue: int, transactions: TxnOutcomes | None = None
+    ) -> int:
+        first, after = self.bounds(reader, topic, queue, transactions)
         offset = _resolve(self.starting, topic, queue, first, after, default=EARLIEST)
         if self.start_time_ms is not None:
             offset = max(offset, reader.offset_for_time(topic, queue, self.start_time_ms))
         return max(first, min(offset, after))
 
-    def end_offset(self, reader: LogReader, topic: str, queue: int) -> int:
-        first, after = reader.queue_bounds(topic, queue)
+    def end_offset(
+        self, reader: LogReader, topic: str, queue: int, transactions: TxnOutcomes | None = None
+    ) -> int:
+        first, after = self.bounds(reader, topic, queue, transactions)
         offset = _resolve(self.ending, topic, queue, first, after, default=LATEST)
         if self.end_time_ms is not None:
             offset = min(offset, reader.offset_for_time(topic, queue, self.end_time_ms))
         return max(first, min(offset, after))
 
-    def batch_slices(self, reader: LogReader) -> list[Slice]:
-        """The non-empty slices a batch read covers, one per selected queue."""
+    def batch_slices(
+        self, reader: LogReader, transactions: TxnOutcomes | None = None
+    ) -> list[Slice]:
+        """The non-empty slices a batch read covers, one per selected queue (each ending at its
+        Last Stable Offset with ``transactions``: see :meth:`bounds`)."""
         out: list[Slice] = []
         for topic, queue in self.selected_queues(reader):
-            start = self.start_offset(reader, topic, queue)
-            end = self.end_offset(reader, topic, queue)
+            start = self.start_offset(reader, topic, queue, transactions)
+            end = self.end_offset(reader, topic, queue, transactions)
             if end > start:
                 out.append(Slice(topic, queue, start, end))
         return out

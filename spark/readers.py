@@ -10,10 +10,12 @@ runs in a worker process at a time.
 from __future__ import annotations
 
 import time
+import weakref
 from collections.abc import Callable
 from typing import TypeVar
 
 from core.log import LogReader
+from core.log.txnindex import TxnOutcomes
 
 # A new index or segment file is created empty, then extended: a reader mapping it in between
 # sees zero bytes. How often and how long to wait before treating the error as real.
@@ -23,6 +25,9 @@ REFRESH_PAUSE_S = 0.01
 T = TypeVar("T")
 
 _readers: dict[str, LogReader] = {}
+# Per reader: the outcomes of its log's Kafka transactions, read from ``__kafka_txns/0`` once
+# and then only what was indexed since (TxnOutcomes.refresh).
+_transactions: weakref.WeakKeyDictionary[LogReader, TxnOutcomes] = weakref.WeakKeyDictionary()
 
 
 def open_reader(data_dir: str) -> LogReader:
@@ -38,6 +43,24 @@ def close_readers() -> None:
     for reader in _readers.values():
         reader.close()
     _readers.clear()
+    _transactions.clear()
+
+
+def known_transactions(reader: LogReader) -> TxnOutcomes:
+    """The outcomes of ``reader``'s log's Kafka transactions as last read (none yet: empty)."""
+    outcomes = _transactions.get(reader)
+    if outcomes is None:
+        outcomes = _transactions[reader] = TxnOutcomes()
+    return outcomes
+
+
+def transactions(reader: LogReader) -> TxnOutcomes:
+    """The outcomes of the Kafka transactions of ``reader``'s log, brought up to date now:
+    call it after refreshing ``reader``, so the transaction index is read after the partitions
+    (see :meth:`TxnOutcomes.last_stable_offset`)."""
+    outcomes = known_transactions(reader)
+    retry_while_files_grow(lambda: outcomes.refresh(reader))
+    return outcomes
 
 
 def retry_while_files_grow(action: Callable[[], T]) -> T:

@@ -46,6 +46,7 @@ if TYPE_CHECKING:
     from pyspark.sql.types import StructType
 
     from core.log import LogReader
+    from core.log.txnindex import TxnOutcomes
 
 Offsets = dict[str, dict[str, int]]
 
@@ -130,6 +131,14 @@ def _reader(options: ReadOptions, *, refresh: bool = False) -> LogReader:
     return reader
 
 
+def _transactions(reader: LogReader) -> TxnOutcomes:
+    """The Kafka transactions' outcomes, read after ``reader`` was refreshed: planning ends
+    each queue at its Last Stable Offset (ReadOptions.bounds)."""
+    from spark import readers
+
+    return readers.transactions(reader)
+
+
 def _read(
     options: ReadOptions, columns: tuple[str, ...], partition: InputPartition
 ) -> Iterator[pa.RecordBatch]:
@@ -147,6 +156,7 @@ def _read(
             piece.end,
             verify_checksums=options.verify_checksums,
             dedupe=options.dedupe,
+            include_aborted=options.include_aborted,
             columns=columns,
         )
 
@@ -158,7 +168,7 @@ class BraidBatchReader(DataSourceReader):  # type: ignore[misc]
 
     def partitions(self) -> Sequence[InputPartition]:
         reader = _reader(self.options, refresh=True)
-        slices = self.options.batch_slices(reader)
+        slices = self.options.batch_slices(reader, _transactions(reader))
         packed = pack_slices(
             slices, self.options.max_records_per_partition, self.options.min_partitions
         )
@@ -183,18 +193,24 @@ class BraidStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  #
 
     def initialOffset(self) -> Offsets:
         reader = _reader(self.options, refresh=True)
+        transactions = _transactions(reader)
         offsets: Offsets = {}
         for topic, queue in self.options.selected_queues(reader):
             offsets.setdefault(topic, {})[str(queue)] = self.options.start_offset(
-                reader, topic, queue
+                reader, topic, queue, transactions
             )
         return offsets
 
     def _available(self) -> Offsets:
+        """Where each queue's readable records end now: its Last Stable Offset, so a
+        micro-batch never passes a Kafka transaction still open (ReadOptions.bounds)."""
         reader = _reader(self.options, refresh=True)
+        transactions = _transactions(reader)
         offsets: Offsets = {}
         for topic, queue in self.options.selected_queues(reader):
-            offsets.setdefault(topic, {})[str(queue)] = reader.queue_bounds(topic, queue)[1]
+            offsets.setdefault(topic, {})[str(queue)] = self.options.bounds(
+                reader, topic, queue, transactions
+            )[1]
         return offsets
 
     def prepareForTriggerAvailableNow(self) -> None:

@@ -2,13 +2,20 @@
 
 - A gateway imports from ``core`` only the Broker API (``core.api``): never ``core.log``,
   ``core.state`` or any other part under it.
-- One protocol's gateway never imports another's.
+- One protocol's gateway never imports another's. What the three share sits beside them
+  (``SHARED_GATEWAY_MODULES``: the transport base) and imports none of them.
 - A codec (bytes in, frames out) imports no asyncio and nothing of the core.
 - ``core`` never imports ``gateway``, ``spark`` or ``braid``; ``spark`` imports of the core only
   the read side of ``core.log``.
 
 Every import counts, also one inside a function or under ``TYPE_CHECKING``. The last test runs
 the same check over a copy of the tree with one bad import added, so the check is seen to fail.
+
+No import cycles among the modules of ``core``, ``gateway``, ``spark`` and ``braid``: an import
+inside a function counts as much as one at the top (it only hides the cycle until the call).
+Imports under ``if TYPE_CHECKING:`` do not count: they never run, so they cannot make one
+module's import wait for another's, and annotations need them (``from __future__ import
+annotations`` keeps them strings).
 
 And the Broker API's "who is calling" rule (``core/api/__init__.py``): every public method of
 ``BrokerAPI`` takes ``context: ClientContext`` first, but the plumbing that docstring lists by
@@ -31,6 +38,8 @@ from core.api import BrokerAPI
 ROOT = Path(__file__).resolve().parent.parent
 PROTOCOLS = ("amqp", "mqtt", "kafka")
 GATEWAY_MAY_IMPORT_FROM_CORE = ("core.api",)
+# Modules beside the protocol packages that all three use; they import no protocol's package.
+SHARED_GATEWAY_MODULES = ("gateway.transport",)
 # The sans-IO codec modules of each gateway: bytes in, frames/events out, and back.
 CODEC_MODULES = {
     "amqp": ("codec", "constants", "errors", "events", "fieldtable", "properties"),
@@ -57,6 +66,7 @@ SPARK_MAY_IMPORT_FROM_CORE = (
     "core.log.names",
     "core.log.consumequeue",
     "core.log.tags",
+    "core.log.txnindex",  # which Kafka transactions committed: pure reads of the log
 )
 
 
@@ -107,9 +117,12 @@ def layer_violations(root: Path) -> list[str]:
                     report(path, line, f"a codec imports {module}")
             for other in PROTOCOLS:
                 if other != own and _within(module, f"gateway.{other}"):
-                    report(path, line, f"gateway.{own} imports {module}")
+                    who = f"gateway.{own}" if own is not None else f"gateway.{path.stem}"
+                    report(path, line, f"{who} imports {module}")
             if is_codec and _within(module, "asyncio"):
                 report(path, line, "a codec imports asyncio")
+            if is_codec and module in SHARED_GATEWAY_MODULES:
+                report(path, line, f"a codec imports {module}")
         for number, text in enumerate(path.read_text().splitlines(), 1):
             for reach in REACH_THROUGH.findall(text):
                 report(path, number, f"a gateway reaches through the broker: {reach}")
@@ -136,6 +149,11 @@ def test_the_tree_keeps_the_layers() -> None:
     assert layer_violations(ROOT) == []
 
 
+def test_every_shared_gateway_module_named_here_exists() -> None:
+    for name in SHARED_GATEWAY_MODULES:
+        assert (ROOT / (name.replace(".", "/") + ".py")).is_file(), name
+
+
 def test_every_codec_module_named_here_exists() -> None:
     for protocol, modules in CODEC_MODULES.items():
         for name in modules:
@@ -158,6 +176,8 @@ def test_every_codec_module_named_here_exists() -> None:
         ("gateway/kafka/fetch.py", "api._broker.store.read(0)", "reaches through the broker"),
         ("core/log/store.py", "from gateway.kafka import wire", "core imports gateway"),
         ("spark/source.py", "from core.broker import Broker", "spark imports core.broker"),
+        ("gateway/transport.py", "from gateway.mqtt import hub", "imports gateway.mqtt"),
+        ("gateway/mqtt/decoder.py", "import gateway.transport", "a codec imports gateway.tr"),
     ],
 )
 def test_the_check_fails_on_a_bad_import(
@@ -206,3 +226,154 @@ def test_a_call_without_context_is_reported() -> None:
             return bool(name)
 
     assert calls_without_context(Wider) - calls_without_context(BrokerAPI) == {"new_lookup"}
+
+
+# -- import cycles ------------------------------------------------------------------------------
+
+CYCLE_PACKAGES = ("core", "gateway", "spark", "braid")
+
+
+def _module_name(path: Path, root: Path) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _type_checking_nodes(tree: ast.AST) -> set[int]:
+    """The nodes under ``if TYPE_CHECKING:`` (``typing.TYPE_CHECKING`` too)."""
+    hidden: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If):
+            test = node.test
+            name = test.id if isinstance(test, ast.Name) else getattr(test, "attr", None)
+            if name == "TYPE_CHECKING":
+                for statement in node.body:
+                    hidden.update(id(inner) for inner in ast.walk(statement))
+    return hidden
+
+
+def import_graph(root: Path) -> dict[str, set[str]]:
+    """Module -> the modules of ``CYCLE_PACKAGES`` it imports (anywhere in it, but under
+    ``TYPE_CHECKING``). ``from a import b`` is an edge to ``a.b`` when that is a module, else
+    to ``a``; relative imports are resolved."""
+    paths = {
+        _module_name(path, root): path
+        for top in CYCLE_PACKAGES
+        for path in sorted((root / top).rglob("*.py"))
+    }
+    graph: dict[str, set[str]] = {}
+    for name, path in paths.items():
+        tree = ast.parse(path.read_text(), filename=str(path))
+        hidden = _type_checking_nodes(tree)
+        package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+        edges: set[str] = set()
+        for node in ast.walk(tree):
+            if id(node) in hidden:
+                continue
+            if isinstance(node, ast.Import):
+                edges.update(alias.name for alias in node.names if alias.name in paths)
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = package[: len(package) - node.level + 1]
+                    source = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    source = node.module or ""
+                for alias in node.names:
+                    if f"{source}.{alias.name}" in paths:
+                        edges.add(f"{source}.{alias.name}")
+                    elif source in paths:
+                        edges.add(source)
+        edges.discard(name)
+        graph[name] = edges
+    return graph
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm,
+    iterative), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles: list[list[str]] = []
+    for start in sorted(graph):
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, edges = work[-1]
+            for target in edges:
+                if target not in index:
+                    index[target] = low[target] = len(index)
+                    stack.append(target)
+                    on_stack.add(target)
+                    work.append((target, iter(sorted(graph[target]))))
+                    break
+                if target in on_stack:
+                    low[node] = min(low[node], index[target])
+            else:
+                work.pop()
+                if work:
+                    parent = work[-1][0]
+                    low[parent] = min(low[parent], low[node])
+                if low[node] == index[node]:
+                    component = []
+                    while True:
+                        member = stack.pop()
+                        on_stack.discard(member)
+                        component.append(member)
+                        if member == node:
+                            break
+                    if len(component) > 1:
+                        cycles.append(sorted(component))
+    return cycles
+
+
+def test_no_import_cycles() -> None:
+    assert import_cycles(import_graph(ROOT)) == []
+
+
+@pytest.mark.parametrize(
+    ("file", "line", "cycle"),
+    [
+        # a function-level import counts
+        (
+            "core/log/recovery.py",
+            "    from core.log.store import LogStore",
+            ["core.log.recovery", "core.log.store"],
+        ),
+        # so does a relative one
+        (
+            "gateway/amqp/channel.py",
+            "    from .session import Session",
+            ["gateway.amqp.channel", "gateway.amqp.session"],
+        ),
+    ],
+)
+def test_the_cycle_check_finds_an_added_cycle(
+    tmp_path: Path, file: str, line: str, cycle: list[str]
+) -> None:
+    copy = tmp_path / "tree"
+    for top in CYCLE_PACKAGES:
+        shutil.copytree(ROOT / top, copy / top, ignore=shutil.ignore_patterns("__pycache__"))
+    target = copy / file
+    target.write_text(target.read_text() + f"\n\ndef _late() -> None:\n{line}\n")
+    assert any(set(cycle) <= set(found) for found in import_cycles(import_graph(copy)))
+
+
+def test_type_checking_imports_do_not_count(tmp_path: Path) -> None:
+    (tmp_path / "core").mkdir()
+    (tmp_path / "core" / "__init__.py").write_text("")
+    (tmp_path / "core" / "a.py").write_text("from core import b\n")
+    (tmp_path / "core" / "b.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from core import a\n"
+    )
+    for top in CYCLE_PACKAGES[1:]:
+        (tmp_path / top).mkdir()
+    assert import_cycles(import_graph(tmp_path)) == []
+    (tmp_path / "core" / "b.py").write_text("def later() -> None:\n    from core import a\n")
+    assert import_cycles(import_graph(tmp_path)) == [["core.a", "core.b"]]

@@ -34,8 +34,7 @@ from urllib.parse import unquote
 from aiohttp import web
 
 from braid.web.auth import REQUEST_TAGS, REQUEST_USER, not_authorized
-from braid.web.rabbit import ROUTES as RABBIT_ROUTES
-from braid.web.rabbit import ManagementSources, RabbitResources
+from braid.web.rabbit import ManagementSources, RabbitResources, rabbit_route
 from core.security import SecurityError, SecurityService
 from core.security.model import TAG_ADMINISTRATOR, TopicPermission, User, VhostPermission
 from core.security.passwords import NO_PASSWORD_HASH, RABBIT_SHA256, PasswordHash, PasswordHashError
@@ -111,7 +110,7 @@ class ManagementAPI:
     def __init__(self, security: SecurityService, sources: ManagementSources | None = None) -> None:
         self.security = security
         self.store = security.store
-        # The broker's own resources (queues, exchanges, ...: braid/web/rabbit.py); without
+        # The broker's own resources (queues, exchanges, ...: braid/web/rabbit/); without
         # the Broker API (a test app), only users and permissions are served.
         self.resources = None if sources is None else RabbitResources(security, sources)
 
@@ -125,7 +124,7 @@ class ManagementAPI:
             tags: tuple[str, ...] = request[REQUEST_TAGS]
             return _json({"name": user, "tags": list(tags)})
         if self.resources is not None:
-            resource = RABBIT_ROUTES.get(segments[0])
+            resource = rabbit_route(segments)
             if resource is not None:
                 # Each resource checks the tags it needs (management, monitoring, administrator).
                 response: web.StreamResponse = await resource(self.resources, request, segments)

@@ -22,10 +22,11 @@ from __future__ import annotations
 
 import os
 import resource
-import shutil
 from typing import Any, Final
 
 from braid import metrics
+from braid.web.metrics_kafka import kafka_cluster_families
+from braid.web.metrics_mqtt import mqtt_families
 from braid.web.rabbit import ManagementSources, RabbitResources, node_name, rss_bytes
 from core.api import INTERNAL_CONTEXT
 
@@ -62,6 +63,27 @@ GLOBAL_COUNTERS: Final[dict[str, tuple[str | None, str]]] = {
     "rabbitmq_queues_created_total": (None, "Not counted"),
     "rabbitmq_queues_deleted_total": (None, "Not counted"),
 }
+
+
+# The lines of /proc/self/status that split the resident set (VmRSS = RssAnon + RssFile +
+# RssShmem, Linux 4.5+): RSS alone counts every page of the log the broker has mapped and
+# touched, which says little about what the broker itself holds (issue 21 item 8).
+RESIDENT_PARTS: Final = ("RssAnon", "RssFile", "RssShmem")
+
+
+def resident_memory() -> dict[str, int]:
+    """``{"RssAnon": bytes, "RssFile": bytes, "RssShmem": bytes}`` of this process; empty
+    where ``/proc/self/status`` has no such lines (not Linux)."""
+    found: dict[str, int] = {}
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                name, _, value = line.partition(":")
+                if name in RESIDENT_PARTS:
+                    found[name] = int(value.split()[0]) * 1024  # "RssAnon:   1234 kB"
+    except (OSError, ValueError, IndexError):
+        return {}
+    return found
 
 
 class DashboardMetrics:
@@ -149,6 +171,8 @@ class DashboardMetrics:
         families.extend(self._globals())
         families.extend(self._process())
         families.extend(self.kafka())
+        families.extend(kafka_cluster_families(self.api, self.sources.listeners))
+        families.extend(mqtt_families(self.sources.listeners))
         return families
 
     def per_object(self) -> list[metrics.Family]:
@@ -184,8 +208,9 @@ class DashboardMetrics:
         return dict(counters) if isinstance(counters, dict) else {}
 
     def _open_channels(self) -> int:
-        counters = self._amqp_counters()
-        return max(counters.get("channels_opened", 0) - counters.get("channels_closed", 0), 0)
+        # From the connection registry (each AMQP connection describes its open channels), not
+        # the listener's opened-minus-closed counters, which missed channels the broker closed.
+        return sum(len(c.channels) for c in self.api.list_connections(INTERNAL_CONTEXT))
 
     def _globals(self) -> list[metrics.Family]:
         counters = self._amqp_counters()
@@ -194,20 +219,34 @@ class DashboardMetrics:
             for name, (key, text) in GLOBAL_COUNTERS.items()
         ]
 
-    @staticmethod
-    def _process() -> list[metrics.Family]:
+    def _process(self) -> list[metrics.Family]:
         try:
             open_fds = len(os.listdir("/proc/self/fd"))
         except OSError:
             open_fds = 0
         max_fds = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-        disk = shutil.disk_usage(".")
+        disk = self.api.disk_status()  # the log's volume (core/log/diskspace.py)
+        resident = resident_memory()
         return [
             metrics.Family(
                 "rabbitmq_process_resident_memory_bytes",
                 metrics.GAUGE,
-                "Memory used in bytes",
+                "Memory used in bytes (the resident set: it includes the pages of the "
+                "memory-mapped log, which the kernel reclaims as any page cache)",
                 rss_bytes(),
+            ),
+            metrics.Family(
+                "braid_process_anonymous_memory_bytes",
+                metrics.GAUGE,
+                "Resident anonymous memory in bytes (RssAnon): the broker's own heap, "
+                "without the mapped log",
+                resident.get("RssAnon", 0),
+            ),
+            metrics.Family(
+                "braid_process_file_memory_bytes",
+                metrics.GAUGE,
+                "Resident file-backed memory in bytes (RssFile): mostly the mapped log's pages",
+                resident.get("RssFile", 0),
             ),
             metrics.Family(
                 "rabbitmq_resident_memory_limit_bytes",
@@ -219,13 +258,19 @@ class DashboardMetrics:
                 "rabbitmq_disk_space_available_bytes",
                 metrics.GAUGE,
                 "Disk space available in bytes",
-                disk.free,
+                disk.free_bytes,
             ),
             metrics.Family(
                 "rabbitmq_disk_space_available_limit_bytes",
                 metrics.GAUGE,
                 "Free disk space low watermark in bytes (0: none set)",
-                0,
+                disk.limit_bytes or 0,
+            ),
+            metrics.Family(
+                "rabbitmq_alarms_free_disk_space_watermark",
+                metrics.GAUGE,
+                "1 if the free disk space alarm is in effect (publishers stopped), else 0",
+                1 if disk.alarm else 0,
             ),
             metrics.Family(
                 "rabbitmq_process_open_fds", metrics.GAUGE, "Open file descriptors", open_fds

@@ -17,7 +17,9 @@ from aiohttp import web
 from aiohttp.abc import AbstractAccessLogger
 
 from braid import metrics
+from braid.tls import Listen
 from braid.web.auth import basic_auth_middleware
+from braid.web.dashboard import add_dashboard_routes, cross_site_guard
 from braid.web.management import add_management_routes
 from braid.web.operations import HealthCheck, add_operations_routes
 from braid.web.prometheus import DashboardMetrics
@@ -58,10 +60,24 @@ class ResponseCounter:
         ]
 
 
+# The method of the stand-in request aiohttp builds for one it could not parse
+# (aiohttp.web_protocol.ERROR); "UNKNOWN" is a valid token, so the status must be an error too.
+MALFORMED_METHOD = "UNKNOWN"
+
+
 def _counting_access_logger(counter: ResponseCounter) -> type[AbstractAccessLogger]:
     class CountingAccessLogger(AbstractAccessLogger):
         def log(self, request: web.BaseRequest, response: web.StreamResponse, time: float) -> None:
             counter.count(response.status)
+            if request.method == MALFORMED_METHOD and response.status >= 400:
+                # A request aiohttp could not parse (a broken header, a bad request line):
+                # aiohttp logs only some of them, at debug level (issue 21 item 8).
+                log.warning(
+                    "http %s: malformed request answered %d %s",
+                    request.remote,
+                    response.status,
+                    getattr(response, "reason", ""),
+                )
 
         @property
         def enabled(self) -> bool:
@@ -84,9 +100,11 @@ def build_app(
     sources: ManagementSources | None = None,
 ) -> web.Application:
     """The application: ``/health`` and ``/metrics`` open; with a security service, the
-    management API behind Basic auth."""
+    management API and the dashboard (``/``) behind Basic auth."""
     middlewares = []
     if security is not None:
+        # First: another site's page must not act with the dashboard's remembered login.
+        middlewares.append(cross_site_guard())
         middlewares.append(basic_auth_middleware(security))
     app = web.Application(middlewares=middlewares, client_max_size=MAX_BODY_BYTES)
     app.on_response_prepare.append(_server_header)
@@ -98,7 +116,28 @@ def build_app(
         add_operations_routes(app, health, registry)
     if security is not None:
         add_management_routes(app, security, sources)
+        add_dashboard_routes(app)
     return app
+
+
+class _ListenSite(web.BaseSite):
+    """An aiohttp site whose server ``listen`` makes (braid/tls.py's TLS listener)."""
+
+    def __init__(self, runner: web.BaseRunner, listen: Listen, host: str, port: int) -> None:
+        super().__init__(runner)
+        self._listen = listen
+        self._host = host
+        self._port = port
+
+    @property
+    def name(self) -> str:
+        return f"https://{self._host}:{self._port}"
+
+    async def start(self) -> None:
+        await super().start()
+        server = self._runner.server
+        assert server is not None  # runner.setup() made it
+        self._server = await self._listen(server, self._host, self._port)
 
 
 class WebServer:
@@ -116,7 +155,16 @@ class WebServer:
         self.idle_timeout_s = idle_timeout_s
         self._runner: web.AppRunner | None = None
 
-    async def start(self, host: str, port: int, ssl_context: ssl.SSLContext | None = None) -> None:
+    async def start(
+        self,
+        host: str,
+        port: int,
+        ssl_context: ssl.SSLContext | None = None,
+        *,
+        listen: Listen | None = None,
+    ) -> None:
+        """Listen on ``host:port``; HTTPS through ``listen`` (braid/tls.py's, which audits a
+        failed handshake) or with ``ssl_context`` given to asyncio."""
         runner = web.AppRunner(
             self.app,
             handle_signals=False,
@@ -126,7 +174,11 @@ class WebServer:
         )
         await runner.setup()
         try:
-            site = web.TCPSite(runner, host, port, ssl_context=ssl_context, reuse_address=True)
+            site: web.BaseSite
+            if listen is not None:
+                site = _ListenSite(runner, listen, host, port)
+            else:
+                site = web.TCPSite(runner, host, port, ssl_context=ssl_context, reuse_address=True)
             await site.start()
         except BaseException:
             await runner.cleanup()

@@ -20,7 +20,9 @@ The contract, so that security, limits and the cluster fit behind the same calls
 
   - durability checks: ``when_durable``, ``is_durable``, ``waits_for_fsync``;
   - flow control and its listeners: ``publishing_blocked``, ``publishing_blocked_reason``,
-    ``wait_publishing_allowed``, ``add_flow_listener``, ``remove_flow_listener``;
+    ``wait_publishing_allowed``, ``add_flow_listener``, ``remove_flow_listener``, and the
+    disk alarm among its reasons: ``disk_alarm``, and whether a new connection may be kept:
+    ``may_accept_connection``;
   - start-up loading (finding back what the gateway stored, and the configured MQTT
     exchange): ``topics_with_config``, ``open_queue``, ``session_states``,
     ``session_queue_names``, ``session_queue_bindings``, ``open_transactions``,
@@ -33,7 +35,7 @@ The contract, so that security, limits and the cluster fit behind the same calls
     :meth:`~BrokerAPI.delete_exchange` and :meth:`~BrokerAPI.unbind`),
     ``unfollow_live_records`` and ``remove_route_hook`` (undoing
     :meth:`~BrokerAPI.follow_live_records` and :meth:`~BrokerAPI.add_route_hook`);
-  - a gauge: ``retained_count``.
+  - gauges: ``retained_count``, ``disk_status``.
 
   ``tests/test_layers.py`` holds the class to this list (each name above in double
   backquotes, one list, ending here).
@@ -69,10 +71,20 @@ from core.api.base import (
     Publication,
     PublishOutcome,
 )
+from core.api.connections import ConnectionCalls
+from core.api.limits import LimitCalls
+from core.api.management import REFUSED_ACCESS as REFUSED_ACCESS
+from core.api.management import REFUSED_NOT_FOUND as REFUSED_NOT_FOUND
+from core.api.management import REFUSED_PRECONDITION as REFUSED_PRECONDITION
+from core.api.management import REFUSED_UNAVAILABLE as REFUSED_UNAVAILABLE
 from core.api.management import BindingView as BindingView
 from core.api.management import BrowsedMessage as BrowsedMessage
 from core.api.management import ConsumerView as ConsumerView
+from core.api.management import DelayedDestination as DelayedDestination
 from core.api.management import ManagementCalls
+from core.api.management import ManagementRefusal as ManagementRefusal
+from core.api.management import ObjectAdministrator as ObjectAdministrator
+from core.api.management import StoredRecord as StoredRecord
 from core.api.partitions import PartitionCalls
 from core.api.queues import QueueCalls
 from core.api.security import SecurityCalls
@@ -82,11 +94,17 @@ from core.broker.broker import EXCHANGE_QUEUE, Destination
 from core.broker.broker import may_carry_braid_headers as may_carry_braid_headers
 from core.broker.eager import Pending, run_eagerly
 from core.broker.topics import TopicError, TopicInfo
+from core.clock import Clock as Clock
+from core.clock import LoopClock as LoopClock
+from core.clock import ManualClock as ManualClock
+from core.clock import Timer as Timer
 from core.deadletter.policy import DEAD_LETTER_REASON_HEADER as DEAD_LETTER_REASON_HEADER
 from core.deadletter.policy import DEAD_LETTER_SUBJECT_HEADER as DEAD_LETTER_SUBJECT_HEADER
 from core.deadletter.policy import DEAD_LETTER_TOPIC_HEADER as DEAD_LETTER_TOPIC_HEADER
 from core.deadletter.policy import X_DEATH_HEADER as X_DEATH_HEADER
 from core.deadletter.policy import DeadLetterPolicy as DeadLetterPolicy
+from core.deadletter.redrive import DeadLetterQueue as DeadLetterQueue
+from core.deadletter.redrive import RedriveResult as RedriveResult
 from core.delivery.ackqueue import OVERFLOW_DROP_HEAD as OVERFLOW_DROP_HEAD
 from core.delivery.ackqueue import OVERFLOW_REJECT_PUBLISH as OVERFLOW_REJECT_PUBLISH
 from core.delivery.ackqueue import AckQueueConfig as AckQueueConfig
@@ -109,10 +127,20 @@ from core.kafka_values import OpenTransaction as OpenTransaction
 from core.kafka_values import StorageSettings as StorageSettings
 from core.log.batches import unpack_batch as unpack_batch
 from core.log.names import is_system_topic as is_system_topic
+from core.log.record import CorruptRecordError as CorruptRecordError
 from core.log.store import now_ms
 from core.log.tags import TagFilter as TagFilter
 from core.log.tags import parse_tag_expression as parse_tag_expression
 from core.log.tags import tags_from_headers as tags_from_headers
+from core.management.connections import PROTOCOL_AMQP_091 as PROTOCOL_AMQP_091
+from core.management.connections import PROTOCOL_KAFKA_NAME as PROTOCOL_KAFKA_NAME
+from core.management.connections import PROTOCOL_MQTT_5 as PROTOCOL_MQTT_5
+from core.management.connections import PROTOCOL_MQTT_311 as PROTOCOL_MQTT_311
+from core.management.connections import ChannelDetails as ChannelDetails
+from core.management.connections import ConnectionControl as ConnectionControl
+from core.management.connections import ConnectionDetails as ConnectionDetails
+from core.management.connections import connection_name as connection_name
+from core.management.connections import split_address as split_address
 from core.offsets.store import CommittedOffset as CommittedOffset
 from core.routing.errors import RoutingError as RoutingError
 from core.routing.live import EMPTY_LEVEL_TOPIC as EMPTY_LEVEL_TOPIC
@@ -180,11 +208,21 @@ __all__ = [
 ]
 
 
-class BrokerAPI(QueueCalls, SessionCalls, PartitionCalls, SecurityCalls, ManagementCalls):
+class BrokerAPI(
+    QueueCalls,
+    SessionCalls,
+    PartitionCalls,
+    SecurityCalls,
+    ManagementCalls,
+    LimitCalls,
+    ConnectionCalls,
+):
     """The one object a gateway talks to (the contract is the module docstring's): the calls
     every protocol uses (``base.py``), those of each consumption model: queues
     (``queues.py``), sessions (``sessions.py``) and partitions (``partitions.py``), and
     logins and access checks (``security.py``), listings and operator actions for the
-    management API (``management.py``). ``BrokerAPI(broker, security)``: the process
+    management API (``management.py``), the open connections (``connections.py``) and the
+    limits on counts and sizes (``limits.py``).
+    ``BrokerAPI(broker, security)``: the process
     passes its :class:`~core.security.SecurityService`; without one, a default one over the
     broker's log is made at the first security call."""

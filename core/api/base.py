@@ -119,6 +119,16 @@ class Publication(Awaitable[PublishOutcome]):
             self._pending.close()
 
 
+@dataclass(frozen=True, slots=True)
+class DiskStatus:
+    """The disk alarm's state (``core/log/diskspace.py``): bytes free on the log's volume at
+    the last check, ``disk_free_limit_bytes`` (None: the alarm is off), whether it is on."""
+
+    free_bytes: int
+    limit_bytes: int | None
+    alarm: bool
+
+
 class BrokerCalls:
     """What every protocol uses: publish, durability, topics; the other parts of
     :class:`core.api.BrokerAPI` build on it."""
@@ -180,6 +190,27 @@ class BrokerCalls:
         durability when no topic is given). Marks only grow: waiting for the last of several
         publishes covers them all."""
         return self._broker.store.wait_durable(durable_mark, topic)
+
+    # -- the disk alarm ------------------------------------------------------------------------
+
+    def disk_alarm(self) -> bool:
+        """The disk alarm is on: free space on the log's volume is below
+        ``disk_free_limit_bytes``. Flow control blocks publishers then (``publishing_blocked``);
+        a protocol that can refuse a publish for the client to retry answers it at once
+        instead of waiting: MQTT 5 PUBACK 0x97 Quota exceeded, Kafka KAFKA_STORAGE_ERROR."""
+        return self._broker.flow.disk_alarm
+
+    def disk_status(self) -> DiskStatus:
+        """Free bytes, the limit and the alarm, for /health and /metrics."""
+        space = self._broker.store.disk_space
+        return DiskStatus(space.free_bytes, space.limit_bytes, space.alarm)
+
+    def may_accept_connection(self) -> bool:
+        """Whether a new client connection may be kept: False near the process's descriptor
+        limit (the log's share kept free, core/broker/flow.py); the gateway then refuses it
+        the way its protocol can (AMQP: closed; MQTT: CONNACK Server busy / Server
+        unavailable; Kafka: closed), with a log line."""
+        return self._broker.flow.descriptors.may_open_connection()
 
     # -- topics --------------------------------------------------------------------------------
 

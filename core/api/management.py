@@ -6,17 +6,30 @@ that it, like a gateway, sees the core only through :class:`~core.api.BrokerAPI`
 takes the :class:`ClientContext` of the HTTP user; what comes back are values made for the call
 (:class:`BindingView`, :class:`ConsumerView`, :class:`BrowsedMessage`, copies of
 :class:`TopicInfo`), never a core object.
+
+Declaring and deleting AMQP exchanges and queues, and binding them, is the AMQP listener's job:
+its virtual hosts hold what the log does not (a queue's consumers, owner and expiry timer) and
+make RabbitMQ's equivalence checks. So the listener registers one
+:class:`ObjectAdministrator` per vhost here at start
+(:meth:`ManagementCalls.register_object_administrator`), and the management API's
+``manage_*`` calls go to it: a queue declared over HTTP is the queue AMQP clients see at once,
+with the same checks and error texts, and ``braid/web`` never holds a gateway's objects. A
+refusal comes back as :class:`ManagementRefusal`.
 """
 
 from __future__ import annotations
 
 import copy
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final, Protocol
 
 from core.api.base import BrokerCalls, ClientContext
 from core.broker.topics import TopicInfo
+from core.deadletter import redrive as dead_letters
+from core.deadletter.redrive import DeadLetterQueue, RedriveResult, SubjectOf
 from core.delivery.ackqueue import Delivery
+from core.delivery.message import Message, messages_of
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,8 +72,275 @@ class BrowsedMessage:
     offset: int
 
 
+@dataclass(frozen=True, slots=True)
+class PartitionLag:
+    """A consumer group's position in one partition: its committed offset, the partition's
+    log start and end (high watermark), and the lag (end - committed; kafka_exporter's
+    ``kafka_consumergroup_lag``)."""
+
+    topic: str
+    partition: int
+    committed: int
+    log_start: int
+    log_end: int
+    lag: int
+
+
+@dataclass(frozen=True, slots=True)
+class GroupLag:
+    """A consumer group with its members and its lag per partition it committed in."""
+
+    group_id: str
+    state: str
+    protocol_type: str
+    members: list[tuple[str, str, str]]  # (member id, client id, client host)
+    partitions: list[PartitionLag]
+
+    @property
+    def lag(self) -> int:
+        return sum(partition.lag for partition in self.partitions)
+
+
+@dataclass(frozen=True, slots=True)
+class DelayedDestination:
+    """Delayed records that will become visible in one queue (``topic``'s queue or
+    partition ``queue``): how many, and the earliest due time (ms since the epoch)."""
+
+    topic: str
+    queue: int
+    messages: int
+    next_due_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class StoredRecord:
+    """One record as stored at ``(topic, queue, offset)`` (a copy): ``message`` is what a
+    consumer of that queue is handed (one record of a batch: its own key, headers, value and
+    timestamp); ``batch_records`` is how many records the stored entry holds (1: a plain
+    record; more: a Kafka RecordBatch stored as one record)."""
+
+    message: Message
+    batch_records: int
+
+
+# ManagementRefusal kinds: what the management API answers (RabbitMQ: 404, 400, 401, 503).
+REFUSED_NOT_FOUND: Final = "not_found"
+REFUSED_PRECONDITION: Final = "precondition"  # AMQP 406 and other bad requests
+REFUSED_ACCESS: Final = "access"  # AMQP 403
+REFUSED_UNAVAILABLE: Final = "unavailable"  # no listener owns the vhost's objects
+
+
+class ManagementRefusal(Exception):
+    """An operator action refused: ``kind`` (one of the ``REFUSED_*``) and the owning
+    protocol's own text (for AMQP objects RabbitMQ's, ``PRECONDITION_FAILED - inequivalent
+    arg 'durable' ...``)."""
+
+    def __init__(self, kind: str, text: str) -> None:
+        super().__init__(text)
+        self.kind = kind
+        self.text = text
+
+
+class ObjectAdministrator(Protocol):
+    """What the listener that owns a vhost's AMQP objects does for an operator. Each call
+    raises :class:`ManagementRefusal` for what the protocol would refuse."""
+
+    def declare_exchange(
+        self,
+        context: ClientContext,
+        name: str,
+        ex_type: str,
+        *,
+        durable: bool,
+        auto_delete: bool,
+        internal: bool,
+        arguments: Mapping[str, Any],
+    ) -> bool:
+        """Declare (or redeclare, equivalent) an exchange; True when it was created."""
+        ...
+
+    def delete_exchange(self, context: ClientContext, name: str, *, if_unused: bool) -> bool:
+        """Delete an exchange; False when there was none."""
+        ...
+
+    def declare_queue(
+        self,
+        context: ClientContext,
+        name: str,
+        *,
+        durable: bool,
+        auto_delete: bool,
+        arguments: Mapping[str, Any],
+    ) -> bool:
+        """Declare (or redeclare, equivalent) a queue owned by no connection; True when it
+        was created."""
+        ...
+
+    def delete_queue(
+        self, context: ClientContext, name: str, *, if_unused: bool, if_empty: bool
+    ) -> bool:
+        """Delete a queue (its consumers are cancelled); False when there was none."""
+        ...
+
+    def bind(
+        self,
+        context: ClientContext,
+        source: str,
+        destination_type: str,
+        destination: str,
+        routing_key: str,
+        arguments: Mapping[str, Any],
+        *,
+        unbind: bool,
+    ) -> None:
+        """Bind (or unbind) the exchange ``source`` to a ``"queue"`` or an ``"exchange"``."""
+        ...
+
+    def publish_topic(self, context: ClientContext, exchange: str, routing_key: str) -> str | None:
+        """The topic a publish to ``exchange`` goes to; None for the default exchange when no
+        queue is named ``routing_key`` (unroutable); not found for a missing exchange."""
+        ...
+
+
 class ManagementCalls(BrokerCalls):
     """Listings, counts and operator actions (purge, browse) over the broker's objects."""
+
+    _object_administrators: dict[str, ObjectAdministrator] | None = None
+
+    # -- the AMQP objects, through the listener that owns them -----------------------------
+
+    def register_object_administrator(
+        self, context: ClientContext, vhost: str, administrator: ObjectAdministrator
+    ) -> None:
+        """The AMQP listener, at start: ``administrator`` acts on ``vhost``'s objects."""
+        if self._object_administrators is None:
+            self._object_administrators = {}
+            # Before the listener serves a client: a redrive a crash interrupted is finished,
+            # so no record of it is consumed from both queues (core/deadletter/redrive.py).
+            dead_letters.settle_interrupted(self._broker)
+        self._object_administrators[vhost] = administrator
+
+    def unregister_object_administrator(self, context: ClientContext, vhost: str) -> None:
+        """The AMQP listener, at close."""
+        if self._object_administrators is not None:
+            self._object_administrators.pop(vhost, None)
+
+    def _administrator(self, vhost: str) -> ObjectAdministrator:
+        found = (self._object_administrators or {}).get(vhost)
+        if found is None:
+            raise ManagementRefusal(
+                REFUSED_UNAVAILABLE, f"the AMQP listener does not serve vhost {vhost!r}"
+            )
+        return found
+
+    def manage_declare_exchange(
+        self,
+        context: ClientContext,
+        name: str,
+        ex_type: str,
+        *,
+        durable: bool,
+        auto_delete: bool,
+        internal: bool,
+        arguments: Mapping[str, Any],
+    ) -> bool:
+        """Declare an exchange in the context's vhost; True when it was created."""
+        return self._administrator(context.vhost).declare_exchange(
+            context,
+            name,
+            ex_type,
+            durable=durable,
+            auto_delete=auto_delete,
+            internal=internal,
+            arguments=arguments,
+        )
+
+    def manage_delete_exchange(self, context: ClientContext, name: str, *, if_unused: bool) -> bool:
+        """Delete an exchange of the context's vhost; False when there was none."""
+        return self._administrator(context.vhost).delete_exchange(
+            context, name, if_unused=if_unused
+        )
+
+    def manage_declare_queue(
+        self,
+        context: ClientContext,
+        name: str,
+        *,
+        durable: bool,
+        auto_delete: bool,
+        arguments: Mapping[str, Any],
+    ) -> bool:
+        """Declare a queue in the context's vhost; True when it was created."""
+        return self._administrator(context.vhost).declare_queue(
+            context, name, durable=durable, auto_delete=auto_delete, arguments=arguments
+        )
+
+    def manage_delete_queue(
+        self, context: ClientContext, name: str, *, if_unused: bool, if_empty: bool
+    ) -> bool:
+        """Delete a queue of the context's vhost; False when there was none."""
+        return self._administrator(context.vhost).delete_queue(
+            context, name, if_unused=if_unused, if_empty=if_empty
+        )
+
+    def manage_bind(
+        self,
+        context: ClientContext,
+        source: str,
+        destination_type: str,
+        destination: str,
+        routing_key: str,
+        arguments: Mapping[str, Any],
+        *,
+        unbind: bool,
+    ) -> None:
+        """Bind or unbind in the context's vhost (``destination_type``: queue, exchange)."""
+        self._administrator(context.vhost).bind(
+            context,
+            source,
+            destination_type,
+            destination,
+            routing_key,
+            arguments,
+            unbind=unbind,
+        )
+
+    def manage_publish_topic(
+        self, context: ClientContext, exchange: str, routing_key: str
+    ) -> str | None:
+        """The topic a management publish to ``exchange`` of the context's vhost goes to
+        (None: the default exchange has no such queue)."""
+        return self._administrator(context.vhost).publish_topic(context, exchange, routing_key)
+
+    # -- listings --------------------------------------------------------------------------
+
+    def group_lags(self, context: ClientContext, group_id: str | None = None) -> list[GroupLag]:
+        """Every consumer group (or the one named) with its lag per partition, by group id. A
+        group known only by its committed offsets (members gone, state Empty) is included."""
+        groups = self._broker.groups
+        offsets = self._broker.offsets
+        names = (
+            [group_id] if group_id is not None else [g.group_id for g in groups.list_groups(None)]
+        )
+        found: list[GroupLag] = []
+        for name in sorted(names):
+            description = groups.describe(name)
+            committed = offsets.fetch_group(name)
+            if group_id is not None and description.state == "Dead" and not committed:
+                continue  # no such group
+            partitions: list[PartitionLag] = []
+            for (topic, partition), position in sorted(committed.items()):
+                start, end = self._broker.store.queue_bounds(topic, partition)
+                lag = max(end - position.offset, 0)
+                partitions.append(PartitionLag(topic, partition, position.offset, start, end, lag))
+            members = [
+                (member.member_id, member.client_id, member.client_host)
+                for member in description.members
+            ]
+            found.append(
+                GroupLag(name, description.state, description.protocol_type, members, partitions)
+            )
+        return found
 
     def topics_snapshot(self, context: ClientContext) -> list[TopicInfo]:
         """Every topic, system topics included, each a copy (its config deep-copied)."""
@@ -150,3 +430,59 @@ class ManagementCalls(BrokerCalls):
         if requeue and taken:
             ack.notify()  # consumers with credit get the requeued records now
         return browsed
+
+    # -- delays, dead letters, one record --------------------------------------------------
+
+    def pending_delays(self, context: ClientContext) -> list[DelayedDestination]:
+        """Delayed records not yet visible, per queue they will be visible in (delayed
+        retries included), by topic and queue. Reads each pending timer's frame header: an
+        operator's look, not a poll."""
+        found = self._broker.timers.pending_by_destination()
+        return [
+            DelayedDestination(topic, queue, count, first_due)
+            for (topic, queue), (count, first_due) in sorted(found.items())
+        ]
+
+    def pending_delay_count(self, context: ClientContext) -> int:
+        """Delayed records not yet visible, all queues together (a counter: cheap)."""
+        return self._broker.timers.pending_count()
+
+    def dead_letter_queues(self, context: ClientContext) -> list[DeadLetterQueue]:
+        """Every ack queue that dead letters reach, with the queues that dead-letter into it
+        and its depth (``core/deadletter/redrive.py``)."""
+        return dead_letters.dead_letter_queues(self._broker)
+
+    def redrive_dead_letters(
+        self,
+        context: ClientContext,
+        topic: str,
+        count: int | None = None,
+        subject_of: SubjectOf | None = None,
+    ) -> RedriveResult | None:
+        """Move up to ``count`` ready records of the dead-letter queue ``topic`` back to the
+        queues they died in, each once even across a crash (``core/deadletter/redrive.py``).
+        ``subject_of``: the routing key a moved record shows, from its queue's topic. None
+        when there is no such queue."""
+        return dead_letters.redrive(
+            self._broker,
+            topic,
+            dead_letters.DEFAULT_REDRIVE_COUNT if count is None else count,
+            subject_of,
+        )
+
+    def stored_record(
+        self, context: ClientContext, topic: str, queue: int, offset: int
+    ) -> StoredRecord | None:
+        """The record at ``offset`` of ``topic``'s queue (partition) ``queue``, copied out of
+        the log; None when there is none (a LINK entry is read as the record it points at)."""
+        for queued in self._broker.store.read(topic, queue, offset, max_records=1):
+            messages = messages_of(queued)
+            for message in messages:
+                if message.offset == offset:
+                    copied = copy.copy(message)
+                    copied.headers = [(name, bytes(value)) for name, value in message.headers]
+                    copied.tags = list(message.tags)
+                    copied.key = None if message.key is None else bytes(message.key)
+                    copied.body = None if message.body is None else bytes(message.body)
+                    return StoredRecord(copied, queued.record_count)
+        return None

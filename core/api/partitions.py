@@ -1,7 +1,20 @@
 """Partitions, stored batches, offsets, groups, producers and transactions: the Broker API's
-calls for Kafka's model."""
+calls for Kafka's model.
+
+A partition's log start offset is the first offset of its index (retention moves it), or higher
+where DeleteRecords moved it (``delete_records``): that offset is kept, exact, in the topic's
+config (:data:`LOG_START_OFFSETS_KEY`), so it is durable, survives a restart and goes with the
+topic. A topic's own retention (Kafka's ``retention.ms`` / ``retention.bytes`` topic configs,
+:data:`RETENTION_KEY`) is kept there too and applied by the log's retention
+(``core/log/retention.py``, ``Retention.topic_limits``), which this API points at the topics.
+"""
 
 from __future__ import annotations
+
+import copy
+import functools
+import os
+import shutil
 
 # (AMQP section's imports)
 # (MQTT section's imports)
@@ -13,7 +26,7 @@ from collections.abc import (
     Mapping,
     Sequence,
 )
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 from core.api.base import BrokerCalls, ClientContext, Publication, PublishOutcome
 from core.broker.broker import (
@@ -21,25 +34,76 @@ from core.broker.broker import (
     PublishResult,
 )
 from core.broker.eager import Pending, run_eagerly
-from core.broker.topics import TopicInfo
+from core.broker.topics import TopicError, TopicInfo, TopicRegistry
 from core.groups.results import GroupDescription, GroupListing, JoinResult, LeaveResult, SyncResult
 from core.groups.state import GroupState
 from core.kafka_values import OffsetCommit, OpenTransaction, StorageSettings
+from core.limits import QUEUE_VHOST_KEY
 from core.log import record as rec
 from core.log.names import is_system_topic
+from core.log.retention import TopicLimits, stored_bytes
 from core.offsets.store import CommittedOffset
 from core.scoped_reads import (
     StoredRecordReader,
     stored_body,
     stored_flags,
 )
+from core.transactions.partitions import (
+    OpenInPartition,
+    PartitionTransactions,
+    partition_transactions,
+)
 
 # What a serve_stored_records caller builds from the entries it reads.
 _Answer = TypeVar("_Answer")
+# TopicInfo.config keys: {"<partition>": log start offset} set by delete_records, and the
+# topic's own retention {"ms": int | None, "bytes": int | None} (None: no limit of that kind).
+LOG_START_OFFSETS_KEY: Final = "braid.log_start_offsets"
+RETENTION_KEY: Final = "braid.retention"
+
+
+def _log_start_floor(topics: TopicRegistry, topic: str, partition: int) -> int:
+    """The log start offset DeleteRecords set for the partition (0: none)."""
+    info = topics.get(topic)
+    if info is None:
+        return 0
+    floors = info.config.get(LOG_START_OFFSETS_KEY)
+    return int(floors.get(str(partition), 0)) if floors else 0
+
+
+def topic_retention_limits(topics: TopicRegistry) -> dict[str, TopicLimits]:
+    """Every topic with retention of its own, for the log's retention."""
+    limits: dict[str, TopicLimits] = {}
+    for info in topics.all():
+        own = info.config.get(RETENTION_KEY)
+        if own:
+            limits[info.name] = TopicLimits(own.get("ms"), own.get("bytes"))
+    return limits
+
+
+class _PartitionReader(StoredRecordReader):
+    """The stored-entry reader of a fetch, with the log start offsets DeleteRecords set."""
+
+    __slots__ = ("_topics",)
+
+    def __init__(self, store: Any, topics: TopicRegistry) -> None:
+        super().__init__(store)
+        self._topics = topics
+
+    def partition_offsets(self, topic: str, partition: int) -> tuple[int, int]:
+        start, end = super().partition_offsets(topic, partition)
+        return max(start, _log_start_floor(self._topics, topic, partition)), end
 
 
 class PartitionCalls(BrokerCalls):
     """Partitions, stored batches, groups, offsets, producers and transactions."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # The log's retention asks the topics for their own limits at each enforcement.
+        retention = self._broker.store.retention
+        retention.topic_limits = functools.partial(topic_retention_limits, self._broker.topics)
+        retention.trim_topics()  # at start too: a restart brings back no trimmed entry
 
     # Topics as Kafka sees them: partitions are the topic's queues; system topics are hidden.
 
@@ -65,8 +129,22 @@ class PartitionCalls(BrokerCalls):
         partitions: int,
         config: Mapping[str, Any] | None = None,
     ) -> TopicInfo:
-        """Declare ``name`` with ``partitions`` queues (an existing topic is returned as is)."""
-        return self._broker.declare_topic(name, partitions, dict(config) if config else None)[0]
+        """Declare ``name`` with ``partitions`` queues (an existing topic is returned as is),
+        its queues counting for the queue limits of ``context.vhost`` (docs/limits.md)."""
+        marked = {**(config or {}), QUEUE_VHOST_KEY: context.vhost}
+        return self._broker.declare_topic(name, partitions, marked)[0]
+
+    def check_topic_partitions(
+        self, context: ClientContext, name: str, partitions: int, added: int
+    ) -> None:
+        """Raise :class:`TopicError` (code ``invalid_partitions`` or ``policy_violation``) when
+        topic ``name`` may not have ``partitions`` partitions, ``added`` of them new, under the
+        broker's caps (``max_partitions_per_topic``, ``max_partitions``, and ``max_topics`` for
+        a new topic): what CreateTopics and CreatePartitions with ``validate_only`` answer."""
+        topics = self._broker.topics
+        topics.check_new_queues(name, partitions, added)
+        if name not in topics and len(topics) >= topics.limits.max_topics:
+            raise TopicError("policy_violation", f"at most {topics.limits.max_topics} topics")
 
     def delete_topic(self, context: ClientContext, name: str) -> bool:
         """Delete the topic, its queues, bindings and committed offsets; False if unknown."""
@@ -85,6 +163,106 @@ class PartitionCalls(BrokerCalls):
             config.segment_size,
             config.durability_for(topic) if topic is not None else config.durability,
         )
+
+    def topic_retention(
+        self, context: ClientContext, topic: str
+    ) -> tuple[int | None, int | None] | None:
+        """The topic's own ``(retention ms, retention bytes)`` (None: no limit of that kind),
+        or None when it has none and the log's limits apply."""
+        info = self._broker.topics.get(topic)
+        own = info.config.get(RETENTION_KEY) if info is not None else None
+        return (own.get("ms"), own.get("bytes")) if own else None
+
+    def set_topic_retention(
+        self,
+        context: ClientContext,
+        topic: str,
+        limits: tuple[int | None, int | None] | None,
+    ) -> int:
+        """Give the topic retention of its own, ``(ms, bytes)`` (None in either: no limit of
+        that kind), or back to the log's (``limits`` None). Applied at once and at each
+        retention check. Returns the durable mark to wait for. :class:`TopicError` for an
+        unknown topic, and for one with an ack queue (an AMQP queue, an MQTT session): its
+        records are kept until acknowledged, never by age or size."""
+        info = self._broker.topics.get(topic)
+        if info is None:
+            raise TopicError("unknown", f"no topic {topic!r}")
+        if any(self._broker.ack_queue(topic, queue) is not None for queue in range(info.queues)):
+            raise TopicError(
+                "invalid", f"{topic!r} is a queue: its records are kept until acknowledged"
+            )
+        config = copy.deepcopy(info.config)
+        if limits is None:
+            config.pop(RETENTION_KEY, None)
+        else:
+            config[RETENTION_KEY] = {"ms": limits[0], "bytes": limits[1]}
+        end = self._update_topic_config(info, config)
+        self._broker.store.retention.trim_topics()
+        return end
+
+    def set_topic_config(self, context: ClientContext, topic: str, key: str, value: Any) -> int:
+        """Keep ``value`` (JSON-able; None deletes) under ``key`` in the topic's config (a
+        gateway's own settings, such as the Kafka configs a client gave); the durable mark to
+        wait for. :class:`TopicError` for an unknown topic."""
+        info = self._broker.topics.get(topic)
+        if info is None:
+            raise TopicError("unknown", f"no topic {topic!r}")
+        config = copy.deepcopy(info.config)
+        if value is None:
+            config.pop(key, None)
+        else:
+            config[key] = copy.deepcopy(value)
+        return self._update_topic_config(info, config)
+
+    def _update_topic_config(self, info: TopicInfo, config: dict[str, Any]) -> int:
+        self._broker.topics.update(TopicInfo(info.name, info.queues, config))
+        # The update is the last frame appended: its end is the durable mark.
+        return self._broker.store.commitlog.write_position
+
+    async def delete_records(
+        self, context: ClientContext, topic: str, partition: int, offset: int
+    ) -> int:
+        """DeleteRecords: move the partition's log start offset to ``offset`` (-1: the high
+        watermark); the records before it are gone for every reader of the partition (a
+        fetch below it is out of range). Never moves it back. Returns the new log start
+        offset once durable. :class:`TopicError` ``unknown`` for an unknown topic or
+        partition, ``offset_out_of_range`` for an offset past the high watermark or below -1."""
+        info = self._broker.topics.get(topic)
+        if info is None or not 0 <= partition < info.queues:
+            raise TopicError("unknown", f"no partition {topic}/{partition}")
+        start, end = self.partition_offsets(context, topic, partition)
+        if offset == -1:
+            offset = end
+        if not 0 <= offset <= end:
+            raise TopicError(
+                "offset_out_of_range",
+                f"offset {offset} is not within 0..{end} (the high watermark) of "
+                f"{topic}/{partition}",
+            )
+        if offset > start:
+            floors = dict(info.config.get(LOG_START_OFFSETS_KEY) or {})
+            floors[str(partition)] = offset
+            await self._broker.store.wait_durable(
+                self.set_topic_config(context, topic, LOG_START_OFFSETS_KEY, floors)
+            )
+            start = offset
+        return start
+
+    def partition_bytes(self, context: ClientContext, topic: str, partition: int) -> int:
+        """The commit-log bytes of the partition's records from its log start offset on
+        (DescribeLogDirs' partition size; records past a DeleteRecords start in the entry
+        holding it are counted)."""
+        index = self._broker.store.queue_index(topic, partition)
+        if index is None:
+            return 0
+        start, _ = self.partition_offsets(context, topic, partition)
+        return stored_bytes(index, index.entry_for_offset(start), index.next_entry)
+
+    def log_directory(self, context: ClientContext) -> tuple[str, int, int]:
+        """``(absolute path, total bytes, usable bytes)`` of the data directory's file system."""
+        path = os.path.abspath(self._broker.store.data_dir)
+        usage = shutil.disk_usage(path)
+        return path, usage.total, usage.free
 
     # Producing: a RecordBatch stored as ONE batch record, indexed once, never re-encoded.
 
@@ -114,25 +292,21 @@ class PartitionCalls(BrokerCalls):
         by its records' subjects (decoded only when the topic has bindings); the handle is
         awaited for durability. ``braid_headers=False``: the caller searched the batch and
         found no ``x-braid-`` header name (no tags, no half), so it is not searched again.
-        ``transaction``: a transaction of :meth:`begin_transaction`; the batch is stored as a
-        half message, visible (and given its offset) when that commits. A delayed batch
+        ``transaction``: the batch is a Kafka transaction's (``transaction`` names it, its
+        producer id is the batch's): stored in the partition now, with its offset, behind the
+        partition's last stable offset until a marker ends it (:meth:`write_transaction_marker`,
+        :meth:`last_stable_offset`; ``core/transactions/partitions.py``). A delayed batch
         (``deliver_at_ms``) gets its offset when it becomes visible. Raises
         :class:`TopicError` for an unknown topic or partition."""
         if transaction is not None:
-            appended = self._broker.transactions.add_nowait(
-                transaction,
-                topic,
-                partition,
-                batch,
-                protocol=rec.PROTOCOL_KAFKA,
-                flags=rec.FLAG_BATCH,
-                record_count=record_count,
-                born_ms=born_ms,
-                client=context.client_id,
+            self._check_partition(topic, partition)
+            appended = self._kafka_transactions.append_data(
+                topic, partition, batch, record_count, born_ms=born_ms, client=context.client_id
             )
-            # A half is indexed only in __half: its offset comes with the commit's LINK.
+            # In the partition now, at the offset the producer is told; read_committed readers
+            # are held at the last stable offset until the transaction ends. Not routed.
             outcome = PublishOutcome(
-                appended, [(topic, partition)], partition, half=True, record_count=record_count
+                appended, [(topic, partition)], partition, record_count=record_count
             )
             return Publication(self, topic, outcome, None)
         return self._stored_batch(
@@ -152,6 +326,11 @@ class PartitionCalls(BrokerCalls):
             ),
         )
 
+    def max_inflated_batch_bytes(self, context: ClientContext) -> int:
+        """What the records of one batch ``context`` produces may inflate to (``[broker]
+        max_inflated_batch_bytes``): past it, Kafka's MESSAGE_TOO_LARGE."""
+        return self._broker.config.max_inflated_batch_bytes
+
     def write_transaction_marker(
         self,
         context: ClientContext,
@@ -161,22 +340,42 @@ class PartitionCalls(BrokerCalls):
         *,
         born_ms: int,
     ) -> Publication:
-        """Store a Kafka control batch (a COMMIT or ABORT marker) in ``(topic, partition)``;
-        :class:`TopicError` if the partition is gone."""
-        return self._stored_batch(
-            topic,
-            run_eagerly(
-                self._broker.publish_batch(
-                    topic,
-                    partition,
-                    marker,
-                    1,
-                    born_ms=born_ms,
-                    flags=rec.FLAG_TXN_CONTROL,
-                    wait_durable=False,
-                )
-            ),
-        )
+        """Store a Kafka control batch (a COMMIT or ABORT marker) in ``(topic, partition)``: the
+        transaction of the marker's producer ends there (the last stable offset moves; an
+        ABORT joins the partition's aborted transactions). :class:`TopicError` if the
+        partition is gone."""
+        self._check_partition(topic, partition)
+        appended = self._kafka_transactions.append_marker(topic, partition, marker, born_ms=born_ms)
+        outcome = PublishOutcome(appended, [(topic, partition)], partition)
+        return Publication(self, topic, outcome, None)
+
+    def _check_partition(self, topic: str, partition: int) -> None:
+        info = self._broker.topic(topic, create=False)
+        if not 0 <= partition < info.queues:
+            raise TopicError("unknown_queue", f"topic {topic!r} has no queue {partition}")
+
+    @functools.cached_property
+    def _kafka_transactions(self) -> PartitionTransactions:
+        return partition_transactions(self._broker.store)
+
+    def last_stable_offset(self, context: ClientContext, topic: str, partition: int) -> int:
+        """The partition's last stable offset: the first offset of its earliest open Kafka
+        transaction, else the high watermark. A read_committed consumer reads below it."""
+        _, end = self._broker.store.queue_bounds(topic, partition)
+        return self._kafka_transactions.last_stable_offset(topic, partition, end)
+
+    def aborted_transactions(
+        self, context: ClientContext, topic: str, partition: int, start: int, end: int
+    ) -> list[tuple[int, int]]:
+        """``(producer id, first offset)`` of the partition's aborted Kafka transactions that
+        overlap offsets ``[start, end)``: a read_committed Fetch's aborted-transactions list,
+        by which the client drops their records."""
+        return self._kafka_transactions.aborted(topic, partition, start, end)
+
+    def open_partition_transactions(self, context: ClientContext) -> list[OpenInPartition]:
+        """Every Kafka transaction open in some partition (after a restart: those it cut, as
+        the log holds them), with the producer id and epoch of its batches."""
+        return self._kafka_transactions.open_transactions()
 
     def _stored_batch(
         self, topic: str, started: PublishResult | Pending[PublishResult]
@@ -223,7 +422,7 @@ class PartitionCalls(BrokerCalls):
         maps (the fetch fast path copies each batch once, into the response frame): they are
         valid until ``respond`` returns, and the reader is closed then, so what ``respond``
         returns must be values or copies, never an entry."""
-        reader = StoredRecordReader(self._broker.store)
+        reader = _PartitionReader(self._broker.store, self._broker.topics)
         try:
             return respond(reader)
         finally:
@@ -232,9 +431,10 @@ class PartitionCalls(BrokerCalls):
     def partition_offsets(
         self, context: ClientContext, topic: str, partition: int
     ) -> tuple[int, int]:
-        """``(log start offset, high watermark)``; the last stable offset is the high
-        watermark (open transactions are half messages, invisible in the partition)."""
-        return self._broker.store.queue_bounds(topic, partition)
+        """``(log start offset, high watermark)``; the last stable offset is
+        :meth:`last_stable_offset`."""
+        start, end = self._broker.store.queue_bounds(topic, partition)
+        return max(start, _log_start_floor(self._broker.topics, topic, partition)), end
 
     async def wait_for_records(
         self, context: ClientContext, partitions: Sequence[Destination], timeout_s: float
@@ -375,6 +575,15 @@ class PartitionCalls(BrokerCalls):
         self, context: ClientContext, group_id: str, topic: str, partition: int
     ) -> CommittedOffset | None:
         return self._broker.offsets.fetch(group_id, topic, partition)
+
+    async def delete_group_offsets(
+        self, context: ClientContext, group_id: str, partitions: Iterable[Destination]
+    ) -> None:
+        """OffsetDelete: forget the group's committed offsets of these ``(topic, partition)``
+        (the group keeps the others); returns once durable."""
+        end = self._broker.offsets.delete_partitions(group_id, partitions)
+        if end:
+            await self._broker.store.wait_durable(end)
 
     def fetch_group_offsets(
         self, context: ClientContext, group_id: str

@@ -31,6 +31,7 @@ from core.delivery.handles import (
     attach,
     take_one,
 )
+from core.limits import QUEUE_VHOST_KEY
 
 
 class QueueCalls(BrokerCalls):
@@ -130,7 +131,8 @@ class QueueCalls(BrokerCalls):
         where an earlier queue of that name left index entries or ack state.
         :class:`TopicError` for a name that cannot be a topic."""
         broker = self._broker
-        self.declare_exchange(context, topic, config)  # the queue's topic, config merged
+        # The queue's topic, config merged; marked to count for the queue limits of its vhost.
+        self.declare_exchange(context, topic, {**config, QUEUE_VHOST_KEY: context.vhost})
         if broker.ack_queue(topic) is not None:  # left by a queue deleted while its topic stayed
             broker.delete_ack_queue(topic)
         ack, _ = broker.declare_ack_queue(topic, 0, settings)

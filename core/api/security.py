@@ -15,7 +15,7 @@ AlterUserScramCredentials) change and read the same store through the calls at t
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Final
 
 from core.api.base import (
@@ -107,10 +107,39 @@ class SecurityCalls(BrokerCalls):
             routing_key,
         )
 
+    def may_open_vhost(self, context: ClientContext, vhost: str) -> bool:
+        """May the context's user open ``vhost`` (AMQP Connection.Open: RabbitMQ's
+        ``check_vhost_access``, any permission on it)? A refusal writes an audit line."""
+        return self._security().may_open_vhost(
+            protocol_name(context), context.peer, context.user, vhost
+        )
+
+    async def import_users(
+        self,
+        context: ClientContext,
+        users: Mapping[str, tuple[str, Collection[str]]],
+        vhosts: Sequence[str],
+    ) -> None:
+        """Bring users a listener's settings name (name -> (password, vhosts it may open;
+        ``"*"``: all of ``vhosts``)) into the one user store, as the config file's
+        ``[amqp.users]`` are: a missing user is created, a vhost without a permission for it
+        gets ``.*`` for all three; nothing the store holds is overwritten. ``vhosts``: the
+        listener's vhosts (permissions may be set on them from then on)."""
+        service = self._security()
+        service.add_vhosts(vhosts)
+        await service.import_config_users(
+            {name: (password, tuple(opened)) for name, (password, opened) in users.items()}
+        )
+
     def security_generation(self, context: ClientContext) -> int:
         """A number that changes with every change of users, permissions or ACLs: a gateway
-        may keep :meth:`authorize`'s answers for a connection while it stays the same."""
-        return self._security().store.generation
+        may keep :meth:`authorize`'s answers for a connection while it stays the same.
+        (Asked before every publish: no more than two attribute reads once the service is
+        there.)"""
+        service = self._security_service_given
+        if service is None:
+            service = self._security()
+        return service.store.generation
 
     def denied_mqtt_publish_closes(self, context: ClientContext) -> bool:
         """Whether an MQTT 3.1.1 PUBLISH without permission closes the connection (RabbitMQ)

@@ -22,29 +22,24 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from core.broker.ack_queues import ACK_QUEUE_KEY, AckQueues, ack_queue_config_from_json
 from core.broker.flow import FlowControl
 from core.broker.partitioner import murmur2_partition
-from core.broker.topics import TopicError, TopicInfo, TopicRegistry
-from core.deadletter.policy import (
-    DEAD_LETTER_REASON_HEADER,
-    DEAD_LETTER_SUBJECT_HEADER,
-    DEAD_LETTER_TOPIC_HEADER,
-    RETRY_COUNT_HEADER,
-    X_DEATH_HEADER,
-    DeadLetterPolicy,
-    updated_x_death,
+from core.broker.topics import (
+    DEFAULT_MAX_PARTITIONS,
+    DEFAULT_MAX_PARTITIONS_PER_TOPIC,
+    DEFAULT_MAX_TOPICS,
+    TopicError,
+    TopicInfo,
+    TopicLimits,
+    TopicRegistry,
 )
 from core.delivery.ackqueue import (
-    OVERFLOW_DROP_HEAD,
-    REASON_DELIVERY_LIMIT,
-    REASON_REJECTED,
     AckQueue,
-    AckQueueConfig,
     DeadLetterHook,
 )
 from core.delivery.message import (
     BATCH_SELECT_HEADER,
-    Message,
     inner_subject,
     selection_key,
 )
@@ -54,11 +49,11 @@ from core.groups import (
     DEFAULT_MIN_SESSION_TIMEOUT_MS,
     GroupCoordinator,
 )
-from core.log import LogStore, TagFilter
+from core.log import LogStore
 from core.log import record as rec
 from core.log.batches import batch_is_control, unpack_batch
 from core.log.names import ACKS_TOPIC
-from core.log.store import Appended, now_ms
+from core.log.store import Appended
 from core.log.tags import batch_may_have_tags, tags_from_headers
 from core.offsets import OffsetStore
 from core.routing.table import BindingTable, MatchKind
@@ -90,7 +85,6 @@ Destination = tuple[str, int]
 RouteHook = Callable[[str, str, bytes | None, int, str], Sequence[Destination]]
 EXCHANGE_QUEUE = -1  # (name, -1): the topic ``name`` as a routing source
 _BINDING_KEY = "binding:"
-_ACK_QUEUE_KEY = "ackq:"
 # Ack state of dirty queues is written this often (batched, never per ack).
 ACK_STATE_FLUSH_INTERVAL_S = 0.05
 FLOW_CHECK_INTERVAL_S = 0.25
@@ -103,6 +97,13 @@ class BrokerConfig:
     auto_create_topics: bool = True
     # Queues (Kafka partitions) of a topic created on first use: Kafka's num.partitions.
     num_partitions: int = 1
+    # Caps on topics and their queues (core/broker/topics.py:TopicLimits, docs/limits.md).
+    max_topics: int = DEFAULT_MAX_TOPICS
+    max_partitions_per_topic: int = DEFAULT_MAX_PARTITIONS_PER_TOPIC
+    max_partitions: int = DEFAULT_MAX_PARTITIONS
+    # What the records of one Kafka batch may inflate to (docs/limits.md): Kafka's
+    # socket.request.max.bytes (100 MiB), the most an uncompressed batch could be.
+    max_inflated_batch_bytes: int = 100 * 1024 * 1024
     memory_high_watermark_bytes: int | None = None
     # Publishers are slowed while an ack queue holds more ready records than this.
     backlog_high_watermark: int | None = None
@@ -127,6 +128,11 @@ class BrokerConfig:
     def __post_init__(self) -> None:
         if self.num_partitions < 1:
             raise ValueError("num_partitions must be >= 1")
+        if not 1 <= self.num_partitions <= self.max_partitions_per_topic:
+            raise ValueError("num_partitions must be <= max_partitions_per_topic")
+        TopicLimits(self.max_topics, self.max_partitions_per_topic, self.max_partitions)
+        if self.max_inflated_batch_bytes < 1:
+            raise ValueError("max_inflated_batch_bytes must be >= 1")
         if not 0 <= self.group_min_session_timeout_ms <= self.group_max_session_timeout_ms:
             raise ValueError(
                 "need 0 <= group_min_session_timeout_ms <= group_max_session_timeout_ms"
@@ -172,31 +178,6 @@ class PublishResult:
         return self.appended.end
 
 
-def _ack_queue_config_to_json(config: AckQueueConfig) -> dict[str, Any]:
-    return {
-        "message_ttl_ms": config.message_ttl_ms,
-        "max_length": config.max_length,
-        "overflow": config.overflow,
-        "single_active_consumer": config.single_active_consumer,
-        "delivery_limit": config.delivery_limit,
-        "tags": sorted(config.tag_filter.tags) if config.tag_filter else None,
-        "dead_letter": config.dead_letter.to_json(),
-    }
-
-
-def _ack_queue_config_from_json(raw: Mapping[str, Any]) -> AckQueueConfig:
-    tags = raw.get("tags")
-    return AckQueueConfig(
-        message_ttl_ms=raw.get("message_ttl_ms"),
-        max_length=raw.get("max_length"),
-        overflow=raw.get("overflow", OVERFLOW_DROP_HEAD),
-        single_active_consumer=bool(raw.get("single_active_consumer")),
-        delivery_limit=raw.get("delivery_limit"),
-        tag_filter=TagFilter(tags) if tags else None,
-        dead_letter=DeadLetterPolicy.from_json(raw.get("dead_letter")),
-    )
-
-
 BRAID_HEADER_PREFIX = b"x-braid-"
 
 
@@ -220,11 +201,18 @@ def batch_tags(batch: bytes | memoryview) -> list[str]:
     return tags
 
 
-class Broker:
+class Broker(AckQueues):
     def __init__(self, store: LogStore, config: BrokerConfig | None = None) -> None:
         self.store = store
         self.config = config or BrokerConfig()
-        self.topics = TopicRegistry(store)
+        self.topics = TopicRegistry(
+            store,
+            TopicLimits(
+                self.config.max_topics,
+                self.config.max_partitions_per_topic,
+                self.config.max_partitions,
+            ),
+        )
         self.bindings: BindingTable[Destination] = BindingTable()
         self.offsets = OffsetStore(store)
         # Membership of offset groups (Kafka consumer groups); in memory, members rejoin.
@@ -277,10 +265,10 @@ class Broker:
                     (raw["destination"][0], int(raw["destination"][1])),
                     raw.get("arguments"),
                 )
-            elif key.startswith(_ACK_QUEUE_KEY):
+            elif key.startswith(ACK_QUEUE_KEY):
                 raw = json.loads(value)
                 destination = (raw["topic"], int(raw["queue"]))
-                self._open_ack_queue(destination, _ack_queue_config_from_json(raw["config"]))
+                self._open_ack_queue(destination, ack_queue_config_from_json(raw["config"]))
 
     async def start(self) -> None:
         await self.timers.start()
@@ -476,157 +464,6 @@ class Broker:
         for hook in self.route_hooks:
             found.extend(hook(topic, subject, key, protocol, address))
         return found
-
-    # -- ack queues ------------------------------------------------------------------------
-
-    def _schedule(self, callback: Callable[[], object]) -> None:
-        try:
-            asyncio.get_running_loop().call_soon(callback)
-        except RuntimeError:
-            callback()
-
-    def _open_ack_queue(self, destination: Destination, config: AckQueueConfig) -> AckQueue:
-        queue = AckQueue(
-            self.store,
-            destination[0],
-            destination[1],
-            config,
-            schedule=self._schedule,
-            on_dead_letter=self._dead_letter,
-            persist_now=self._persist_ack_state,
-        )
-        raw = self._ack_states.get(self._ack_state_key(destination))
-        if raw is not None:
-            queue.restore_state(raw)
-        self.ack_queues[destination] = queue
-        return queue
-
-    def _dead_letter(self, queue: AckQueue, message: Message, reason: str) -> None:
-        """A record left ``queue`` unconsumed: retry it later, dead-letter it, or drop it
-        (see core.deadletter.policy). Moves are LINKs: bodies are never copied."""
-        if self.dead_letter_hook is not None:
-            self.dead_letter_hook(queue, message, reason)
-        policy = queue.config.dead_letter
-        stamp = now_ms()
-        if reason in (REASON_REJECTED, REASON_DELIVERY_LIMIT) and policy.retry_delays_ms:
-            retries = int(message.header(RETRY_COUNT_HEADER) or b"0")
-            if retries < len(policy.retry_delays_ms):
-                self.store.link(
-                    [message.position],
-                    [(queue.topic, queue.queue)],
-                    headers=[(RETRY_COUNT_HEADER, str(retries + 1).encode())],
-                    deliver_at_ms=stamp + policy.retry_delays_ms[retries],
-                )
-                self.metrics["retried"] += 1
-                return
-        target = policy.dead_letter_topic
-        if not target:
-            self.metrics["dropped"] += 1
-            return
-        previous = message.header(X_DEATH_HEADER)
-        # RabbitMQ's cycle rule: a record dead-lettered back into a queue it already died in,
-        # with no rejection along the way, is dropped instead of looping forever.
-        if (
-            reason not in (REASON_REJECTED, REASON_DELIVERY_LIMIT)
-            and previous
-            and any(
-                entry.get("queue") == queue.topic and entry.get("reason") != REASON_REJECTED
-                for entry in json.loads(previous)
-            )
-        ):
-            log.warning("dead-letter cycle through %s: record dropped", queue.topic)
-            self.metrics["dropped"] += 1
-            return
-        subject = policy.dead_letter_subject or message.subject
-        if target not in self.topics:
-            self.declare_topic(target)
-        destinations = [(target, 0)]
-        # With the record's headers, so a headers exchange routes its dead letters (aio-pika's
-        # RPC: a call that expired comes back through rpc.dlx by its "From" header).
-        for routed in self.route(target, subject, dict(message.headers)):
-            if routed not in destinations:
-                destinations.append(routed)
-        x_death = updated_x_death(
-            previous,
-            queue=queue.topic,
-            reason=reason,
-            time_ms=stamp,
-            exchange=message.topic,
-            routing_keys=[message.subject],
-        )
-        headers = [
-            (X_DEATH_HEADER, x_death),
-            (DEAD_LETTER_TOPIC_HEADER, target.encode()),
-            (DEAD_LETTER_SUBJECT_HEADER, subject.encode()),
-        ]
-        if message.header(DEAD_LETTER_REASON_HEADER) is None:
-            headers.append((DEAD_LETTER_REASON_HEADER, reason.encode()))
-        self.store.link([message.position], destinations, headers=headers)
-        self.metrics["dead_lettered"] += 1
-
-    @staticmethod
-    def _ack_state_key(destination: Destination) -> str:
-        return f"{destination[0]}\x00{destination[1]}"
-
-    def declare_ack_queue(
-        self, topic: str, queue: int = 0, config: AckQueueConfig | None = None
-    ) -> tuple[AckQueue, bool]:
-        """Get or create the durable ack queue over ``(topic, queue)``."""
-        destination = (topic, queue)
-        existing = self.ack_queues.get(destination)
-        if existing is not None:
-            return existing, False
-        config = config or AckQueueConfig()
-        created = self._open_ack_queue(destination, config)
-        self.topics.table.put(
-            _ACK_QUEUE_KEY + self._ack_state_key(destination),
-            json.dumps(
-                {"topic": topic, "queue": queue, "config": _ack_queue_config_to_json(config)}
-            ).encode(),
-        )
-        return created, True
-
-    def ack_queue(self, topic: str, queue: int = 0) -> AckQueue | None:
-        return self.ack_queues.get((topic, queue))
-
-    def delete_ack_queue(self, topic: str, queue: int = 0) -> AckQueue | None:
-        destination = (topic, queue)
-        removed = self.ack_queues.pop(destination, None)
-        if removed is None:
-            return None
-        removed.deleted = True
-        for consumer in list(removed.consumers):
-            removed.remove_consumer(consumer)
-        self.bindings.remove_destination(destination)
-        self._persist_bindings_of(topic)
-        self.topics.table.delete(_ACK_QUEUE_KEY + self._ack_state_key(destination))
-        self._ack_states.delete(self._ack_state_key(destination))
-        return removed
-
-    def discard_ack_queue(self, topic: str, queue: int = 0) -> AckQueue | None:
-        """:meth:`delete_ack_queue` for an ack queue that is not a topic of its own (an MQTT
-        session's or shared group's), its index deleted with it: nothing of it stays on disk,
-        and a queue declared again under that name starts empty at offset 0."""
-        removed = self.delete_ack_queue(topic, queue)
-        if removed is not None and topic not in self.topics:
-            self.store.drop_queues(topic)
-        return removed
-
-    def _persist_ack_state(self, queue: AckQueue) -> None:
-        """Append one queue's state now (not awaiting fsync: the record is in the shared page
-        cache, which a process crash does not lose; the next group commit makes it durable)."""
-        queue.dirty = False
-        self._ack_states.put(self._ack_state_key((queue.topic, queue.queue)), queue.encode_state())
-
-    def flush_ack_states(self) -> int:
-        """Persist the ack state of every dirty queue (one record each)."""
-        written = 0
-        for destination, queue in self.ack_queues.items():
-            if queue.dirty:
-                queue.dirty = False
-                self._ack_states.put(self._ack_state_key(destination), queue.encode_state())
-                written += 1
-        return written
 
     # -- publishing ------------------------------------------------------------------------
 

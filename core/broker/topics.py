@@ -19,6 +19,37 @@ _TOPIC_KEY = "topic:"
 MAX_TOPIC_NAME_BYTES = 255
 _CONTROL = re.compile(r"[\x00-\x1f]")
 
+# Caps on what topic declarations may ask for (issue 21: one CreateTopics with 2^31-1
+# partitions grew the next Metadata to 4 GB and killed the broker, again after every restart).
+# Kafka's KRaft controller refuses more than 10,000 new partitions in one request
+# (ReplicationControlManager.MAX_PARTITIONS_PER_BATCH, POLICY_VIOLATION "Excessively large
+# number of partitions per request."): a topic cannot be created with more there, so the same
+# number caps one topic here.
+DEFAULT_MAX_PARTITIONS_PER_TOPIC = 10_000
+# Kafka has no total cap; Confluent's sizing guidance is at most 200,000 partitions per
+# (ZooKeeper-mode) cluster. Every queue of every protocol counts (an AMQP queue or exchange,
+# an MQTT topic: one each).
+DEFAULT_MAX_PARTITIONS = 200_000
+# Every topic has at least one queue, so the same number; a topic's registry entry, bindings
+# and index files are what it costs besides.
+DEFAULT_MAX_TOPICS = 200_000
+
+
+@dataclass(frozen=True, slots=True)
+class TopicLimits:
+    """Caps on topics (``[broker]`` settings ``max_topics``, ``max_partitions_per_topic``,
+    ``max_partitions``; docs/limits.md). A declaration past one raises :class:`TopicError`
+    with code ``invalid_partitions`` (a topic's own count) or ``policy_violation`` (a total),
+    which Kafka answers with INVALID_PARTITIONS (37) and POLICY_VIOLATION (44)."""
+
+    max_topics: int = DEFAULT_MAX_TOPICS
+    max_partitions_per_topic: int = DEFAULT_MAX_PARTITIONS_PER_TOPIC
+    max_partitions: int = DEFAULT_MAX_PARTITIONS
+
+    def __post_init__(self) -> None:
+        if min(self.max_topics, self.max_partitions_per_topic, self.max_partitions) < 1:
+            raise ValueError("max_topics, max_partitions_per_topic and max_partitions must be >= 1")
+
 
 @dataclass
 class TopicInfo:
@@ -43,20 +74,49 @@ def validate_topic_name(name: str, *, allow_system: bool = False) -> None:
 
 
 class TopicRegistry:
-    def __init__(self, store: LogStore) -> None:
+    def __init__(self, store: LogStore, limits: TopicLimits | None = None) -> None:
         self.table = DurableTable(store, META_TOPIC)
+        self.limits = limits or TopicLimits()
         self._topics: dict[str, TopicInfo] = {}
+        # Topics and queues the caps count: every topic but the broker's own ``__`` ones
+        # (which the caps never refuse: the broker needs them to start).
+        self.user_topics = 0
+        self.total_queues = 0
         for key, value in self.table.items():
             if key.startswith(_TOPIC_KEY):
                 raw = json.loads(value)
                 name = key[len(_TOPIC_KEY) :]
                 self._topics[name] = TopicInfo(name, int(raw["queues"]), raw.get("config", {}))
+                if not is_system_topic(name):
+                    self.user_topics += 1
+                    self.total_queues += self._topics[name].queues
+
+    def check_new_queues(self, name: str, queues: int, added: int) -> None:
+        """Raise :class:`TopicError` when topic ``name`` may not have ``queues`` queues, of
+        which ``added`` are new (see :class:`TopicLimits`)."""
+        limits = self.limits
+        if queues > limits.max_partitions_per_topic:
+            raise TopicError(
+                "invalid_partitions",
+                f"{queues} partitions for topic {name!r}: at most "
+                f"{limits.max_partitions_per_topic} (max_partitions_per_topic)",
+            )
+        if self.total_queues + added > limits.max_partitions:
+            raise TopicError(
+                "policy_violation",
+                f"{added} more partitions would make {self.total_queues + added} in all: at "
+                f"most {limits.max_partitions} (max_partitions)",
+            )
 
     def get(self, name: str) -> TopicInfo | None:
         return self._topics.get(name)
 
     def __contains__(self, name: str) -> bool:
         return name in self._topics
+
+    def __len__(self) -> int:
+        """Topics but the system ones (what ``max_topics`` counts)."""
+        return self.user_topics
 
     def all(self, *, include_system: bool = False) -> list[TopicInfo]:
         return [
@@ -81,12 +141,26 @@ class TopicRegistry:
         validate_topic_name(name, allow_system=allow_system)
         if queues < 1:
             raise TopicError("invalid_partitions", "a topic needs at least one queue")
+        if not is_system_topic(name):
+            self.check_new_queues(name, queues, queues)
+            if self.user_topics >= self.limits.max_topics:
+                raise TopicError(
+                    "policy_violation",
+                    f"{self.user_topics} topics exist: at most {self.limits.max_topics} "
+                    "(max_topics)",
+                )
+            self.user_topics += 1
+            self.total_queues += queues
         info = TopicInfo(name, queues, dict(config or {}))
         self._topics[name] = info
         self.table.put(_TOPIC_KEY + name, info.to_json())
         return info, True
 
     def update(self, info: TopicInfo) -> None:
+        previous = self._topics.get(info.name)
+        if not is_system_topic(info.name):
+            self.user_topics += previous is None
+            self.total_queues += info.queues - (previous.queues if previous is not None else 0)
         self._topics[info.name] = info
         self.table.put(_TOPIC_KEY + info.name, info.to_json())
 
@@ -98,12 +172,19 @@ class TopicRegistry:
             raise TopicError(
                 "invalid_partitions", f"topic {name!r} has {info.queues} queues already"
             )
+        if not is_system_topic(name):
+            self.check_new_queues(name, total, total - info.queues)
+            self.total_queues += total - info.queues
         info.queues = total
         self.update(info)
         return info
 
     def delete(self, name: str) -> bool:
-        if self._topics.pop(name, None) is None:
+        info = self._topics.pop(name, None)
+        if info is None:
             return False
+        if not is_system_topic(name):
+            self.user_topics -= 1
+            self.total_queues -= info.queues
         self.table.delete(_TOPIC_KEY + name)
         return True

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 from core.deadletter.policy import DeadLetterPolicy
 from core.delivery.message import Message, messages_of
-from core.log import LogStore, TagFilter
+from core.log import CorruptRecordError, LogStore, TagFilter
 from core.log.store import now_ms
 
 log = logging.getLogger(__name__)
@@ -52,6 +52,11 @@ REASON_DELIVERY_LIMIT = "delivery_limit"
 
 # Called when a record leaves the queue without being consumed: (queue, message, reason).
 DeadLetterHook = Callable[["AckQueue", Message, str], None]
+
+
+def _not_owed(_error: CorruptRecordError) -> None:
+    """A damaged record is not owed (it is skipped when reached): the retention guard passes
+    over it."""
 
 
 @dataclass
@@ -121,6 +126,9 @@ _STATE_HEAD = struct.Struct("<QQI")  # cursor, delivered_frontier, number of ack
 
 
 class AckQueue:
+    # Past the last damaged record a read skipped (_skip_corrupt).
+    _corrupt_end = 0
+
     def __init__(
         self,
         store: LogStore,
@@ -516,7 +524,11 @@ class AckQueue:
             self.frontier,
             max_records=READ_AHEAD_RECORDS,
             tag_filter=self.config.tag_filter,
+            on_corrupt=self._skip_corrupt,
         )
+        if not records and self._corrupt_end > self.frontier:  # only a damaged record read
+            self.frontier = self._corrupt_end
+            return self._refill_more()
         if not records:
             end = self.next_offset
             if self.config.tag_filter is not None and self.frontier < end:
@@ -537,7 +549,25 @@ class AckQueue:
                 if message.offset >= self.frontier:
                     self._buffer.append(message)
             self.frontier = max(self.frontier, queued.next_offset)
+        self.frontier = max(self.frontier, self._corrupt_end)
         return bool(self._buffer) or self._refill_more()
+
+    def _skip_corrupt(self, error: CorruptRecordError) -> None:
+        """A damaged record (issue 21 item 6): skipped, with an ERROR line, so the records
+        after it are delivered. Not dead-lettered: its bytes cannot be trusted, and a
+        dead-letter queue would hand the same damaged frame to its consumers."""
+        log.error(
+            "queue %s/%d: records %d..%d skipped: %s",
+            self.topic,
+            self.queue,
+            error.offset,
+            error.next_offset - 1,
+            error,
+        )
+        for offset in range(max(error.offset, self.cursor), error.next_offset):
+            self._mark_acked(offset)
+        # The frontier passes it once the records read with it are buffered (_refill).
+        self._corrupt_end = max(self._corrupt_end, error.next_offset)
 
     def _refill_more(self) -> bool:
         # Everything read was already behind the frontier (a batch entry straddling it).
@@ -568,7 +598,9 @@ class AckQueue:
     def owed_from_position(self) -> int | None:
         """Lowest commit-log position among the next records still owed (retention guard)."""
         candidates = [d.message.position for d in self.inflight.values()]
-        records = self.store.read(self.topic, self.queue, self.cursor, max_records=64)
+        records = self.store.read(
+            self.topic, self.queue, self.cursor, max_records=64, on_corrupt=_not_owed
+        )
         candidates.extend(r.position for r in records)
         return min(candidates) if candidates else None
 

@@ -9,6 +9,11 @@ transaction's commit, a dead letter) is seen through the log's index notificatio
 ``call_soon`` per burst) read back once and handed to every reader (:meth:`follow`) as
 :class:`~core.delivery.message.Message` values, each record of a batch on its own.
 
+A Kafka transaction's batches are stored in their partition when produced (see
+``core/transactions/partitions.py``), but live subscribers keep the half-message view: such a
+batch is held (its entry, not its data) until its producer's COMMIT marker reaches the same
+partition, then delivered; an ABORT marker drops it; control batches are never delivered.
+
 Entries a follower's own publish made in *other* topics (records the publish moved elsewhere:
 dead-lettered by a queue's max-length, routed copies) are kept for the same read-back; routed
 copies are recognised there and skipped: only a record's own topic entry (or a dead letter's
@@ -26,6 +31,9 @@ from collections.abc import Callable
 from core.deadletter.policy import DEAD_LETTER_TOPIC_HEADER
 from core.delivery.message import Message, messages_of
 from core.log import LogStore
+from core.log import record as rec
+from core.log.reader import QueueRecord
+from core.log.txnindex import batch_txn
 from core.routing.live import LiveRouter
 
 log = logging.getLogger(__name__)
@@ -48,6 +56,8 @@ class LiveFeed:
         self._own_entries: list[_Entry] = []
         self._tapped: list[_Entry] = []
         self._scheduled = False
+        # (topic, queue, producer id) -> entries of its open transaction's batches there.
+        self._held: dict[tuple[str, int, int], list[_Entry]] = {}
         store.index_listeners.append(self._on_index)
 
     def close(self) -> None:
@@ -106,15 +116,48 @@ class LiveFeed:
             for queued in found:
                 if queued.offset > offset:
                     continue
-                for message in messages_of(queued):
-                    # Only the record's own topic entry: copies routed into queues are not
-                    # publishes to those queues.
-                    if message.offset < offset or (
-                        message.topic != topic and not is_dead_letter_in(message, topic)
-                    ):
-                        continue
-                    for reader in self.readers:
-                        reader(message)
+                if self._held_back(queued):
+                    continue
+                self._deliver(queued, topic, offset)
+
+    def _deliver(self, queued: QueueRecord, topic: str, offset: int) -> None:
+        for message in messages_of(queued):
+            # Only the record's own topic entry: copies routed into queues are not
+            # publishes to those queues.
+            if message.offset < offset or (
+                message.topic != topic and not is_dead_letter_in(message, topic)
+            ):
+                continue
+            for reader in self.readers:
+                reader(message)
+
+    def _held_back(self, queued: QueueRecord) -> bool:
+        """A Kafka transaction's batch (held until its COMMIT marker) or a control batch
+        (which delivers or drops what its producer's transaction held): True when the entry
+        is not to be delivered now."""
+        # The frame's flags and the batch header, read in place (no record decoded here).
+        (flags,) = rec.FLAGS.unpack_from(queued.frame, rec.FLAGS_OFFSET)
+        if not flags & rec.FLAG_BATCH:
+            return False
+        info = batch_txn(queued.body)
+        if info is None:
+            return False
+        key = (queued.topic, queued.queue, info.producer_id)
+        if not info.control:
+            self._held.setdefault(key, []).append((queued.topic, queued.queue, queued.offset))
+            return True
+        held = self._held.pop(key, ())
+        if info.commit:
+            for topic, queue, offset in held:
+                try:
+                    found = self.store.read(topic, queue, offset, max_records=1)
+                except Exception:
+                    log.exception("cannot read %s/%d@%d for live subscribers", topic, queue, offset)
+                    continue
+                for committed in found:
+                    if committed.offset == offset:
+                        self._deliver(committed, topic, offset)
+        return True
 
 
 def is_dead_letter_in(message: Message, topic: str) -> bool:

@@ -10,10 +10,11 @@ are stored elsewhere. Modules:
 - ``state``: :class:`GroupState` and the ``(state, event) -> state`` transition table.
 - ``results``: the frozen records the coordinator answers with.
 - ``errors``: :class:`ErrorCode` (Kafka's numbers) and :class:`IllegalGroupTransition`.
-- ``clock``: :class:`Clock`, :class:`LoopClock` (asyncio) and :class:`ManualClock` (tests).
+- time: :class:`Clock`, :class:`LoopClock` (asyncio) and :class:`ManualClock` (tests), from
+  ``core.clock``, the process's one clock.
 """
 
-from core.groups.clock import Clock, LoopClock, ManualClock, Timer
+from core.clock import Clock, LoopClock, ManualClock, Timer
 from core.groups.coordinator import (
     DEFAULT_INITIAL_REBALANCE_DELAY_MS,
     DEFAULT_MAX_SESSION_TIMEOUT_MS,

@@ -41,7 +41,7 @@ import uuid
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from core.groups.clock import Clock, LoopClock
+from core.clock import Clock, LoopClock
 from core.groups.errors import ErrorCode
 from core.groups.group import (
     GroupMetadata,

@@ -15,7 +15,7 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from core.groups.clock import Timer
+from core.clock import Timer
 from core.groups.errors import ErrorCode
 from core.groups.results import JoinMember, JoinResult, SyncResult
 from core.groups.state import GroupEvent, GroupState, next_state

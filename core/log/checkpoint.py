@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import threading
 import time
 from concurrent.futures import Executor
@@ -31,6 +30,7 @@ from core.log import names
 from core.log.commitlog import CommitLog
 from core.log.config import write_atomically
 from core.log.consumequeue import ConsumeQueue
+from core.log.segment import sync_path
 
 
 def queue_key(topic: str, queue: int) -> str:
@@ -68,28 +68,30 @@ class Checkpoints:
         self._seq = 0
         self._written_seq = 0
 
-    def _capture(self) -> tuple[int, dict[str, int], list[int], int]:
+    def _capture(self) -> tuple[int, dict[str, int], list[Path], int]:
         self._seq += 1
         counts = {queue_key(t, q): index.next_entry for (t, q), index in self.queues.items()}
-        dirty: list[int] = []
+        dirty: list[Path] = []
         for index in self.queues.values():
             for number in index.take_dirty():
                 index_file = index.files.get(number)
                 if index_file is not None:
-                    dirty.append(index_file.fd)
+                    dirty.append(index_file.path)
         return self.commitlog.write_position, counts, dirty, self._seq
 
-    def _write(self, position: int, counts: dict[str, int], dirty_fds: list[int], seq: int) -> None:
+    def _write(self, position: int, counts: dict[str, int], dirty: list[Path], seq: int) -> None:
         # One at a time (a blocking checkpoint from close() or drop_queues() can meet one the
         # background task is writing in the executor: they shared checkpoint.tmp), and never an
         # older capture over a newer one; a newer one also waits until the older one's index
         # files are synced, since its capture did not list them again.
         with self._lock:
             self.commitlog.sync_to(position)
-            for fd in dirty_fds:
-                # A file closed by retention meanwhile: its entries are gone anyway.
-                with contextlib.suppress(OSError):
-                    os.fdatasync(fd)
+            for path in dirty:
+                # By path, with a descriptor of its own (this thread must not use the event
+                # loop's, which core/log/openfiles.py may close meanwhile). A file deleted by
+                # retention meanwhile: its entries are gone anyway.
+                with contextlib.suppress(FileNotFoundError):
+                    sync_path(path)
             if seq < self._written_seq:
                 return
             payload = {

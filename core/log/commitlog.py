@@ -17,14 +17,14 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from crc32c import crc32c
 
 from core.log import names
 from core.log import record as rec
-from core.log.segment import Segment, preallocate, pwrite_all, start_writeback
+from core.log.segment import DiskFullError, Segment, preallocate, pwrite_all, start_writeback
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +63,10 @@ class CommitLog:
         # recovery (see trust_from): the read path skips their CRC check. Everything written
         # before this process opened the log, and everything a read-only reader sees, is checked.
         self.trusted_start = _NEVER_TRUSTED
+        # Called each time the writer reserves a new stretch of blocks (every PREALLOCATE_BYTES
+        # appended, and at each new segment), and when a reservation finds the disk full: the
+        # store checks the free space then (core.log.diskspace), beside its periodic check.
+        self.on_reserve: Callable[[bool], None] | None = None
         self._sync_lock = threading.Lock()
         if writable:
             directory.mkdir(parents=True, exist_ok=True)
@@ -113,32 +117,47 @@ class CommitLog:
     def append(self, frame: bytes | bytearray | memoryview) -> int:
         """Write one frame and return its position. Rolls to a new segment when needed.
 
+        Every byte goes into blocks reserved first (:meth:`activate`), so a full disk is a
+        :class:`~core.log.segment.DiskFullError` before the write, never a SIGBUS in it.
+
         A large frame (a Kafka batch, a big message) is written with pwrite rather than through
         the mapping, as append_many's staged batches are: the kernel then fills page-cache pages
         without zeroing each one in a page fault first (measured with a Kafka producer of 1 MB
         batches: that zeroing was 45% of the broker's CPU). Same pages as the mapping."""
         size = len(frame)
-        if size >= PWRITE_BYTES and self.activate(size):
-            position = self.write_position
-            pwrite_all(self.active_fd, frame, position - self.active_base)
+        self._make_room(size)
+        position = self.write_position
+        offset = position - self.active_base
+        if size >= PWRITE_BYTES:
+            pwrite_all(self.active_fd, frame, offset)
             self._written_to_file(position + size)
             return position
-        position = self.write_position
-        number, offset = divmod(position, self.segment_size)
-        remaining = self.segment_size - offset
-        # A frame fits if it fills the segment exactly or leaves room for a BLANK prefix, so a
-        # reader always finds either a frame or a BLANK where written data continues.
-        if size != remaining and size + rec.PREFIX.size > remaining:
-            if size > self.segment_size:
-                raise ValueError(f"frame of {size} bytes exceeds segment size {self.segment_size}")
-            if remaining:
-                self._segment(number).write(offset, rec.blank_frame(remaining))
-            number += 1
-            offset = 0
-            position = number * self.segment_size
-        self._segment(number).write(offset, frame)
+        buf = self.active_buf
+        assert buf is not None
+        buf[offset : offset + size] = frame
         self.write_position = position + size
         return position
+
+    def _make_room(self, size: int) -> None:
+        """Make the segment a frame of ``size`` bytes goes to the active one, with blocks
+        reserved for it: the segment at ``write_position`` if the frame fits there (it fills
+        the segment exactly or leaves room for a BLANK prefix, so a reader always finds a frame
+        or a BLANK where written data continues), else the next one after closing this one
+        with a BLANK frame. ValueError for a frame larger than a segment."""
+        if self.activate(size):
+            return
+        if size > self.segment_size:
+            raise ValueError(f"frame of {size} bytes exceeds segment size {self.segment_size}")
+        number, offset = divmod(self.write_position, self.segment_size)
+        remaining = self.segment_size - offset
+        if remaining:
+            self.activate(remaining)  # fits exactly; reserves the blocks up to the segment end
+            buf = self.active_buf
+            assert buf is not None
+            buf[offset:] = rec.blank_frame(remaining)
+        self.write_position = (number + 1) * self.segment_size
+        if not self.activate(size):  # pragma: no cover - a frame up to a segment fits a new one
+            raise ValueError(f"frame of {size} bytes does not fit a new segment")
 
     def append_parts(self, head: bytes, body: bytes | memoryview) -> int:
         """:meth:`append` of the frame ``head + body`` (core.log.record.encode_record_parts): a
@@ -177,20 +196,43 @@ class CommitLog:
             return False
         segment = self._segment(number)
         base = number * self.segment_size
-        if base != self.active_base:
-            self.active_end = offset
-        if offset + size > self.active_end or size == remaining:
+        active_end = self.active_end if base == self.active_base else offset
+        if offset + size > active_end or size == remaining:
             # Blocks are reserved PREALLOCATE_BYTES ahead of the writer, not for the whole
             # segment at creation: a 1 GiB segment per store would take 1 GiB of disk at once.
             end = min(
                 self.segment_size, -(-(offset + size) // PREALLOCATE_BYTES) * PREALLOCATE_BYTES
             )
-            preallocate(segment.fd, self.active_end, end - self.active_end)
-            self.active_end = end
+            try:
+                active_end = self._reserve(segment, active_end, offset + size, end)
+            except DiskFullError:
+                self._deactivate()  # the in-place writers must come back here, not write
+                raise
+        self.active_end = active_end
         self.active_buf = segment.buf
         self.active_fd = segment.fd
         self.active_base = base
         return True
+
+    def _reserve(self, segment: Segment, start: int, needed: int, wanted: int) -> int:
+        """Reserve ``segment``'s blocks from ``start`` up to ``wanted`` (at least
+        ``needed``); returns the end reserved. Near a full disk it takes what the frame needs
+        alone (whole pages), so the log's own writes (acks, offsets) can use the last blocks
+        the disk alarm kept free; DiskFullError when even those are not there."""
+        notify = self.on_reserve
+        try:
+            preallocate(segment.fd, start, wanted - start)
+        except DiskFullError:
+            if notify is not None:
+                notify(True)
+            wanted = min(wanted, -(-needed // _PAGE) * _PAGE)
+            if wanted < needed:  # a frame that ends at the segment's last (unaligned) byte
+                wanted = needed
+            preallocate(segment.fd, start, wanted - start)  # raises when the disk is full
+            return wanted
+        if notify is not None:
+            notify(False)
+        return wanted
 
     def writeback_range(self) -> tuple[int, int, int] | None:
         """``(fd, offset, length)`` of the active segment's whole pages appended since the last
@@ -223,34 +265,44 @@ class CommitLog:
         self.active_end = 0
 
     def append_frames(self, frames: list[bytes]) -> list[int]:
-        """Write several frames with as few copies into the mapping as segment bounds allow."""
+        """Write several frames with as few copies into the mapping as segment bounds allow:
+        each run of frames that fits the current segment is joined and written at once."""
         positions: list[int] = []
-        pending: list[bytes] = []
-        pending_start = self.write_position
-        cursor = self.write_position
+        run: list[bytes] = []
+        run_start = self.write_position
+        cursor = run_start
+        segment_size = self.segment_size
         for frame in frames:
             size = len(frame)
-            offset = cursor % self.segment_size
-            remaining = self.segment_size - offset
+            remaining = segment_size - cursor % segment_size
             if size != remaining and size + rec.PREFIX.size > remaining:
-                self._flush_pending(pending_start, pending)
-                pending = []
-                self.write_position = cursor
-                position = self.append(frame)
-                positions.append(position)
-                cursor = pending_start = self.write_position
+                self._write_run(run_start, run)
+                run = []
+                positions.append(self.append(frame))  # rolls the segment
+                cursor = run_start = self.write_position
                 continue
             positions.append(cursor)
-            pending.append(frame)
+            run.append(frame)
             cursor += size
-        self._flush_pending(pending_start, pending)
-        self.write_position = cursor
+            if cursor % segment_size == 0:  # the frame filled the segment: no run spans two
+                self._write_run(run_start, run)
+                run = []
+                run_start = cursor
+        self._write_run(run_start, run)
         return positions
 
-    def _flush_pending(self, start: int, frames: list[bytes]) -> None:
-        if frames:
-            number, offset = divmod(start, self.segment_size)
-            self._segment(number).write(offset, b"".join(frames))
+    def _write_run(self, start: int, frames: list[bytes]) -> None:
+        """Write frames that fit the segment at ``start`` (== write_position) in one copy."""
+        if not frames:
+            return
+        data = b"".join(frames)
+        if not self.activate(len(data)):  # pragma: no cover - append_frames made it fit
+            raise ValueError("a run of frames does not fit its segment")
+        offset = start - self.active_base
+        buf = self.active_buf
+        assert buf is not None
+        buf[offset : offset + len(data)] = data
+        self.write_position = start + len(data)
 
     def sync_to(self, position: int) -> int:
         """Make everything before ``position`` durable; returns the new flushed position."""

@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from core.log import names
+from core.log.diskspace import DEFAULT_DISK_FREE_CHECK_INTERVAL_MS, DEFAULT_DISK_FREE_LIMIT_BYTES
+from core.log.openfiles import DEFAULT_MAX_OPEN_FILES
 
 DURABILITY_SYNC = "sync"  # group commit: the append completes after the fsync that covers it
 DURABILITY_ASYNC = (
@@ -39,6 +41,13 @@ class LogConfig:
     retention_check_interval_ms: int = 60_000
     # CRC-check on reads also the frames the running writer appended itself (docs/storage.md).
     check_own_writes: bool = False
+    # The disk alarm (core/log/diskspace.py): publishers stop while the log's volume has less
+    # free than this (RabbitMQ's disk_free_limit, 50 MB); None (-1 in a config file): off.
+    disk_free_limit_bytes: int | None = DEFAULT_DISK_FREE_LIMIT_BYTES
+    disk_free_check_interval_ms: int = DEFAULT_DISK_FREE_CHECK_INTERVAL_MS
+    # Index files mapped at once at most (RocksDB's max_open_files; each mapping holds a
+    # descriptor; at most an eighth of RLIMIT_NOFILE, see core/log/openfiles.py).
+    max_open_files: int = DEFAULT_MAX_OPEN_FILES
 
     def __post_init__(self) -> None:
         self.data_dir = Path(self.data_dir)

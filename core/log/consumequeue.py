@@ -15,6 +15,11 @@ Entry ``n`` lives in file ``n // entries_per_file`` at byte ``(n % entries_per_f
 Offsets are per record; an unbatched queue has ``first_offset == n`` so lookup is arithmetic, a
 batched one is binary-searched on ``first_offset``. Derived data: not checksummed, rebuilt from
 the CommitLog on recovery. One writer; readers in any process.
+
+Entries are written and read through the files' mappings. A mapping holds a descriptor, so a
+store maps at most ``max_open_files`` index files at once, least recently used unmapped first
+(:mod:`core.log.openfiles`), and the number of queues does not bound the process's other
+descriptors (issue 21 item 3).
 """
 
 from __future__ import annotations
@@ -23,13 +28,15 @@ import mmap
 import os
 import struct
 import sys
+import weakref
 from array import array
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
 from core.log import names
-from core.log.segment import preallocate
+from core.log.openfiles import OpenFiles
+from core.log.segment import DiskFullError, preallocate, sync_path
 
 ENTRY = struct.Struct("<QIIQqQ")
 ENTRY_SIZE = ENTRY.size  # 40
@@ -45,8 +52,11 @@ _run_templates: dict[int, bytes] = {}  # count -> that many entries of record_co
 _NO_BUFFER = memoryview(b"")
 _PWRITE_RUN_BYTES = 2048  # append_run writes runs this long with pwrite, shorter ones in place
 # Index files are created sparse (a queue may never fill its 10 MiB) and their blocks reserved
-# this many bytes at a time as the append cursor reaches them (see core.log.segment.preallocate).
+# as the append cursor reaches them (see core.log.segment.preallocate): as much again as the
+# file has reserved, from one page up to this many bytes at a time, so the many queues that
+# hold a few entries take a page each (10,000 MQTT topics took 2.5 GB at 256 KiB each).
 PREALLOCATE_BYTES = 256 * 1024
+_PAGE = 4096
 
 
 class IndexEntry(NamedTuple):
@@ -59,37 +69,120 @@ class IndexEntry(NamedTuple):
 
 
 class _IndexFile:
-    __slots__ = ("buf", "fd", "first_entry", "mm", "path")
+    """One index file, mapped while it is in use: at most ``open_files.limit`` of a store's
+    are mapped at once (see core/log/openfiles.py). ``buf`` maps it again when it was unmapped;
+    ``on_unmap`` tells the owning queue, which drops its append cursor into the mapping."""
 
-    def __init__(self, path: Path, first_entry: int, byte_size: int, *, writable: bool) -> None:
+    __slots__ = (
+        "_view",
+        "byte_size",
+        "first_entry",
+        "mm",
+        "on_unmap",
+        "open_files",
+        "path",
+        "writable",
+    )
+
+    def __init__(
+        self,
+        path: Path,
+        first_entry: int,
+        byte_size: int,
+        *,
+        writable: bool,
+        open_files: OpenFiles,
+        on_unmap: Callable[[_IndexFile], None] | None = None,
+    ) -> None:
         self.path = path
         self.first_entry = first_entry
-        self.fd = os.open(path, os.O_RDWR | os.O_CREAT if writable else os.O_RDONLY, 0o644)
-        if writable and os.fstat(self.fd).st_size < byte_size:
-            os.ftruncate(self.fd, byte_size)
-        length = min(byte_size, os.fstat(self.fd).st_size)
-        self.mm = mmap.mmap(
-            self.fd, length, access=mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ
-        )
-        self.buf = memoryview(self.mm)
+        self.byte_size = byte_size
+        self.writable = writable
+        self.open_files = open_files
+        # Weakly: a queue -> file -> queue cycle would leave the file's mapping views to the
+        # garbage collector, and CPython 3.11 crashes clearing a memoryview with an export.
+        self.on_unmap = weakref.WeakMethod(on_unmap) if on_unmap is not None else None
+        self.mm: mmap.mmap | None = None
+        self._view: memoryview | None = None
+        self._map()
+
+    def _map(self) -> memoryview:
+        mm = self.mm
+        if mm is None or mm.closed:
+            self.open_files.make_room()
+            writable = self.writable
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT if writable else os.O_RDONLY, 0o644)
+            try:
+                size = os.fstat(fd).st_size
+                if writable and size < self.byte_size:
+                    os.ftruncate(fd, self.byte_size)
+                    size = self.byte_size
+                # mmap keeps a dup of the descriptor: the file's one descriptor from now on.
+                mm = self.mm = mmap.mmap(
+                    fd,
+                    min(self.byte_size, size),
+                    access=mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ,
+                )
+            finally:
+                os.close(fd)
+            self.open_files.add(self)
+        view = self._view = memoryview(mm)
+        return view
+
+    @property
+    def buf(self) -> memoryview:
+        """The mapping (mapped again if it was unmapped). Use it at once: a later mapping of
+        another file may unmap this one (a slice taken from it keeps it mapped)."""
+        view = self._view
+        if view is None:
+            return self._map()
+        self.open_files.touch(self)
+        return view
+
+    def unmap(self) -> bool:
+        """Unmap and close the descriptor; False (still mapped) while a slice is held."""
+        callback = self.on_unmap() if self.on_unmap is not None else None
+        if callback is not None:
+            callback(self)
+        view = self._view
+        if view is not None:
+            try:
+                view.release()
+            except BufferError:  # exported whole (a numpy array over it): not yet
+                return False
+            self._view = None
+        mm = self.mm
+        if mm is None or mm.closed:
+            return True
+        try:
+            mm.close()
+        except BufferError:  # a reader's slice: unmapped at a later eviction
+            return False
+        return True
 
     def close(self) -> None:
-        try:
-            self.buf.release()
-            self.mm.close()
-        except BufferError:
-            pass
-        finally:
-            os.close(self.fd)
+        self.open_files.discard(self)
+        self.on_unmap = None
+        self.unmap()
 
 
 class ConsumeQueue:
     """The index of one queue. ``start_entry``/``next_entry`` bound the entries present."""
 
     def __init__(
-        self, directory: Path, topic: str, queue: int, entries_per_file: int, *, writable: bool
+        self,
+        directory: Path,
+        topic: str,
+        queue: int,
+        entries_per_file: int,
+        *,
+        writable: bool,
+        open_files: OpenFiles | None = None,
     ) -> None:
+        """``open_files``: the bound on mapped index files, shared by the queues of a store; a
+        private one when not given."""
         self.directory = directory
+        self.open_files = open_files if open_files is not None else OpenFiles()
         self.topic = topic
         self.queue = queue
         self.entries_per_file = entries_per_file
@@ -107,6 +200,10 @@ class ConsumeQueue:
         self.tail_buf = _NO_BUFFER
         self.tail_at = 0
         self.tail_end = 0
+        self._tail_file: _IndexFile | None = None  # the file tail_buf maps
+        # A descriptor of the tail file for fallocate and pwrite (the mapping's own dup is not
+        # reachable from Python), opened when first needed and closed with the cursor: with
+        # the mapping's, at most two per mapped file.
         self._tail_fd = -1
         # Entries from here to next_entry were appended since take_dirty last reported them.
         self._clean_entry = 0
@@ -127,11 +224,16 @@ class ConsumeQueue:
                 numbers.add(number)
                 if number not in self.files:
                     self.files[number] = _IndexFile(
-                        path, first, self.file_bytes, writable=self.writable
+                        path,
+                        first,
+                        self.file_bytes,
+                        writable=self.writable,
+                        open_files=self.open_files,
+                        on_unmap=self._unmapped,
                     )
         for number in list(self.files):
             if number not in numbers:
-                self.files.pop(number).close()
+                self._close_file(self.files.pop(number))
         if not self.files:
             self.start_entry = self.next_entry
             return
@@ -163,9 +265,21 @@ class ConsumeQueue:
     def _drop_tail(self) -> None:
         self.tail_buf = _NO_BUFFER
         self.tail_at = self.tail_end = 0
+        self._tail_file = None
+        if self._tail_fd >= 0:
+            os.close(self._tail_fd)
+            self._tail_fd = -1
+
+    def _tail_descriptor(self) -> int:
+        fd = self._tail_fd
+        if fd < 0:
+            assert self._tail_file is not None
+            fd = self._tail_fd = os.open(self._tail_file.path, os.O_RDWR)
+        return fd
 
     def _open_tail(self) -> None:
         """Point the append cursor at entry ``next_entry`` (creating its file if needed)."""
+        self._drop_tail()  # the previous tail file's descriptor goes with it
         number, slot = divmod(self.next_entry, self.entries_per_file)
         index_file = self.files.get(number)
         if index_file is None:
@@ -175,11 +289,13 @@ class ConsumeQueue:
                 first,
                 self.file_bytes,
                 writable=True,
+                open_files=self.open_files,
+                on_unmap=self._unmapped,
             )
             self.files[number] = index_file
         self.tail_buf = index_file.buf
         self.tail_at = self.tail_end = slot * ENTRY_SIZE
-        self._tail_fd = index_file.fd
+        self._tail_file = index_file
         self._grow_tail(self.tail_at + ENTRY_SIZE)
 
     def _grow_tail(self, end: int) -> None:
@@ -187,9 +303,18 @@ class ConsumeQueue:
         file's end) and let the cursor run that far. The cursor stops at the end of what is
         preallocated, so the first append past it comes back here (the hot path only compares
         ``tail_at`` with ``tail_end``)."""
-        chunk_end = min(self.file_bytes, -(-end // PREALLOCATE_BYTES) * PREALLOCATE_BYTES)
+        stretch = min(PREALLOCATE_BYTES, max(_PAGE, self.tail_end))
+        chunk_end = min(self.file_bytes, -(-end // stretch) * stretch)
         if chunk_end > self.tail_end:
-            preallocate(self._tail_fd, self.tail_end, chunk_end - self.tail_end)
+            fd = self._tail_descriptor()
+            try:
+                preallocate(fd, self.tail_end, chunk_end - self.tail_end)
+            except DiskFullError:
+                # Near a full disk: only the page(s) this write needs (the commit log does the
+                # same); DiskFullError again when even they are not there. The frame is in the
+                # commit log then, unindexed until recovery indexes it again.
+                chunk_end = min(self.file_bytes, -(-end // _PAGE) * _PAGE)
+                preallocate(fd, self.tail_end, chunk_end - self.tail_end)
             self.tail_end = chunk_end
 
     def append(
@@ -243,7 +368,7 @@ class ConsumeQueue:
         if len(run) >= _PWRITE_RUN_BYTES:
             # Like the commit log's staged batches: the kernel fills fresh page-cache pages
             # without zeroing them first or taking a fault per page; same pages as the mapping.
-            if os.pwrite(self._tail_fd, run, at) != len(run):
+            if os.pwrite(self._tail_descriptor(), run, at) != len(run):
                 self.tail_buf[at:end] = run  # a short write: the whole run again, in place
         else:
             self.tail_buf[at:end] = run
@@ -271,7 +396,7 @@ class ConsumeQueue:
         keep_number, keep_slot = divmod(entry_count, self.entries_per_file)
         for number in [n for n in self.files if n > keep_number]:
             removed = self.files.pop(number)
-            removed.close()
+            self._close_file(removed)
             removed.path.unlink(missing_ok=True)
         index_file = self.files.get(keep_number)
         if index_file is not None:
@@ -294,7 +419,18 @@ class ConsumeQueue:
         for number in self.take_dirty():
             index_file = self.files.get(number)
             if index_file is not None:
-                os.fdatasync(index_file.fd)
+                sync_path(index_file.path)
+
+    def _close_file(self, index_file: _IndexFile) -> None:
+        if index_file is self._tail_file:
+            self._drop_tail()
+        index_file.close()
+
+    def _unmapped(self, index_file: _IndexFile) -> None:
+        """``index_file`` is being unmapped to make room: the append cursor into it goes (the
+        next append maps it again)."""
+        if index_file is self._tail_file:
+            self._drop_tail()
 
     def delete_files_before(self, entry: int) -> int:
         """Delete index files whose entries all lie before ``entry``; returns files deleted."""
@@ -304,7 +440,7 @@ class ConsumeQueue:
             if (number + 1) * self.entries_per_file > entry or number == max(self.files):
                 break
             removed = self.files.pop(number)
-            removed.close()
+            self._close_file(removed)
             removed.path.unlink(missing_ok=True)
             deleted += 1
         self.start_entry = max(self.start_entry, entry)
@@ -380,5 +516,5 @@ class ConsumeQueue:
     def close(self) -> None:
         self._drop_tail()
         for index_file in self.files.values():
-            index_file.close()
+            self._close_file(index_file)
         self.files.clear()

@@ -10,7 +10,7 @@ concurrent reads from several threads are fine.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from operator import itemgetter
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -22,6 +22,7 @@ from core.log import record as rec
 from core.log.commitlog import CommitLog
 from core.log.config import LogMeta
 from core.log.consumequeue import ConsumeQueue, IndexEntry
+from core.log.openfiles import DEFAULT_MAX_OPEN_FILES, OpenFiles
 from core.log.tags import TagFilter
 
 log = logging.getLogger(__name__)
@@ -117,8 +118,18 @@ class QueueRecord(tuple):  # type: ignore[type-arg]
 class LogReader:
     """Read-only view of a data directory."""
 
-    def __init__(self, data_dir: Path | str, *, _writable: bool = False) -> None:
+    def __init__(
+        self,
+        data_dir: Path | str,
+        *,
+        _writable: bool = False,
+        max_open_files: int = DEFAULT_MAX_OPEN_FILES,
+    ) -> None:
+        """``max_open_files``: the most index files mapped at once (each mapping holds a
+        descriptor; see core/log/openfiles.py)."""
         self.data_dir = Path(data_dir)
+        self.open_files = OpenFiles(max_open_files)
+        self.corrupt_reads = 0  # damaged records met by queue reads (read)
         meta = LogMeta.load(self.data_dir)
         if meta is None:
             raise FileNotFoundError(f"{self.data_dir} holds no BraidMQ log ({names.LOG_META_FILE})")
@@ -153,6 +164,7 @@ class LogReader:
             queue,
             self.meta.index_entries_per_file,
             writable=self.writable,
+            open_files=self.open_files,
         )
 
     def refresh(self) -> None:
@@ -209,8 +221,15 @@ class LogReader:
         max_records: int = 1000,
         max_bytes: int | None = None,
         tag_filter: TagFilter | None = None,
+        on_corrupt: Callable[[rec.CorruptRecordError], None] | None = None,
     ) -> list[QueueRecord]:
         """Entries from ``offset`` on (an entry holding ``offset`` inside a batch included).
+
+        A damaged record (issue 21 item 6) ends the read: the records before it are returned,
+        and a read that starts at it raises :class:`~core.log.record.CorruptRecordError` with
+        its queue offsets (``offset``, ``next_offset``), so a Kafka fetch serves every record up
+        to the damage and answers CORRUPT_MESSAGE from there. With ``on_corrupt``, the damaged
+        record is handed to it instead and the read goes on past it (an ack queue skips it).
 
         ``max_records`` counts records (a batch counts as its records, and at least one entry is
         returned). With ``tag_filter``, entries whose tag mask cannot match are skipped without
@@ -248,7 +267,12 @@ class LogReader:
         base = 0
         buf = _NO_BUFFER
         limit = 0  # bytes of ``buf``: positions [base, base + limit) are in it
-        while entry_number < index.next_entry and scanned < MAX_ENTRIES_SCANNED_PER_READ:
+        damage: rec.CorruptRecordError | None = None
+        while (
+            damage is None
+            and entry_number < index.next_entry
+            and scanned < MAX_ENTRIES_SCANNED_PER_READ
+        ):
             count = min(1024, max_records - records + 1, index.next_entry - entry_number)
             # Unpacked as the loop goes, not into a list first: each entry tuple is freed as
             # soon as its record is built, so fewer objects live at once for the garbage
@@ -288,12 +312,26 @@ class LogReader:
                         or start + size > limit
                         or crc32c(buf[start + crc_start : start + size]) != crc
                     ):
-                        _, _, size = commitlog.read_frame(position)  # raises if corrupt
+                        try:
+                            _, _, size = commitlog.read_frame(position)  # raises if corrupt
+                        except rec.CorruptRecordError as error:
+                            damage = self._damaged(error, entry, on_corrupt)
+                            if damage is None:
+                                continue  # on_corrupt took it: go on past it
+                        if damage is not None:
+                            break  # the read ends here (below)
                 # The QueueRecord's fields: tuple concatenation measured faster than
                 # star-unpacking or a call to QueueRecord here.
                 fields: tuple[object, ...]
                 if buf[start + flags_at] & link_flag:  # the low byte of flags holds FLAG_LINK
-                    frame, link_headers = self._follow_link(buf[start : start + size], position)
+                    try:
+                        frame, link_headers = self._follow_link(buf[start : start + size], position)
+                    except rec.CorruptRecordError as error:  # the record a LINK points at
+                        damage = self._damaged(error, entry, on_corrupt)
+                        if damage is None:
+                            continue
+                    if damage is not None:
+                        break
                     if tag_filter is not None and not tag_filter.matches(rec.tags_slice(frame, 0)):
                         continue
                     fields = entry + (topic, queue, frame, 0, len(frame), link_headers)  # noqa: RUF005
@@ -310,7 +348,38 @@ class LogReader:
                 total_bytes += size
                 if records >= max_records:
                     return out
-        return out
+        if damage is None or out:
+            return out
+        # Nothing before the damage: raise it, leaving no reference cycle either (see
+        # _damaged): the views go first, and the name once raised.
+        batch = iter(())
+        buf = _NO_BUFFER
+        try:
+            raise damage
+        finally:
+            del damage
+
+    def _damaged(
+        self,
+        error: rec.CorruptRecordError,
+        entry: tuple[int, int, int, int, int, int],
+        on_corrupt: Callable[[rec.CorruptRecordError], None] | None,
+    ) -> rec.CorruptRecordError | None:
+        """A damaged record met by :meth:`read` at index ``entry``: None to go on past it
+        (``on_corrupt`` took it), else the error that ends the read."""
+        error.offset = entry[5]
+        error.next_offset = entry[5] + entry[2]
+        # Kept by read() past its except block: without its traceback, so that no reference
+        # cycle (read's frame -> error -> traceback -> read's frame) keeps the frame's views
+        # of the mappings for the garbage collector, which CPython 3.11 crashes clearing a
+        # memoryview with an export (a run of index entries being unpacked).
+        error.__traceback__ = None
+        error.__context__ = None
+        self.corrupt_reads += 1
+        if on_corrupt is not None:
+            on_corrupt(error)
+            return None
+        return error
 
     def _follow_link(
         self, frame: memoryview, position: int

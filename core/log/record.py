@@ -104,12 +104,18 @@ Headers = Sequence[tuple[str, bytes]]
 
 
 class CorruptRecordError(Exception):
-    """A stored frame fails its length, magic or CRC check; it is never served."""
+    """A stored frame fails its length, magic or CRC check; it is never served.
+
+    Raised by a queue read (``LogReader.read``), ``offset`` and ``next_offset`` are the queue
+    offsets the damaged entry held (the records a consumer must skip or be told of); -1 for a
+    commit-log scan."""
 
     def __init__(self, position: int, reason: str) -> None:
         super().__init__(f"corrupt record at commit-log position {position}: {reason}")
         self.position = position
         self.reason = reason
+        self.offset = -1
+        self.next_offset = -1
 
 
 def encode_headers(headers: Headers) -> bytes:

@@ -85,6 +85,17 @@ class OffsetStore:
         for topic, queue in self._groups.pop(group, {}):
             self.table.delete(_key(group, topic, queue))
 
+    def delete_partitions(self, group: str, partitions: Iterable[tuple[str, int]]) -> int:
+        """Forget the group's offsets of these ``(topic, queue)`` (Kafka's OffsetDelete); the
+        log end to await for durability (0: none was there)."""
+        end = 0
+        positions = self._groups.get(group, {})
+        for key in partitions:
+            if positions.pop(key, None) is not None:
+                deleted = self.table.delete(_key(group, *key))
+                end = deleted.end if deleted is not None else end
+        return end
+
     def delete_topic(self, topic: str) -> None:
         """Forget every group's offsets for ``topic`` (the topic was deleted)."""
         for group, positions in list(self._groups.items()):

@@ -10,12 +10,16 @@ For each mechanism a user keeps ``salt``, ``iterations``, ``StoredKey = H(HMAC(S
 
 The password is used as its UTF-8 bytes, without SASLprep, as Kafka's ``ScramFormatter`` does,
 so credentials made here and by a Kafka admin client agree. The login exchange itself is
-scramp's (:mod:`core.security.service`). Pure functions; thread-safe.
+scramp's (:mod:`core.security.service`), but for one step: a client-final message that scramp
+refuses for its nonce alone is checked again by :func:`client_final_as_kafka`, with the rule
+Kafka's ``ScramSaslServer`` applies (the nonce must *end with* the one the server sent), which
+librdkafka before 2.x's fix needs (kcat 1.7: see the function). Pure functions; thread-safe.
 """
 
 from __future__ import annotations
 
 import base64
+import binascii
 import hashlib
 import hmac
 import os
@@ -129,3 +133,47 @@ def credentials_from_password(
         mechanism: credential_from_password(mechanism, password, iterations=iterations)
         for mechanism in MECHANISMS
     }
+
+
+def client_final_as_kafka(
+    mechanism: str,
+    credential_keys: tuple[bytes, bytes],
+    auth_prefix: str,
+    nonce: str,
+    gs2_header: bytes,
+    client_final: str,
+) -> str | None:
+    """The server-final message for ``client_final``, checked as Kafka's ``ScramSaslServer``
+    checks it, or None when the login fails.
+
+    RFC 5802 wants the client-final nonce equal to the server-first one (``nonce``: the client's
+    nonce and the server's). Kafka accepts one that ends with it
+    (``clientFinalMessage.nonce().endsWith(serverFirstMessage.nonce())``), and librdkafka 2.0
+    (kcat 1.7) sends its own nonce once more in front; the proof covers the message as sent, so
+    nothing is weakened: the server's random part must be there and the proof must verify.
+    ``credential_keys``: (StoredKey, ServerKey); ``auth_prefix``: client-first-bare "," server-
+    first; ``gs2_header``: the client-first message's (``n,,``), which ``c=`` must encode."""
+    digest = _DIGESTS[check_mechanism(mechanism)]
+    stored_key, server_key = credential_keys
+    without_proof, separator, proof_text = client_final.rpartition(",p=")
+    if not separator:
+        return None
+    attributes = dict(part.partition("=")[::2] for part in without_proof.split(","))
+    try:
+        binding = base64.b64decode(attributes.get("c", ""), validate=True)
+        proof = base64.b64decode(proof_text, validate=True)
+    except (binascii.Error, ValueError):
+        return None
+    if (
+        not hmac.compare_digest(binding, gs2_header)
+        or not attributes.get("r", "").endswith(nonce)
+        or len(proof) != len(stored_key)
+    ):
+        return None
+    auth_message = f"{auth_prefix},{without_proof}".encode()
+    client_signature = hmac.digest(stored_key, auth_message, digest)
+    client_key = bytes(a ^ b for a, b in zip(proof, client_signature, strict=True))
+    if not hmac.compare_digest(hashlib.new(digest, client_key).digest(), stored_key):
+        return None
+    server_signature = hmac.digest(server_key, auth_message, digest)
+    return "v=" + base64.b64encode(server_signature).decode()

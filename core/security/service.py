@@ -37,7 +37,7 @@ import os
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Any, Final
 
 from core.log import LogStore
 from core.security.audit import Audit
@@ -63,6 +63,7 @@ from core.security.passwords import (
 from core.security.scram import (
     ScramCredential,
     check_mechanism,
+    client_final_as_kafka,
     credential_from_salted_password,
     credentials_from_password,
 )
@@ -178,9 +179,14 @@ class ScramLogin:
         server = self._server
         if server is None or self.result is not None:
             return None
+        server_final: str | None
         try:
             server.set_client_final(client_final.decode())  # type: ignore[attr-defined]
+            server_final = str(server.get_server_final())  # type: ignore[attr-defined]
         except (UnicodeDecodeError, scramp.ScramException):
+            # Kafka's nonce rule, which librdkafka 2.0 (kcat 1.7) needs (core/security/scram.py).
+            server_final = _client_final_as_kafka(server, self.mechanism, client_final)
+        if server_final is None:
             self._fail(self._user, BAD_CREDENTIALS)
             return None
         service = self.service
@@ -193,11 +199,28 @@ class ScramLogin:
             return None
         service.throttle.succeeded(host_of(self.peer))
         self.result = LoginResult(True, user.name, user.tags)
-        return str(server.get_server_final()).encode()  # type: ignore[attr-defined]
+        return server_final.encode()
 
     def _fail(self, user: str, reason: str) -> None:
         self.result = LoginResult(False, user, (), reason)
         self.service._login_failed(self.protocol, self.peer, user, self.mechanism, reason)
+
+
+def _client_final_as_kafka(server: Any, mechanism: str, client_final: bytes) -> str | None:
+    """scramp's server state (after the client-first message) checked again by
+    :func:`core.security.scram.client_final_as_kafka`."""
+    try:
+        text = client_final.decode()
+        return client_final_as_kafka(
+            mechanism,
+            (server.stored_key, server.server_key),
+            f"{server.client_first_bare},{server.server_first}",
+            str(server.nonce),
+            bytes(server.gs2_header),
+            text,
+        )
+    except (UnicodeDecodeError, AttributeError):
+        return None
 
 
 class SecurityService:
@@ -331,6 +354,21 @@ class SecurityService:
         if not decision.allowed:
             self._denied(protocol, peer, user, decision, routing_key)
         return decision.allowed
+
+    def may_open_vhost(self, protocol: str, peer: str, user: str, vhost: str) -> bool:
+        """Whether ``user`` has any permission (even three empty expressions) on ``vhost``:
+        RabbitMQ's ``check_vhost_access`` for AMQP Connection.Open. A refusal writes an audit
+        line."""
+        if self.store.user(user) is not None and self.store.permission(vhost, user) is not None:
+            return True
+        operation = f"{protocol} connection.open"
+        self.audit.denied(protocol, peer, user, operation, vhost, f"vhost {vhost}", "no permission")
+        return False
+
+    def add_vhosts(self, vhosts: Sequence[str]) -> None:
+        """Vhosts a listener serves beyond those the service was made with (permissions may be
+        set on them)."""
+        self.vhosts = (*self.vhosts, *(v for v in vhosts if v not in self.vhosts))
 
     def _denied(
         self, protocol: str, peer: str, user: str, decision: Decision, routing_key: str | None

@@ -362,6 +362,50 @@ class TimerSchedule:
                 rounds = (self.horizon - 1 - slot_no) // self.wheel.slots
                 self.visit(slot_no + rounds * self.wheel.slots, fired_mark)
 
+    # -- listing (read-only) ------------------------------------------------------------------
+
+    def pending(self) -> Iterator[tuple[int, int]]:
+        """``(deliver_at_ms, position)`` of every timer inserted and not fired, in no order
+        (the management API's pending delays). Walks every chain once: each chain holds at most
+        one round of timers, and a chain of an open slot also lists the timers of its round
+        that fired already, told apart here as they are at the roll: a timer of an open slot's
+        round is pending while it is in the window or not yet walked."""
+        buf = self.wheel.buf
+        slot_ms = self.wheel.slot_ms
+        in_window = {item[1] for item in self.window}
+        not_walked = self._not_walked()
+        for index in range(self.wheel.slots):
+            _chain_slot, _first, number, entries = SLOT.unpack_from(buf, index * SLOT_SIZE)
+            open_slot = self._open_index.get(index)
+            for _ in range(entries):
+                deliver_at, position, _size, _flags, prev = self._entry(number)
+                if (
+                    open_slot is None
+                    or deliver_at // slot_ms > open_slot
+                    or position in in_window
+                    or number in not_walked
+                ):
+                    yield deliver_at, position
+                number = prev
+
+    def _not_walked(self) -> set[int]:
+        """Entry numbers of the chain being walked that the walk has not reached yet."""
+        walk = self._walk
+        if walk is None:
+            return set()
+        found: set[int] = set()
+        _chain_slot, _first, number, entries = SLOT.unpack_from(
+            self.wheel.buf, walk.index * SLOT_SIZE
+        )
+        for _ in range(entries - walk.seen):  # appended at the head since the walk began
+            found.add(number)
+            number = self._entry(number)[4]
+        number = walk.next_entry
+        for _ in range(walk.left):
+            found.add(number)
+            number = self._entry(number)[4]
+        return found
+
     # -- reclaiming -------------------------------------------------------------------------
 
     def oldest_live_entry(self) -> int:

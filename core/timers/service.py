@@ -41,17 +41,17 @@ import struct
 import time
 from array import array
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from itertools import groupby
 from pathlib import Path
 from typing import NamedTuple
 
+from core.clock import Clock, LoopClock
 from core.log import LogStore
 from core.log import record as rec
 from core.log.consumequeue import ConsumeQueue
 from core.log.names import TIMERS_TOPIC
-from core.log.store import now_ms
 from core.log.tags import tags_mask
 from core.timers.checkpoint import (
     CheckpointError,
@@ -134,7 +134,7 @@ class TimerService:
         self,
         store: LogStore,
         *,
-        clock: Callable[[], int] = now_ms,
+        clock: Clock | None = None,
         tick_ms: int = DEFAULT_TICK_MS,
         slot_ms: int = DEFAULT_SLOT_MS,
         slots: int = DEFAULT_SLOTS,
@@ -146,7 +146,9 @@ class TimerService:
         if tick_ms < 1 or lookahead_ms < 0:
             raise ValueError("tick_ms must be positive and lookahead_ms not negative")
         self.store = store
-        self.clock = clock
+        # The process's clock (core/clock.py): due times are wall-clock ms, as stored.
+        self.clock: Clock = clock if clock is not None else LoopClock()
+        self._wall_ms = self.clock.wall_ms
         self.tick_ms = tick_ms
         self.lookahead_ms = lookahead_ms
         self.checkpoint_interval_ms = checkpoint_interval_ms
@@ -158,7 +160,7 @@ class TimerService:
             slots=slots,
             slot_ms=slot_ms,
             entries_per_file=entries_per_file,
-            start_slot=clock() // slot_ms,
+            start_slot=self._wall_ms() // slot_ms,
         )
         self._segment_size = store.commitlog.segment_size
         self._max_link_targets = max(1, min(MAX_LINK_TARGETS, self._segment_size // 4 // 12))
@@ -224,6 +226,28 @@ class TimerService:
     def pending_count(self) -> int:
         """Timers scheduled and not fired (records the service has not read yet included)."""
         return self._pending + self._unread_entries()
+
+    def pending_by_destination(self) -> dict[Destination, tuple[int, int]]:
+        """Pending timers per destination (a queue they become visible in): ``(count,
+        earliest due ms)``. Read-only but for taking in what was scheduled since the loop
+        last looked. Reads every pending timer's frame header: about as long as a restart's
+        rebuild of that many timers takes, so it is for an operator's look, not a poll."""
+        if not self._stopped:
+            self._ingest(None)
+        recovered = self._recovered_fired
+        found: dict[Destination, tuple[int, int]] = {}
+        for deliver_at, position in self._schedule.pending():
+            if recovered is not None and position in recovered:
+                continue  # fired before the restart; its chain is not visited again yet
+            plan = self._plan(position)
+            if plan is None or plan.where is None:
+                continue  # its record is gone: it will not fire (counted as unfireable then)
+            for destination in plan.where:
+                if destination == FIRED_DESTINATION:
+                    continue
+                count, first_due = found.get(destination, (0, deliver_at))
+                found[destination] = (count + 1, min(first_due, deliver_at))
+        return found
 
     def owes_segment(self, start: int, end: int) -> bool:
         """Retention guard: True while ``[start, end)`` holds a pending timer's record (or a
@@ -465,7 +489,7 @@ class TimerService:
         if fired:
             self._recovered_fired = fired
             self._recovered_floor = checkpoint.fired_floor
-            horizon = (self.clock() + self.lookahead_ms) // self._schedule.slot_ms + 1
+            horizon = (self._wall_ms() + self.lookahead_ms) // self._schedule.slot_ms + 1
             self._recovered_until_slot = horizon
         self._queue_entries = checkpoint.queue_entries
         replayed = self._ingest(None)
@@ -473,7 +497,7 @@ class TimerService:
 
     def _rebuild(self) -> int:
         """Insert every unfired entry of ``__timers/0``, from scratch."""
-        self._schedule.reset(self.clock() // self._schedule.slot_ms)
+        self._schedule.reset(self._wall_ms() // self._schedule.slot_ms)
         self._owed_by_segment = {}
         self._pending = 0
         scheduled = self._queue(SCHEDULED_QUEUE)
@@ -636,7 +660,7 @@ class TimerService:
             self._schedule.push_back([item for _, item, _ in runs if id(item) not in linked])
             raise
         finally:
-            fired_at = self.clock()
+            fired_at = self._wall_ms()
             for item, plan in done:
                 self._lateness.append(fired_at - item[0])
                 self._count(item[1], plan.links, -1)
@@ -656,7 +680,7 @@ class TimerService:
         """One round of work (ingest, visit slots, fire); True if more is waiting right now."""
         ingested = self._ingest(INGEST_BATCH)
         schedule = self._schedule
-        now = self.clock()
+        now = self._wall_ms()
         walked = schedule.advance(
             (now + self.lookahead_ms) // schedule.slot_ms,
             self._fired_mark(),
@@ -672,7 +696,7 @@ class TimerService:
 
     def _sleep_ms(self) -> int:
         schedule = self._schedule
-        now = self.clock()
+        now = self._wall_ms()
         wait = self.tick_ms
         due = schedule.next_due()
         if due is not None:
@@ -683,8 +707,9 @@ class TimerService:
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
+        clock = self.clock
         interval = self.checkpoint_interval_ms
-        next_checkpoint = loop.time() + (interval or 0) / 1000
+        next_checkpoint = clock.now_ms() + (interval or 0)
         while True:
             try:
                 busy = self.step()
@@ -692,8 +717,8 @@ class TimerService:
                 log.exception("timer service step failed")
                 busy = False
                 await asyncio.sleep(self.tick_ms / 1000)
-            if interval and loop.time() >= next_checkpoint:
-                next_checkpoint = loop.time() + interval / 1000
+            if interval and clock.now_ms() >= next_checkpoint:
+                next_checkpoint = clock.now_ms() + interval
                 if self._checkpoint_task is None or self._checkpoint_task.done():
                     self._checkpoint_task = loop.create_task(self._checkpoint_logged())
             if busy:
@@ -733,7 +758,7 @@ class TimerService:
             timerlog_start=schedule.oldest_live_entry(),
             timerlog_end=schedule.timerlog.end,
             resume_slot=schedule.resume_slot(),
-            written_ms=self.clock(),
+            written_ms=self._wall_ms(),
             pending=self._pending,
             segments=dict(self._owed_by_segment),
             wheel=bytes(schedule.wheel.buf),

@@ -24,7 +24,7 @@ also its LINK, below)::
     tags      [op kind]: "commit", "rollback" or "check" (tag filters skip kinds without reads)
     headers   x-braid-txn-resume   b"<half offset> <op offset>": replay may start there (below)
               x-braid-txn-reason   why, when not the client's call: "check-back",
-                                   "timeout", "max-checks", "recovered"
+                                   "timeout", "max-checks"
               x-braid-txn-checks   decimal check count so far (check ops only; RocketMQ's
                                    TRANSACTION_CHECK_TIMES)
     body      commit and rollback: the transaction's halves as repeated ``u64 position,
@@ -37,10 +37,6 @@ tags and headers are the op record's fields above. The log's dispatcher indexes 
 destinations (where readers see the half itself: the LINK's headers are not laid over it), all
 in one dispatch of one frame. A crash keeps the whole frame or none of it, so "decided but not
 visible" and "visible but not decided" cannot happen, and a commit costs one append.
-
-Logs written before that format hold, for a commit, a plain op record immediately followed by a
-separate LINK with the same body. Replay still reads them: an op record with no LINK after it is
-committed again (as one frame) at restart.
 
 Commits of several transactions in one event-loop turn (many producers committing at once)
 share ONE such frame: its body names the halves of all of them, its key is empty, its client
@@ -86,7 +82,6 @@ REASON_CLIENT = "client"  # the producer (or a front end on its behalf) said so
 REASON_CHECK_BACK = "check-back"  # the producer's answer to a check-back
 REASON_TIMEOUT = "timeout"  # no check-back for this group: the default outcome after a timeout
 REASON_MAX_CHECKS = "max-checks"  # every check answered unknown: the default outcome
-REASON_RECOVERED = "recovered"  # restart found a commit whose LINK never reached the log
 
 
 @dataclass(frozen=True, slots=True)

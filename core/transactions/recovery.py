@@ -9,16 +9,10 @@ Replay reads both queues from the resume mark of the last op record (see
 - a ``commit`` or ``rollback`` op decides it (a commit of several transactions decides each
   one its ``x-braid-txn-ids`` header names).
 
-Transactions with halves and no decision are open again. A ``commit`` is normally one frame,
-a LINK indexed in ``__transactions/0`` (``FLAG_LINK_INDEXED``): the log's recovery keeps or drops
-the whole frame, so the decision and the visibility of its halves come back together or not at
-all, and there is nothing to repair. Logs written before that hold a plain commit op record
-followed by a separate LINK; each such op is checked for its LINK: the frames after the op
-record are scanned for a LINK whose body equals the op's body. It is normally the very next frame;
-it is missing only when the process or the machine died between the two appends, or the LINK was
-in the torn tail that recovery of the log erased, and then it is the op record that ends the log,
-so the scan is short. Those commits are returned for the service to link again: visible exactly
-once, whatever the moment of the crash.
+Transactions with halves and no decision are open again. A ``commit`` is one frame, a LINK
+indexed in ``__transactions/0`` (``FLAG_LINK_INDEXED``): the log's recovery keeps or drops the
+whole frame, so the decision and the visibility of its halves come back together or not at all,
+and there is nothing to repair.
 
 Reads only; the service writes. Not thread-safe.
 """
@@ -31,14 +25,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from core.log import LogStore, QueueRecord
-from core.log import record as rec
 from core.log.names import HALF_TOPIC, TRANSACTIONS_TOPIC
 from core.transactions.layout import (
     OP_CHECK,
     OP_COMMIT,
     OP_ROLLBACK,
     RESUME_HEADER,
-    Operation,
     ResumeMark,
     decode_operation,
     encode_group_headers,
@@ -58,7 +50,6 @@ class Replay:
     mark: ResumeMark
     open: list[Transaction]  # undecided, oldest first half first
     decided: dict[str, str]  # txn id -> COMMITTED / ROLLED_BACK, in decision order
-    unlinked: list[Operation]  # old-format commit ops whose LINK is not in the log (one per body)
     halves_read: int = 0
     ops_read: int = 0
     foreign_halves: int = 0  # half messages without x-braid-txn (not ours)
@@ -94,10 +85,9 @@ def _queue_records(store: LogStore, topic: str, offset: int) -> Iterator[QueueRe
 
 def replay(store: LogStore, mark: ResumeMark | None = None) -> Replay:
     mark = find_resume_mark(store) if mark is None else mark
-    result = Replay(mark, [], {}, [])
+    result = Replay(mark, [], {})
     current: dict[str, Transaction] = {}  # txn id -> its newest transaction
     created: list[Transaction] = []
-    commits: list[Operation] = []
     halves = (
         (queued.position, 0, queued)
         for queued in _queue_records(store, HALF_TOPIC, mark.half_offset)
@@ -139,8 +129,6 @@ def replay(store: LogStore, mark: ResumeMark | None = None) -> Replay:
         )
         if op is None:
             continue
-        if op.kind == OP_COMMIT and not record.flags & rec.FLAG_LINK:
-            commits.append(op)  # the old two-frame commit: is its LINK there?
         for txn_id in op.txn_ids:  # one, or every transaction of a coalesced commit
             txn = current.get(txn_id)
             if txn is None or txn.state != OPEN:
@@ -154,32 +142,4 @@ def replay(store: LogStore, mark: ResumeMark | None = None) -> Replay:
                 txn.state = COMMITTED if op.kind == OP_COMMIT else ROLLED_BACK
                 result.decided[txn_id] = txn.state
     result.open = [txn for txn in created if txn.state == OPEN]
-    # A commit written again by an earlier restart repeats the body: the scan from the first op
-    # with that body sees every LINK written for it since, so each is linked at most once.
-    first_by_body: dict[bytes, Operation] = {}
-    for op in commits:
-        if op.body:
-            first_by_body.setdefault(op.body, op)
-    result.unlinked = [op for op in first_by_body.values() if not link_follows(store, op)]
     return result
-
-
-def link_follows(store: LogStore, op: Operation) -> bool:
-    """Whether a LINK whose body is the commit op's body follows the op record in the log."""
-    commitlog = store.commitlog
-    position = op.end
-    while True:
-        try:
-            for frame_position, _size, _magic in commitlog.scan(position):
-                buf, start, _ = commitlog.read_frame(frame_position)
-                (flags,) = rec.FLAGS.unpack_from(buf, start + rec.FLAGS_OFFSET)
-                if flags & rec.FLAG_LINK and rec.body_slice(buf, start) == op.body:
-                    return True
-            return False
-        except rec.CorruptRecordError as error:
-            # Recovery of the log reported the rest of that segment lost; go on after it.
-            number = error.position // commitlog.segment_size
-            later = [n for n in commitlog.segment_numbers() if n > number]
-            if not later:
-                return False
-            position = later[0] * commitlog.segment_size

@@ -18,9 +18,7 @@ Outcomes:
 Every decision is a record in ``__transactions/0``, each check too (before the callback runs),
 so the bound on checks holds across restarts (RocketMQ's TRANSACTION_CHECK_TIMES). A commit is
 ONE frame, a LINK that is also the commit's op record (``FLAG_LINK_INDEXED``): one append, and no
-crash can separate the decision from the visibility. (Logs written before that hold an op record
-followed by a LINK; restart links again such a commit whose LINK is missing, so committed records
-are visible exactly once either way.)
+crash can separate the decision from the visibility.
 
 Not thread-safe: use from the event-loop thread that runs the store.
 """
@@ -36,7 +34,7 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from typing import TYPE_CHECKING, TypedDict
 
-from core.groups.clock import Clock, LoopClock, Timer
+from core.clock import Clock, LoopClock, Timer
 from core.log import LogStore, Record
 from core.log import record as rec
 from core.log.consumequeue import ConsumeQueue
@@ -51,7 +49,6 @@ from core.transactions.layout import (
     REASON_CHECK_BACK,
     REASON_CLIENT,
     REASON_MAX_CHECKS,
-    REASON_RECOVERED,
     REASON_TIMEOUT,
     ResumeMark,
     encode_group_headers,
@@ -179,7 +176,6 @@ class TransactionService:
             "checks_failed": 0,
             "default_outcomes": 0,
             "recovered_pending": 0,
-            "relinked": 0,
             # Frames holding the client commits of one event-loop turn (committed / this: how
             # many commits share a frame).
             "commit_frames": 0,
@@ -232,27 +228,11 @@ class TransactionService:
         for txn in result.open:
             self._open[txn.txn_id] = txn
             self._stored[txn.txn_id] = txn
-        for op in result.unlinked:
-            # An old-format commit (op record, then LINK) whose LINK never made it: commit
-            # again as one frame, which replay reads as the decision and the LINK together.
-            halves = rec.decode_link_body(op.body)
-            try:
-                for position, _ in halves:
-                    self.store.read_at(position)
-            except (KeyError, rec.CorruptRecordError) as error:
-                log.error("transaction %s: committed halves are unreadable: %r", op.txn_id, error)
-                continue
-            self._append_commit(op.txn_id, op.producer_group, REASON_RECOVERED, halves)
-            self._metrics["relinked"] += 1
-            log.warning("transaction %s: commit LINK was missing after restart; linked", op.txn_id)
-        if result.unlinked:
-            self.store.flush()
         self._metrics["recovered_pending"] = len(result.open)
-        if result.open or result.unlinked:
+        if result.open:
             log.info(
-                "transactions: %d pending again, %d commits relinked (replayed %d halves, %d ops)",
+                "transactions: %d pending again (replayed %d halves, %d ops)",
                 len(result.open),
-                len(result.unlinked),
                 result.halves_read,
                 result.ops_read,
             )

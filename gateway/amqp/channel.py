@@ -62,8 +62,11 @@ from gateway.amqp.messages import (
 )
 from gateway.amqp.properties import decode_properties, encode_properties
 from gateway.amqp.vhost import (
+    ALTERNATE_EXCHANGE_ARG,
     DIRECT_REPLY_TO,
     DIRECT_REPLY_TO_PREFIX,
+    RESERVED_PREFIX,
+    SERVER_NAMED_PREFIX,
     Queue,
     server_generated_name,
 )
@@ -76,6 +79,12 @@ log = logging.getLogger(__name__)
 __all__ = ["Channel", "ChannelConsumer"]  # (ChannelConsumer: from consumer.py)
 
 CONSUMER_TAG_PREFIX: Final = "amq.ctag-"
+DEAD_LETTER_EXCHANGE_ARG: Final = "x-dead-letter-exchange"
+# Resource kinds in permission checks and their errors (RabbitMQ's words).
+EXCHANGE: Final = "exchange"
+QUEUE: Final = "queue"
+TOPIC_EXCHANGE: Final = "topic"  # the exchange type whose routing keys topic permissions check
+PUBLISH: Final = "amqp basic.publish"
 NO_CAPACITY: Final = NO_CREDIT  # a consumer limit that admits nothing (0 would mean unlimited)
 _NO_ROUTE_TEXT: Final = b"NO_ROUTE"
 
@@ -104,6 +113,15 @@ class Channel:
         self.vhost = vhost
         self.vhost_prefix = vhost.prefix  # "" for "/"
         self.api = vhost.api
+        refusal = self.api.channel_limit_refusal(session.context)
+        if refusal is not None:
+            # The user's max-channels: RabbitMQ's rabbit_reader closes the connection with
+            # 530 NOT_ALLOWED (the session answers Channel.Open with Connection.Close).
+            log.info("amqp: %s: %s", session.context.peer or "?", refusal.text)
+            raise AmqpConnectionError(NOT_ALLOWED, f"NOT_ALLOWED - {refusal.text}")
+        access = session.access
+        assert access is not None  # (set by Connection.Open)
+        self.access = access  # the connection's permission checks (auth.py)
         # RabbitMQ MQTT plugin compatibility: MQTT records are delivered as published to this
         # exchange (amq.topic) with the whole topic name as routing key (docs/mapping.md).
         # MQTT publishes go through the "/" vhost's exchange only.
@@ -151,9 +169,51 @@ class Channel:
     def context(self) -> ClientContext:
         return self.session.context
 
+    # -- permissions (docs/security.md: the "amqp" rows; RabbitMQ's rabbit_channel checks) ----
+
+    def _require(
+        self, operation: str, kind: str, name: str, routing_key: str | None = None
+    ) -> None:
+        """403 ACCESS_REFUSED unless the user may do ``operation`` on the exchange or queue
+        ``name`` of this vhost (``routing_key``: for a topic permission)."""
+        vhost = self.vhost
+        topic = vhost.queue_topic(name) if kind == QUEUE else vhost.exchange_topic(name)
+        self.access.require(operation, topic, kind, name, routing_key)
+
+    def _require_on_topic(self, operation: str, exchange: str, routing_key: str) -> None:
+        """The topic permission on ``routing_key``: only for a topic exchange, as RabbitMQ's
+        ``check_*_permitted_on_topic`` (a missing exchange: its own 404 comes later)."""
+        found = self.vhost.find_exchange(self.context, exchange) if exchange else None
+        if found is not None and found.type == TOPIC_EXCHANGE:
+            self._require(operation, EXCHANGE, exchange, routing_key)
+
+    def _require_binding(
+        self, method: str, destination_kind: str, destination: str, source: str, key: str
+    ) -> None:
+        """rabbit_channel:binding_action: write on the destination, read on the source
+        exchange, then the topic permission's read on the binding key."""
+        if destination_kind == QUEUE:
+            self._require(f"amqp {method} queue", QUEUE, destination)
+        elif destination:
+            self._require(f"amqp {method} destination", EXCHANGE, destination)
+        if source:
+            suffix = "exchange" if destination_kind == QUEUE else "source"
+            self._require(f"amqp {method} {suffix}", EXCHANGE, source)
+            self._require_on_topic(f"amqp {method} {suffix}", source, key)
+
     # -- exchanges ---------------------------------------------------------------------------
 
     def exchange_declare(self, m: commands.Exchange.Declare) -> None:
+        if not m.passive and m.exchange:  # (passive: no check, as RabbitMQ)
+            self._require("amqp exchange.declare", EXCHANGE, m.exchange)
+            alternate = (m.arguments or {}).get(ALTERNATE_EXCHANGE_ARG)
+            if isinstance(alternate, str) and not self.vhost.find_exchange(
+                self.context, m.exchange
+            ):
+                # rabbit_channel: a new exchange routing to an alternate is read from
+                # and writes to it.
+                self._require("amqp exchange.declare with alternate-exchange", EXCHANGE, m.exchange)
+                self._require("amqp exchange.declare alternate-exchange", EXCHANGE, alternate)
         self.vhost.declare_exchange(
             self.context,
             m.exchange,
@@ -168,16 +228,20 @@ class Channel:
             self.write_method(commands.Exchange.DeclareOk())
 
     def exchange_delete(self, m: commands.Exchange.Delete) -> None:
+        if m.exchange and not m.exchange.startswith(RESERVED_PREFIX):  # (those: refused anyway)
+            self._require("amqp exchange.delete", EXCHANGE, m.exchange)
         self.vhost.delete_exchange(self.context, m.exchange, if_unused=m.if_unused)
         if not m.nowait:
             self.write_method(commands.Exchange.DeleteOk())
 
     def exchange_bind(self, m: commands.Exchange.Bind) -> None:
+        self._require_binding("exchange.bind", EXCHANGE, m.destination, m.source, m.routing_key)
         self.vhost.bind_exchange(self.context, m.destination, m.source, m.routing_key, m.arguments)
         if not m.nowait:
             self.write_method(commands.Exchange.BindOk())
 
     def exchange_unbind(self, m: commands.Exchange.Unbind) -> None:
+        self._require_binding("exchange.unbind", EXCHANGE, m.destination, m.source, m.routing_key)
         self.vhost.bind_exchange(
             self.context, m.destination, m.source, m.routing_key, m.arguments, unbind=True
         )
@@ -191,10 +255,21 @@ class Channel:
             if not m.nowait:
                 self.write_method(commands.Queue.DeclareOk(m.queue, 0, 0))
             return
+        name = m.queue
+        if not m.passive:  # (passive: no check, as RabbitMQ)
+            # A server-named queue's name is made first: the check is on it, as RabbitMQ's.
+            name = name or server_generated_name(SERVER_NAMED_PREFIX)
+            self._require("amqp queue.declare", QUEUE, name)
+            dead_letter = (m.arguments or {}).get(DEAD_LETTER_EXCHANGE_ARG)
+            if isinstance(dead_letter, str) and self.vhost.find_queue(name) is None:
+                # rabbit_channel: a new queue's dead letters are read from it and written to
+                # its dead-letter exchange.
+                self._require("amqp queue.declare with x-dead-letter-exchange", QUEUE, name)
+                self._require("amqp queue.declare x-dead-letter-exchange", EXCHANGE, dead_letter)
         queue = self.vhost.declare_queue(
             self.context,
             self.owner,
-            m.queue,
+            name,
             passive=m.passive,
             durable=m.durable,
             exclusive=m.exclusive,
@@ -212,6 +287,7 @@ class Channel:
     def queue_bind(self, m: commands.Queue.Bind) -> None:
         name = self._queue_name(m.queue)
         routing_key = m.routing_key if m.routing_key or m.queue else name
+        self._require_binding("queue.bind", QUEUE, name, m.exchange, routing_key)
         self.vhost.bind_queue(self.context, self.owner, name, m.exchange, routing_key, m.arguments)
         if not m.nowait:
             self.write_method(commands.Queue.BindOk())
@@ -219,19 +295,24 @@ class Channel:
     def queue_unbind(self, m: commands.Queue.Unbind) -> None:
         name = self._queue_name(m.queue)
         routing_key = m.routing_key if m.routing_key or m.queue else name
+        self._require_binding("queue.unbind", QUEUE, name, m.exchange, routing_key)
         self.vhost.bind_queue(
             self.context, self.owner, name, m.exchange, routing_key, m.arguments, unbind=True
         )
         self.write_method(commands.Queue.UnbindOk())
 
     def queue_purge(self, m: commands.Queue.Purge) -> None:
-        count = self.vhost.purge_queue(self.owner, self._queue_name(m.queue))
+        name = self._queue_name(m.queue)
+        self._require("amqp queue.purge", QUEUE, name)  # read, as RabbitMQ
+        count = self.vhost.purge_queue(self.owner, name)
         if not m.nowait:
             self.write_method(commands.Queue.PurgeOk(count))
 
     def queue_delete(self, m: commands.Queue.Delete) -> None:
+        name = self._queue_name(m.queue)
+        self._require("amqp queue.delete", QUEUE, name)
         count = self.vhost.delete_queue(
-            self.owner, self._queue_name(m.queue), if_unused=m.if_unused, if_empty=m.if_empty
+            self.owner, name, if_unused=m.if_unused, if_empty=m.if_empty
         )
         if not m.nowait:
             self.write_method(commands.Queue.DeleteOk(count))
@@ -293,6 +374,7 @@ class Channel:
         if name == DIRECT_REPLY_TO:
             self._consume_reply_to(tag, m)
             return
+        self._require("amqp basic.consume", QUEUE, name)
         queue = self.vhost.queue(name, self.owner)
         if queue.exclusive_consumer or (m.exclusive and queue.consumers):
             raise AmqpChannelError(
@@ -374,7 +456,9 @@ class Channel:
     # -- basic.get / ack / nack / reject / recover ------------------------------------------
 
     def basic_get(self, m: commands.Basic.Get) -> None:
-        queue = self.vhost.queue(self._queue_name(m.queue), self.owner)
+        name = self._queue_name(m.queue)
+        self._require("amqp basic.get", QUEUE, name)
+        queue = self.vhost.queue(name, self.owner)
         self.vhost.queue_used(queue)
         delivery = self.api.get_message(self.context, queue.handle, no_ack=m.no_ack)
         if delivery is None:
@@ -506,6 +590,7 @@ class Channel:
             properties_raw, info = self._with_reply_address(properties_raw)
         exchange = event.exchange
         routing_key = event.routing_key
+        self._require(PUBLISH, EXCHANGE, exchange)
         extra: list[tuple[str, int]] = []
         if not exchange:
             queue = self.vhost.queues.get(routing_key)
@@ -521,6 +606,8 @@ class Channel:
         else:
             ex = self.vhost.exchange(self.context, exchange)
             self._check_internal(ex.internal, exchange)
+            if ex.type == TOPIC_EXCHANGE:
+                self._require(PUBLISH, EXCHANGE, exchange, routing_key)
             if ex.delayed and info.delay_ms > 0:
                 # A half message cannot also be delayed: published normally at commit.
                 self.tx.append((_TX_PUBLISH, event, False))
@@ -590,6 +677,7 @@ class Channel:
             properties_raw, info = self._with_reply_address(properties_raw)
         exchange = event.exchange
         routing_key = event.routing_key
+        self._require(PUBLISH, EXCHANGE, exchange)  # (one cached answer: the hot path)
         extra: list[tuple[str, int]] = []
         deliver_at = 0
         queue: Queue | None = None
@@ -612,6 +700,8 @@ class Channel:
             ex = self.vhost.exchange(self.context, exchange)
             if ex.internal:
                 self._check_internal(True, exchange)
+            if ex.type == TOPIC_EXCHANGE:
+                self._require(PUBLISH, EXCHANGE, exchange, routing_key)
             topic = ex.topic
             if ex.alternate is not None:
                 extra = self._alternate_destinations(ex.topic, ex.alternate, routing_key, info)

@@ -47,9 +47,10 @@ FRAME_SIZE_FUDGE: Final = FRAME_OVERHEAD
 # A content body larger than this is a connection error 501 whatever the configuration
 # (rabbit_command_assembler, ?MAX_MSG_SIZE = 512 MiB).
 MAX_MSG_SIZE: Final = 512 * 1024 * 1024
-# Default per-message limit; above it the channel is closed with 406 PRECONDITION_FAILED
-# (RabbitMQ 4.0 lowered max_message_size from 128 MiB to 16 MiB; rabbit_channel check_msg_size).
-DEFAULT_MAX_MESSAGE_SIZE: Final = 16 * 1024 * 1024
+# Default per-message limit of a decoder made without one; above it the channel is closed with
+# 406 PRECONDITION_FAILED (rabbit_channel check_msg_size). RabbitMQ 3.x's 128 MiB (4.0 lowered
+# it to 16 MiB); a session takes [limits] max_message_size (core/limits/config.py) instead.
+DEFAULT_MAX_MESSAGE_SIZE: Final = 128 * 1024 * 1024
 
 HEARTBEAT_FRAME: Final = b"\x08\x00\x00\x00\x00\x00\x00\xce"
 

@@ -19,22 +19,27 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import Final, cast
+from collections.abc import Awaitable, Callable
+from typing import Final
 
-from core.api import PROTOCOL_AMQP, BrokerAPI, ClientContext
+from core.api import PROTOCOL_AMQP, BrokerAPI, ClientContext, Clock, LoopClock
 from gateway.amqp.channel import AMQP_TX_GROUP
 from gateway.amqp.constants import CONNECTION_FORCED
+from gateway.amqp.management import VhostAdministrator
 from gateway.amqp.session import Session, SessionSettings
 from gateway.amqp.vhost import DEFAULT_VHOST, VirtualHost, check_vhost_name
+from gateway.transport import GatewayTransport, TransportLimits
 
 log = logging.getLogger(__name__)
 
 __all__ = ["METRIC_NAMES", "AMQPServer", "AmqpConnection"]
 
-# Transport write-buffer marks: above HIGH, stop reading the client (uvicorn's flow control);
-# resume below LOW.
-WRITE_BUFFER_HIGH: Final = 4 * 1024 * 1024
-WRITE_BUFFER_LOW: Final = 1024 * 1024
+# Transport write-buffer marks: above the high one, stop reading the client (uvicorn's flow
+# control); resume below the low one. 4 MiB: a consumer takes bursts of deliveries of a few
+# thousand messages before it counts as slow.
+TRANSPORT_LIMITS: Final = TransportLimits(
+    write_high_water=4 * 1024 * 1024, write_low_water=1024 * 1024
+)
 # asyncio's listen backlog is 100; RabbitMQ's tcp_listen_options backlog is 128.
 LISTEN_BACKLOG: Final = 1024
 # On close, how long clients get to answer Connection.Close before their sockets are dropped.
@@ -58,35 +63,17 @@ METRIC_NAMES: Final = (
 )
 
 
-class AmqpConnection(asyncio.Protocol):
-    """Bytes in to the session, bytes out coalesced per loop iteration."""
+class AmqpConnection(GatewayTransport):
+    """Bytes in to the session; the rest is the shared transport (``gateway/transport.py``)."""
 
     def __init__(self, server: AMQPServer) -> None:
+        super().__init__(server.limits, server.clock, server.metrics)
         self.server = server
-        self.loop = asyncio.get_running_loop()
-        self.transport: asyncio.Transport | None = None
         self.session: Session | None = None
-        self.peer = "?"
-        self.last_write = self.loop.time()
-        self._out: list[bytes] = []
-        self._flush_scheduled = False
-        self._reading = False  # inside data_received: the read's end flushes
-        self._paused_by_session = False
-        self._paused_by_writes = False
-        self._reading_paused = False
-        self._closed = False
-
-    # -- asyncio.Protocol --------------------------------------------------------------------
+        self.incomplete_timeout_s = server.incomplete_request_timeout_s
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        # uvloop's transports are not asyncio.Transport subclasses, but behave as one.
-        transport = cast(asyncio.Transport, transport)
-        self.transport = transport
-        peer = transport.get_extra_info("peername")
-        if isinstance(peer, tuple) and len(peer) >= 2:
-            host = str(peer[0])
-            self.peer = f"[{host}]:{peer[1]}" if ":" in host else f"{host}:{peer[1]}"
-        transport.set_write_buffer_limits(WRITE_BUFFER_HIGH, WRITE_BUFFER_LOW)
+        super().connection_made(transport)
         self.server.connections.add(self)
         self.session = Session(
             self,
@@ -96,100 +83,49 @@ class AmqpConnection(asyncio.Protocol):
             self.server.metrics,
             blocked=self.server.blocked_reason,
         )
+        if not self.server.api.may_accept_connection():  # near the descriptor limit
+            self.abort()
 
-    def data_received(self, data: bytes) -> None:
+    def received(self, data: bytes) -> None:
         self.server.metrics["bytes_received"] += len(data)
-        assert self.session is not None
-        # What this read makes the session write (replies, confirms, the deliveries its acks
-        # free) leaves in one write at the end of the read, not one loop iteration later.
-        self._reading = True
-        try:
-            self.session.data_received(data)
-        finally:
-            self._reading = False
-        if self._out and not self._flush_scheduled:
-            self._flush()
+        session = self.session
+        assert session is not None
+        decoder = session.decoder
+        before = decoder.buffered
+        session.data_received(data)
+        after = decoder.buffered
+        self.track_incomplete(after, after < before + len(data))
 
     def eof_received(self) -> bool:
         return False  # close the transport
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._closed = True
-        self._out.clear()
+        super().connection_lost(exc)
         self.server.connection_gone(self)
-        if self.session is not None:
-            self.session.connection_lost()
-
-    def pause_writing(self) -> None:
-        self._paused_by_writes = True
-        self._update_reading()
-
-    def resume_writing(self) -> None:
-        self._paused_by_writes = False
-        self._update_reading()
-
-    # -- SessionIO ---------------------------------------------------------------------------
-
-    def write(self, data: bytes) -> None:
-        if self._closed:
-            return
-        self._out.append(data)
-        if not self._flush_scheduled and not self._reading:
-            self._flush_scheduled = True
-            self.loop.call_soon(self._flush)
-
-    def _flush(self) -> None:
-        self._flush_scheduled = False
-        out = self._out
-        if not out or self._closed or self.transport is None:
-            out.clear()
-            return
-        data = out[0] if len(out) == 1 else b"".join(out)
-        out.clear()
-        self.transport.write(data)
-        self.last_write = self.loop.time()
-        self.server.metrics["bytes_sent"] += len(data)
-
-    def close(self) -> None:
-        if self._closed:
-            return
-        self._flush()
-        self._closed = True
-        if self.transport is not None:
-            self.transport.close()  # sends what is buffered first
-
-    def abort(self) -> None:
-        self._closed = True
-        if self.transport is not None:
-            self.transport.abort()
-
-    def pause_reading(self) -> None:
-        self._paused_by_session = True
-        self._update_reading()
-
-    def resume_reading(self) -> None:
-        self._paused_by_session = False
-        self._update_reading()
-
-    def _update_reading(self) -> None:
-        pause = self._paused_by_session or self._paused_by_writes
-        if pause == self._reading_paused or self.transport is None or self._closed:
-            return
-        self._reading_paused = pause
-        with contextlib.suppress(RuntimeError):  # the transport is closing
-            if pause:
-                self.transport.pause_reading()
-            else:
-                self.transport.resume_reading()
+        # The session refers back to this connection (its io, its bound write): dropped here,
+        # the two (and a half-received message body) are freed by reference counting as the
+        # transport lets go of us, not whenever the cyclic collector next runs (issue 21 item 5).
+        session, self.session = self.session, None
+        if session is not None:
+            session.connection_lost()
 
 
 class AMQPServer:
     """The AMQP 0-9-1 listener over the Broker API (:class:`~core.api.BrokerAPI`), with the
     virtual hosts of ``settings.vhosts`` (ValueError for a name that cannot be one)."""
 
-    def __init__(self, api: BrokerAPI, settings: SessionSettings | None = None) -> None:
+    def __init__(
+        self,
+        api: BrokerAPI,
+        settings: SessionSettings | None = None,
+        *,
+        limits: TransportLimits = TRANSPORT_LIMITS,
+        clock: Clock | None = None,
+    ) -> None:
         self.api = api
         self.settings = settings or SessionSettings()
+        self.limits = limits
+        self.clock: Clock = clock if clock is not None else LoopClock()
         self.vhosts: dict[str, VirtualHost] = {
             name: VirtualHost(api, check_vhost_name(name)) for name in self.settings.vhosts
         }
@@ -197,6 +133,8 @@ class AMQPServer:
         self.context = ClientContext(PROTOCOL_AMQP, connection_id="amqp-listener")
         self.metrics: dict[str, int] = dict.fromkeys(METRIC_NAMES, 0)
         self.connections: set[AmqpConnection] = set()
+        # [limits] incomplete_request_timeout_s (a frame partly received), read at start.
+        self.incomplete_request_timeout_s: float | None = None
         self._server: asyncio.AbstractServer | None = None
         self._all_closed: asyncio.Event | None = None  # set when the last connection goes
 
@@ -210,23 +148,46 @@ class AMQPServer:
         """The vhost "/" (KeyError when it is not configured)."""
         return self.vhosts[DEFAULT_VHOST]
 
-    async def start(self, host: str, port: int) -> None:
+    async def start(
+        self,
+        host: str,
+        port: int,
+        listen: Callable[[Callable[[], asyncio.BaseProtocol], str, int], Awaitable[asyncio.Server]]
+        | None = None,
+    ) -> None:
+        """Listen on ``host:port``, by ``listen(protocol factory, host, port)`` when given:
+        AMQPS alone (no plain listener beside it) listens through braid/tls.py, which audits
+        failed handshakes."""
+        if self.settings.users is not None:
+            # Users the settings name (tests, a program embedding the listener) log in through
+            # the one user store like every other: brought into it first.
+            await self.api.import_users(
+                self.context, self.settings.users_to_import(), self.settings.vhosts
+            )
         for vhost in self.vhosts.values():
             vhost.start()
+            # The management API changes this vhost's objects through it (management.py).
+            self.api.register_object_administrator(
+                self.context, vhost.name, VhostAdministrator(vhost)
+            )
         # AMQP transactions left open by a stop or crash died with their channels.
         for pending in self.api.open_transactions():
             if pending.producer_group == AMQP_TX_GROUP:
                 await self.api.roll_back_transaction(self.context, pending.transaction_id)
+        self.incomplete_request_timeout_s = self.api.incomplete_request_limits(self.context)[1]
         self.api.add_flow_listener(self._flow_changed)
         loop = asyncio.get_running_loop()
         try:
-            self._server = await loop.create_server(
-                lambda: AmqpConnection(self),
-                host,
-                port,
-                reuse_address=True,
-                backlog=LISTEN_BACKLOG,
-            )
+            if listen is not None:
+                self._server = await listen(lambda: AmqpConnection(self), host, port)
+            else:
+                self._server = await loop.create_server(
+                    lambda: AmqpConnection(self),
+                    host,
+                    port,
+                    reuse_address=True,
+                    backlog=LISTEN_BACKLOG,
+                )
         except BaseException:
             self.api.remove_flow_listener(self._flow_changed)
             for vhost in self.vhosts.values():
@@ -264,6 +225,7 @@ class AMQPServer:
             connection.abort()
         self.api.remove_flow_listener(self._flow_changed)
         for vhost in self.vhosts.values():
+            self.api.unregister_object_administrator(self.context, vhost.name)
             vhost.close()
         if server is not None:
             await server.wait_closed()

@@ -41,7 +41,8 @@ from typing import Any, Final, Protocol
 
 from pamqp import base, commands
 
-from core.api import PROTOCOL_AMQP, BrokerAPI, ClientContext, Settlements
+from core.api import PROTOCOL_AMQP, BrokerAPI, ClientContext, Clock, Settlements, Timer
+from gateway.amqp.auth import Access, certificate_common_name, log_in, mechanisms_offered
 from gateway.amqp.channel import Channel
 from gateway.amqp.codec import AmqpDecoder, encode_ack, encode_heartbeat, encode_method, encode_nack
 from gateway.amqp.constants import (
@@ -70,8 +71,9 @@ from gateway.amqp.events import (
     Publish,
     Reject,
 )
-from gateway.amqp.fieldtable import read_table
+from gateway.amqp.management import amqp_connection_closed, amqp_connection_opened
 from gateway.amqp.vhost import VirtualHost
+from gateway.transport import READING_BUSY
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +92,6 @@ CLOSE_OK_TIMEOUT_S: Final = 10.0
 PUBLISH_SLICE: Final = 64
 # A client is gone when nothing arrived for this many heartbeat intervals (rabbit_heartbeat).
 HEARTBEAT_MISSES: Final = 2
-MECHANISMS: Final = ("PLAIN", "AMQPLAIN")
 
 HEADER, START_OK, TUNE_OK, OPEN, OPENED, CLOSING, CLOSED = (
     "header",
@@ -130,7 +131,12 @@ ANY_VHOST: Final = "*"
 
 @dataclass
 class SessionSettings:
-    users: Mapping[str, str] = field(default_factory=lambda: {"guest": "guest"})  # name: password
+    # Logins and permissions come from the broker's one user store (Broker API, auth.py).
+    # ``users`` (name: password), with the vhosts ``permissions`` gives each, are brought into
+    # that store when the listener starts (a missing user is created, a vhost without a
+    # permission for it gets ".*" for all three; nothing stored is overwritten), as braid serve
+    # brings the config file's [amqp.users]. None: the store alone (braid serve).
+    users: Mapping[str, str] | None = None
     vhosts: tuple[str, ...] = ("/",)
     # user -> the vhosts it may open (``"*"``: all). None: every user may open every vhost.
     # RabbitMQ's default: guest may use "/".
@@ -153,18 +159,27 @@ class SessionSettings:
     )
 
     def may_open(self, user: str, vhost: str) -> bool:
-        """Whether ``user`` has access to ``vhost`` (RabbitMQ's configure/write/read, as one)."""
+        """Whether these settings give ``user`` access to ``vhost`` (brought into the store)."""
+        return vhost in self.vhosts_of(user) or ANY_VHOST in self.vhosts_of(user)
+
+    def vhosts_of(self, user: str) -> Collection[str]:
+        """The vhosts these settings let ``user`` open (``"*"``: all)."""
         if self.permissions is None:
-            return True
-        allowed = self.permissions.get(user, ())
-        return vhost in allowed or ANY_VHOST in allowed
+            return (ANY_VHOST,)
+        return self.permissions.get(user, ())
+
+    def users_to_import(self) -> dict[str, tuple[str, Collection[str]]]:
+        """``users`` with their vhosts, as :meth:`BrokerAPI.import_users` takes them."""
+        return {name: (pw, self.vhosts_of(name)) for name, pw in (self.users or {}).items()}
 
 
 class SessionIO(Protocol):
-    """What a session needs of its transport (server.py's ``AmqpConnection``)."""
+    """What a session needs of its transport (server.py's ``AmqpConnection``, a
+    ``gateway/transport.py:GatewayTransport``)."""
 
     peer: str
-    last_write: float
+    clock: Clock  # the heartbeat, handshake and Close-Ok timers
+    last_write_ms: float
 
     def write(self, data: bytes) -> None: ...
 
@@ -172,9 +187,20 @@ class SessionIO(Protocol):
 
     def abort(self) -> None: ...
 
-    def pause_reading(self) -> None: ...
+    def park(self, events: list[Any], start: int) -> None: ...
 
-    def resume_reading(self) -> None: ...
+    def park_more(self, events: list[Any]) -> bool: ...
+
+    def take_parked(self) -> tuple[list[Any], int] | None: ...
+
+    def wait_for(
+        self,
+        waiting: Awaitable[None],
+        then: Callable[[], None],
+        failed: Callable[[BaseException], None],
+    ) -> None: ...
+
+    def resume_reading(self, reason: str) -> None: ...
 
 
 class _ConfirmBatch:
@@ -197,10 +223,6 @@ class _ConfirmGroup:
 
 
 Handler = Callable[[Channel, Any], Awaitable[None] | None]
-
-
-def _text(value: str | bytes) -> str:
-    return value if isinstance(value, str) else value.decode("utf-8", "replace")
 
 
 # Channel methods (channels 1..max) -> handler; anything else is 503 COMMAND_INVALID.
@@ -253,9 +275,20 @@ class Session:
         self._blocked = blocked  # the broker's flow-control reason while blocked
         self.peer = io.peer
         self.loop = asyncio.get_running_loop()
-        self.decoder = AmqpDecoder()
+        # The largest body: [limits] max_message_size (RabbitMQ's, 128 MiB by default).
+        self.decoder = AmqpDecoder(
+            max_message_size=api.max_message_size(ClientContext(PROTOCOL_AMQP, peer=io.peer))
+        )
         self.state = HEADER
         self.user = ""
+        # A TLS connection's verified client certificate: its CN is the user EXTERNAL logs in.
+        transport = getattr(io, "transport", None)
+        self.certificate_user = (
+            certificate_common_name(transport.get_extra_info("peercert"))
+            if transport is not None
+            else None
+        )
+        self.access: Access | None = None  # the permission checks, from Connection.Open on
         self.client_name = ""
         self.client_properties: dict[str, Any] = {}
         # Who calls the Broker API for this connection (complete once Connection.Open chose
@@ -267,12 +300,12 @@ class Session:
         self.heartbeat = 0
         self.channels: dict[int, Channel] = {}
         self.closing_channels: set[int] = set()
-        self.last_received = self.loop.time()
+        self.clock = io.clock
+        self.last_received_ms = self.clock.now_ms()
         self._current_channel = 0
         self._current_index = 0
-        self._parked: tuple[list[AmqpEvent], int] | None = None  # events not handled yet
-        self._paused = False  # reading paused while events are parked
-        self._task: asyncio.Task[None] | None = None
+        # Where the handler that is waiting was (io.wait_for), for the error it may raise.
+        self._waiting_at = (0, 0)
         # Acks and nacks of this connection's deliveries; the queues they made room in deliver
         # at the end of the read, so those deliveries leave with the read's replies (not a
         # loop iteration later).
@@ -282,20 +315,19 @@ class Session:
         self._confirm_groups: deque[_ConfirmGroup] = deque()
         self._confirm_tasks: set[asyncio.Task[None]] = set()
         self._confirm_flush_scheduled = False
-        self._timer: asyncio.TimerHandle | None = self.loop.call_later(
-            HANDSHAKE_TIMEOUT_S, self._handshake_timeout
+        self._timer: Timer | None = self.clock.call_later(
+            HANDSHAKE_TIMEOUT_S * 1000, self._handshake_timeout
         )
         self.metrics["connections_opened"] += 1
 
     # -- input -------------------------------------------------------------------------------
 
     def data_received(self, data: bytes) -> None:
-        self.last_received = self.loop.time()
+        self.last_received_ms = self.clock.now_ms()
         events = self.decoder.feed(data)
         if not events:
             return
-        if self._parked is not None:  # (reading is paused; only a read already under way)
-            self._parked[0].extend(events)
+        if self.io.park_more(events):  # (reading is paused; only a read already under way)
             return
         self._run(events, 0)
 
@@ -314,32 +346,23 @@ class Session:
             pending = step(event)
             if pending is not None:
                 self._end_of_run()
-                self._park(events, i)
-                self._task = self.loop.create_task(
-                    self._resume(pending, self._current_channel, self._current_index)
-                )
+                self.io.park(events, i)
+                self._waiting_at = (self._current_channel, self._current_index)
+                self.io.wait_for(pending, self._unpark, self._handler_failed)
                 return
             if type(event) is Publish:
                 budget -= 1
                 if not budget and i < count:
                     self._end_of_run()
-                    self._park(events, i)
+                    self.io.park(events, i)
                     self.loop.call_soon(self._unpark)
                     return
         self._end_of_run()
-        if self._paused:
-            self._paused = False
-            if self.state != CLOSED:
-                self.io.resume_reading()
-
-    def _park(self, events: list[AmqpEvent], start: int) -> None:
-        self._parked = (events, start)
-        if not self._paused:
-            self._paused = True
-            self.io.pause_reading()
+        if self.state != CLOSED:
+            self.io.resume_reading(READING_BUSY)
 
     def _unpark(self) -> None:
-        parked, self._parked = self._parked, None
+        parked = self.io.take_parked()
         if parked is not None and self.state != CLOSED:
             self._run(*parked)
 
@@ -358,23 +381,20 @@ class Session:
             )
         return None
 
-    async def _resume(self, pending: Awaitable[None], channel: int, index: int) -> None:
-        """Wait for a handler that had to wait, then go on with the parked events."""
-        try:
-            await pending
-        except AmqpChannelError as error:
-            self._current_channel, self._current_index = channel, index
+    def _handler_failed(self, error: BaseException) -> None:
+        """A handler that had to wait raised: the error is its channel's or connection's (the
+        parked events go on after it, as after an error of a handler that did not wait)."""
+        if isinstance(error, AmqpChannelError):
+            self._current_channel, self._current_index = self._waiting_at
             self._channel_error(error)
-        except AmqpConnectionError as error:
-            self._current_channel, self._current_index = channel, index
+        elif isinstance(error, AmqpConnectionError):
+            self._current_channel, self._current_index = self._waiting_at
             self._connection_error(error)
-        except Exception:
-            log.exception("amqp %s: internal error", self.peer)
+        else:
+            log.error("amqp %s: internal error", self.peer, exc_info=error)
             self._connection_error(
                 AmqpConnectionError(INTERNAL_ERROR, "INTERNAL_ERROR - see the broker log")
             )
-        self._task = None
-        self._unpark()
 
     def _dispatch(self, event: AmqpEvent) -> Awaitable[None] | None:
         kind = type(event)
@@ -438,8 +458,7 @@ class Session:
         self._current_channel, self._current_index = number, method.index
         kind = type(method)
         if number == 0:
-            self._connection_method(method)
-            return None
+            return self._connection_method(method)
         if self.state != OPENED:
             if self.state in (CLOSING, CLOSED):
                 return None
@@ -491,7 +510,7 @@ class Session:
         self.metrics["channels_opened"] += 1
         self.io.write(encode_method(number, commands.Channel.OpenOk()))
 
-    def _connection_method(self, method: base.Frame) -> None:
+    def _connection_method(self, method: base.Frame) -> Awaitable[None] | None:
         kind = type(method)
         state = self.state
         if kind is commands.Connection.Close:
@@ -500,10 +519,10 @@ class Session:
             if state == CLOSING:
                 self._finish()
         elif state in (CLOSING, CLOSED):
-            return
+            return None
         elif kind is commands.Connection.StartOk and state == START_OK:
             assert isinstance(method, commands.Connection.StartOk)
-            self._start_ok(method)
+            return self._start_ok(method)
         elif kind is commands.Connection.TuneOk and state == TUNE_OK:
             assert isinstance(method, commands.Connection.TuneOk)
             self._tune_ok(method)
@@ -517,6 +536,7 @@ class Session:
                 CHANNEL_ERROR,
                 f"CHANNEL_ERROR - unexpected method {method.name} in connection state {state}",
             )
+        return None
 
     def _send_start(self) -> None:
         self.io.write(
@@ -526,45 +546,41 @@ class Session:
                     0,
                     9,
                     self.settings.server_properties,
-                    " ".join(MECHANISMS),
+                    mechanisms_offered(self.certificate_user),
                     "en_US",
                 ),
             )
         )
         self.state = START_OK
 
-    def _start_ok(self, method: commands.Connection.StartOk) -> None:
+    def _start_ok(self, method: commands.Connection.StartOk) -> Awaitable[None]:
         self.client_properties = dict(method.client_properties or {})
         capabilities = self.client_properties.get("capabilities")
         self.capabilities = dict(capabilities) if isinstance(capabilities, dict) else {}
         name = self.client_properties.get("connection_name")
         product = self.client_properties.get("product")
         self.client_name = str(name or product or "")[:255]
-        mechanism = method.mechanism
         response = method.response
         raw = response.encode("utf-8", "surrogateescape") if isinstance(response, str) else response
-        user: str | None = None
-        password: str | None = None
-        if mechanism == "PLAIN":
-            parts = bytes(raw).split(b"\x00")
-            if len(parts) == 3:
-                user, password = _text(parts[1]), _text(parts[2])
-        elif mechanism == "AMQPLAIN":
-            try:
-                table, _ = read_table(len(raw).to_bytes(4, "big") + bytes(raw))
-            except AmqpError:
-                table = {}
-            login, secret = table.get("LOGIN"), table.get("PASSWORD")
-            if isinstance(login, str | bytes) and isinstance(secret, str | bytes):
-                user, password = _text(login), _text(secret)
-        else:
-            raise AmqpConnectionError(
-                COMMAND_INVALID, f"COMMAND_INVALID - unknown authentication mechanism '{mechanism}'"
-            )
-        if user is None or self.settings.users.get(user) != password:
+        # The user store decides (auth.py); the password check may wait (the host's login
+        # slow-down, argon2 in a thread): the frames after Start-Ok wait with it.
+        return self._log_in(method.mechanism, bytes(raw))
+
+    async def _log_in(self, mechanism: str, response: bytes) -> None:
+        result = await log_in(self.api, self.context, mechanism, response, self.certificate_user)
+        if self.state != START_OK:  # closed while the password was checked
+            return
+        if not result.ok:
+            # rabbit_reader:auth_fail: the reason goes to the log (the core's audit line);
+            # the client learns only that the login was refused, and only if it said it can
+            # take a Connection.Close (authentication_failure_close), else the socket closes.
             self.metrics["logins_refused"] += 1
             log.warning(
-                "amqp %s: login refused for user %r (mechanism %s)", self.peer, user, mechanism
+                "amqp %s: login refused for user %r (mechanism %s): %s",
+                self.peer,
+                result.user,
+                mechanism,
+                result.reason,
             )
             if self.capabilities.get("authentication_failure_close"):
                 raise AmqpConnectionError(
@@ -574,7 +590,7 @@ class Session:
                 )
             self._finish()
             return
-        self.user = user
+        self.user = result.user
         self.io.write(
             encode_method(
                 0,
@@ -610,13 +626,7 @@ class Session:
         vhost = self.vhosts.get(name)
         if vhost is None:
             raise AmqpConnectionError(NOT_ALLOWED, f"NOT_ALLOWED - vhost {name} not found")
-        if not self.settings.may_open(self.user, name):
-            raise AmqpConnectionError(
-                NOT_ALLOWED,
-                f"NOT_ALLOWED - access to vhost '{name}' refused for user '{self.user}'",
-            )
-        self.vhost = vhost
-        self.context = ClientContext(
+        context = ClientContext(
             PROTOCOL_AMQP,
             name,
             self.user,
@@ -624,13 +634,24 @@ class Session:
             connection_id=self.peer,
             client_id=self.client_name,
         )
+        refusal = self.api.connection_limit_refusal(context)  # before access, as RabbitMQ
+        if refusal is not None:
+            raise AmqpConnectionError(NOT_ALLOWED, f"NOT_ALLOWED - {refusal.text}")
+        if not self.api.may_open_vhost(context, name):  # any permission there, as RabbitMQ
+            raise AmqpConnectionError(
+                NOT_ALLOWED,
+                f"NOT_ALLOWED - access to vhost '{name}' refused for user '{self.user}'",
+            )
+        self.vhost = vhost
+        self.context = context
+        self.access = Access(self.api, context)
         self.io.write(encode_method(0, commands.Connection.OpenOk()))
         self.state = OPENED
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
         if self.heartbeat > 0:
-            self._timer = self.loop.call_later(self.heartbeat / 2, self._heartbeat_tick)
+            self._timer = self.clock.call_later(self.heartbeat * 500, self._heartbeat_tick)
         log.info(
             "amqp %s: connection open (user %r, vhost %r, client %r)",
             self.peer,
@@ -638,6 +659,7 @@ class Session:
             name,
             self.client_name,
         )
+        amqp_connection_opened(self)  # shown in /api/connections from now on
         reason = self._blocked()
         if reason is not None:
             self.flow_changed(True, reason)
@@ -696,7 +718,7 @@ class Session:
             return
         self.decoder.start_closing()
         self.state = CLOSING
-        self._timer = self.loop.call_later(CLOSE_OK_TIMEOUT_S, self._close_ok_timeout)
+        self._timer = self.clock.call_later(CLOSE_OK_TIMEOUT_S * 1000, self._close_ok_timeout)
 
     def close_by_server(self, reply_code: int, reply_text: str) -> None:
         """Server shutdown: Connection.Close (e.g. 320 CONNECTION_FORCED) to the client."""
@@ -723,8 +745,8 @@ class Session:
         self._timer = None
         if self.state != OPENED:
             return
-        now = self.loop.time()
-        if now - self.last_received > HEARTBEAT_MISSES * self.heartbeat:
+        now_ms = self.clock.now_ms()
+        if now_ms - self.last_received_ms > HEARTBEAT_MISSES * self.heartbeat * 1000:
             log.warning(
                 "amqp %s: missed heartbeats from client, timeout: %ds", self.peer, self.heartbeat
             )
@@ -732,9 +754,9 @@ class Session:
             self.state = CLOSED
             self.io.abort()
             return
-        if now - self.io.last_write >= self.heartbeat / 2:
+        if now_ms - self.io.last_write_ms >= self.heartbeat * 500:
             self.io.write(encode_heartbeat())
-        self._timer = self.loop.call_later(self.heartbeat / 2, self._heartbeat_tick)
+        self._timer = self.clock.call_later(self.heartbeat * 500, self._heartbeat_tick)
 
     # -- flow control ------------------------------------------------------------------------
 
@@ -852,15 +874,16 @@ class Session:
         self.io.close()
 
     def connection_lost(self) -> None:
+        amqp_connection_closed(self)
         if self.state == OPENED:
             log.info("amqp %s: client closed the socket without Connection.Close", self.peer)
         self._cleanup()
         self.state = CLOSED
         self.metrics["connections_closed"] += 1
-        if self._task is not None:
-            self._task.cancel()
-            self._task = None
         for task in list(self._confirm_tasks):
             task.cancel()
         self._confirm_tasks.clear()
         self._confirm_groups.clear()
+        self._confirms.clear()
+        # A message body half received is dropped now, not with the session.
+        self.decoder.start_closing()

@@ -541,10 +541,29 @@ class VirtualHost:
             self.api.unbind(context, source.topic, source.kind, pattern, destination, args)
             self._auto_delete_exchanges([source.topic])
             return
+        refusal = self.api.binding_limit_refusal(
+            context,
+            source.topic,
+            source.kind,
+            pattern,
+            destination,
+            args,
+            self._described(destination),
+        )
+        if refusal is not None:  # [limits] max_bindings_per_destination
+            log.info("amqp: %s: %s", context.peer or context.connection_id, refusal.text)
+            raise _precondition(refusal.text)
         try:
             self.api.bind(context, source.topic, source.kind, pattern, destination, args)
         except RoutingError as error:
             raise _precondition(f"invalid binding arguments: {error}") from None
+
+    def _described(self, destination: tuple[str, int]) -> str:
+        """``queue 'q'`` or ``exchange 'x'``: a binding destination in a refusal's words."""
+        topic, queue = destination
+        if queue == EXCHANGE_QUEUE:
+            return f"exchange '{self.exchange_name(topic)}'"
+        return f"queue '{self.queue_name(topic)}'"
 
     # Unbinding where the source or the destination is gone succeeds and changes nothing, as
     # RabbitMQ's rabbit_binding:remove (absent_errs_only: only a queue on a down node is an
@@ -654,6 +673,10 @@ class VirtualHost:
         if name.startswith(RESERVED_PREFIX) and not name.startswith(SERVER_NAMED_PREFIX):
             raise _refused(f"queue name '{name}' contains reserved prefix 'amq.*'")
         ack_config = self._ack_config(name, args)
+        refusal = self.api.queue_limit_refusal(context, name)
+        if refusal is not None:  # max-queues of the vhost, or [limits] max_queues
+            log.info("amqp: %s: %s", context.peer or context.connection_id, refusal.text)
+            raise _precondition(refusal.text)
         topic = self.queue_topic(name)
         config = {
             "object": "queue",

@@ -21,6 +21,17 @@ Produce"``, ``"kafka Fetch"``, ...). The core decides (vhost permissions, Kafka 
 wins) and writes the audit line of a refusal; the answer that allows is kept on the connection
 until the security store's generation changes, so the hot paths (Produce, Fetch) cost a dict
 look-up per topic and a permission change applies to the next request.
+
+Which check each API makes, and how a refusal answers, follows Kafka's ``KafkaApis`` with its
+``AclAuthorizer`` (docs/security.md, Kafka section): a transaction's requests need WRITE on the
+transactional id (TRANSACTIONAL_ID_AUTHORIZATION_FAILED, 53) before anything else, then WRITE
+on each topic added (TOPIC_AUTHORIZATION_FAILED, 29; the authorized partitions of a refused
+request are OPERATION_NOT_ATTEMPTED, 55) or READ on the group whose offsets it commits
+(GROUP_AUTHORIZATION_FAILED, 30) and on the committed topics (29). DescribeConfigs,
+AlterConfigs and IncrementalAlterConfigs check each resource on its own
+(:func:`config_refusal`): a topic's DESCRIBE_CONFIGS / ALTER_CONFIGS (29), a group's (30), the
+broker's (and its loggers') on the cluster (CLUSTER_AUTHORIZATION_FAILED, 31), before the
+resource is looked at, so a refused client learns nothing of whether it exists.
 """
 
 from __future__ import annotations
@@ -31,11 +42,12 @@ from typing import Any, Final
 
 from kio.schema.errors import ErrorCode
 
-from core.api import ClientContext
+from core.api import ClientContext, is_system_topic
 from gateway.kafka.apis import ApiKey
 from gateway.kafka.codec import Request
 from gateway.kafka.context import Connection, Handler, KafkaContext, ResponseBody
 from gateway.kafka.entities import build_response
+from gateway.kafka.tagfilters import GROUP_RESOURCE_TYPES
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +56,8 @@ SCRAM_SHA_256: Final = "SCRAM-SHA-256"
 SCRAM_SHA_512: Final = "SCRAM-SHA-512"
 # What SaslHandshake offers, in Kafka's order (sasl.enabled.mechanisms).
 MECHANISMS: Final = (PLAIN, SCRAM_SHA_256, SCRAM_SHA_512)
+# SaslHandshake v1 (KIP-152): the SASL tokens go in SaslAuthenticate requests.
+SASL_HANDSHAKE_WITH_AUTHENTICATE: Final = 1
 # The requests a client may send before it is anyone (Kafka's SaslServerAuthenticator takes
 # ApiVersions and the two SASL requests before authentication).
 BEFORE_LOGIN: Final = frozenset(
@@ -52,6 +66,17 @@ BEFORE_LOGIN: Final = frozenset(
 # Allowed answers kept per connection before the cache starts over: a bound for a client that
 # names ever new topics, far above a working set.
 MAX_CACHED_ANSWERS: Final = 4096
+# DescribeConfigs / AlterConfigs resource types (ConfigResource.Type) and the resource each is
+# authorized as (KafkaApis.authorizeConfigResource): a topic, the cluster, or a group
+# (tagfilters.GROUP_RESOURCE_TYPES: 32, and 3 from librdkafka < 2.10).
+CONFIG_TOPIC: Final = 2
+CONFIG_BROKER: Final = 4
+CONFIG_BROKER_LOGGER: Final = 8
+# Kafka's texts for the three refusals (Errors.*.message()), which clients print.
+TOPIC_AUTHORIZATION_FAILED_TEXT: Final = "Topic authorization failed."
+GROUP_AUTHORIZATION_FAILED_TEXT: Final = "Group authorization failed."
+CLUSTER_AUTHORIZATION_FAILED_TEXT: Final = "Cluster authorization failed."
+TRANSACTIONAL_ID_AUTHORIZATION_FAILED_TEXT: Final = "Transactional Id authorization failed."
 
 
 def certificate_common_name(peercert: Any) -> str | None:
@@ -72,7 +97,7 @@ def _log_in(connection: Connection, user: str) -> None:
     connection.client = dataclasses.replace(connection.client, user=user)
 
 
-def admit(context: KafkaContext, connection: Connection, request: Request) -> bool:
+def admit(context: KafkaContext, connection: Connection, api_key: int) -> bool:
     """A request other than ApiVersions/SASL from a connection not logged in: log it in by its
     certificate or as anonymous, or say no (the caller closes the connection)."""
     login = connection.login
@@ -81,7 +106,7 @@ def admit(context: KafkaContext, connection: Connection, request: Request) -> bo
         log.warning(
             "kafka: %s sent api %d %s; closing the connection",
             connection.peer,
-            request.api_key,
+            api_key,
             "after a failed SASL login" if login.failed else "during a SASL exchange",
         )
         return False
@@ -94,7 +119,7 @@ def admit(context: KafkaContext, connection: Connection, request: Request) -> bo
             "kafka: %s not logged in (%s) sent api %d; closing the connection",
             connection.peer,
             result.reason,
-            request.api_key,
+            api_key,
         )
         return False
     _log_in(connection, result.user)
@@ -123,6 +148,86 @@ def allowed(context: KafkaContext, connection: Connection, operation: str, name:
     return True
 
 
+def add_partitions_refusals(
+    context: KafkaContext,
+    connection: Connection,
+    transactional_id: str,
+    partitions: list[tuple[str, int]],
+) -> dict[tuple[str, int], ErrorCode] | None:
+    """AddPartitionsToTxn's answer when the connection may not add these partitions, or None
+    when it may: without WRITE on the transactional id every partition is 53; else a topic
+    without WRITE (the broker's ``__`` topics never have it) is 29 and, since one refusal
+    fails the whole request, each other partition is OPERATION_NOT_ATTEMPTED (as KafkaApis)."""
+    if not allowed(context, connection, "kafka AddPartitionsToTxn", transactional_id):
+        return dict.fromkeys(partitions, ErrorCode.transactional_id_authorization_failed)
+    refused = {
+        topic
+        for topic, _ in partitions
+        if is_system_topic(topic)
+        or not allowed(context, connection, "kafka AddPartitionsToTxn topic", topic)
+    }
+    if not refused:
+        return None
+    return {
+        (topic, partition): (
+            ErrorCode.topic_authorization_failed
+            if topic in refused
+            else ErrorCode.operation_not_attempted
+        )
+        for topic, partition in partitions
+    }
+
+
+def add_offsets_refusal(
+    context: KafkaContext, connection: Connection, transactional_id: str, group_id: str
+) -> ErrorCode:
+    """AddOffsetsToTxn: WRITE on the transactional id (53), then READ on the group (30)."""
+    if not allowed(context, connection, "kafka AddOffsetsToTxn", transactional_id):
+        return ErrorCode.transactional_id_authorization_failed
+    if not allowed(context, connection, "kafka AddOffsetsToTxn group", group_id):
+        return ErrorCode.group_authorization_failed
+    return ErrorCode.none
+
+
+def txn_offset_commit_refusal(
+    context: KafkaContext, connection: Connection, transactional_id: str, group_id: str
+) -> ErrorCode:
+    """TxnOffsetCommit as a whole: WRITE on the transactional id (53), then READ on the group
+    (30); each topic's READ is checked per partition by the handler (29)."""
+    if not allowed(context, connection, "kafka TxnOffsetCommit transaction", transactional_id):
+        return ErrorCode.transactional_id_authorization_failed
+    if not allowed(context, connection, "kafka TxnOffsetCommit", group_id):
+        return ErrorCode.group_authorization_failed
+    return ErrorCode.none
+
+
+def config_refusal(
+    context: KafkaContext,
+    connection: Connection,
+    resource_type: int,
+    name: str,
+    *,
+    alter: bool,
+) -> tuple[ErrorCode, str] | None:
+    """The answer (error, message) for a DescribeConfigs (``alter=False``) or AlterConfigs /
+    IncrementalAlterConfigs resource this connection may not see or change, or None when it
+    may (or the type is none Kafka authorizes: the handler answers it as unsupported)."""
+    verb = "AlterConfigs" if alter else "DescribeConfigs"
+    if resource_type == CONFIG_TOPIC:
+        if allowed(context, connection, f"kafka {verb} topic", name):
+            return None
+        return ErrorCode.topic_authorization_failed, TOPIC_AUTHORIZATION_FAILED_TEXT
+    if resource_type in (CONFIG_BROKER, CONFIG_BROKER_LOGGER):
+        if allowed(context, connection, f"kafka {verb} broker", ""):
+            return None
+        return ErrorCode.cluster_authorization_failed, CLUSTER_AUTHORIZATION_FAILED_TEXT
+    if resource_type in GROUP_RESOURCE_TYPES:
+        if allowed(context, connection, f"kafka {verb} group", name):
+            return None
+        return ErrorCode.group_authorization_failed, GROUP_AUTHORIZATION_FAILED_TEXT
+    return None
+
+
 # -- SASL ------------------------------------------------------------------------------------
 
 
@@ -133,7 +238,14 @@ async def handle_sasl_handshake(
     mechanism: str = body.mechanism
     login = connection.login
     error = ErrorCode.none
-    if login.logged_in or login.mechanism is not None or login.failed:
+    if request.api_version < SASL_HANDSHAKE_WITH_AUTHENTICATE:
+        # v0: raw SASL tokens would follow, which the decoder does not read (apis.py).
+        error = ErrorCode.unsupported_version
+        log.info(
+            "kafka: %s sent SaslHandshake v0 (raw SASL tokens): unsupported, v1 is",
+            connection.peer,
+        )
+    elif login.logged_in or login.mechanism is not None or login.failed:
         # Kafka: a second handshake on an authenticated connection is ILLEGAL_SASL_STATE.
         error = ErrorCode.illegal_sasl_state
     elif mechanism not in MECHANISMS:

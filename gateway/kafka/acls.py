@@ -208,8 +208,9 @@ async def handle_describe_user_scram_credentials(
         values["error_message"] = _CLUSTER_DENIED
         return build_response(ApiKey.DESCRIBE_USER_SCRAM_CREDENTIALS, request.api_version, values)
     body: Any = request.body
-    users = body.users
-    names = None if users is None else [user.name for user in users]
+    # Null or empty both mean every user, as Kafka's ZkAdminManager reads it (librdkafka sends
+    # an empty array for describe_user_scram_credentials() without users).
+    names = [user.name for user in body.users] if body.users else None
     found = context.api.scram_credentials(connection.client, names)
     results = []
     for name, credentials in found.items():

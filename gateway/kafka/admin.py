@@ -2,11 +2,13 @@
 CreateTopics, DeleteTopics, CreatePartitions, DescribeConfigs, AlterConfigs,
 IncrementalAlterConfigs (SASL: ``access.py``; ACLs and SCRAM credentials: ``acls.py``).
 
-Configs: topics and the broker describe theirs (read-only: the config file sets them); a consumer
+Configs (``admin_configs.py``): topics and the broker describe theirs, each with its real
+source; a topic's retention and cleanup settings are altered there. A consumer
 group has one config, ``braid.tag.filter`` (its tag filter, ``tagfilters.py``), that
 DescribeConfigs reads and AlterConfigs/IncrementalAlterConfigs set, durably, on resource type
 GROUP (32; 3 from librdkafka < 2.10). Every resource gets its own answer, as Kafka gives it:
-altering a topic or the broker is refused with INVALID_REQUEST, other resource types too.
+altering the broker is refused with INVALID_REQUEST, other resource types too. The other admin
+APIs are in ``admin_records.py`` and ``admin_cluster.py``, their handlers listed here.
 
 The cluster is this broker alone: node ``NODE_ID`` at the advertised address, controller, and
 leader (epoch ``LEADER_EPOCH``) of every partition, with itself as the only replica and ISR. A
@@ -20,13 +22,26 @@ system topics that exist, a ``__consumer_offsets`` entry, and the half-message c
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Final
 
 from kio.schema.errors import ErrorCode
 
 from core.api import ClientContext, TopicError, TopicInfo, is_system_topic
-from gateway.kafka import tagfilters
-from gateway.kafka.access import allowed
+from gateway.kafka import admin_cluster, admin_configs, admin_records, tagfilters
+from gateway.kafka.access import allowed, config_refusal
+from gateway.kafka.admin_configs import (
+    KAFKA_CONFIGS_KEY,
+    OP_APPEND,
+    OP_DELETE,
+    OP_SET,
+    OP_SUBTRACT,
+    SOURCE_DEFAULT,
+    SOURCE_DYNAMIC_TOPIC,
+    SOURCE_STATIC_BROKER,
+    TYPE_STRING,
+    ConfigRow,
+)
 from gateway.kafka.apis import ApiKey, api_versions_response
 from gateway.kafka.codec import Request
 from gateway.kafka.context import (
@@ -42,31 +57,24 @@ from gateway.kafka.context import (
 )
 from gateway.kafka.entities import build_response
 
-# The topic config key a Kafka client's CreateTopics configs are kept under (TopicInfo.config).
-KAFKA_CONFIGS_KEY: Final = "kafka.configs"
-# Kafka's message.max.bytes default (1 MiB + record batch overhead).
-MAX_MESSAGE_BYTES: Final = 1_048_588
-# DescribeConfigs resource types (ConfigResource.Type) and config sources (ConfigSource).
+log = logging.getLogger(__name__)
+
+# DescribeConfigs resource types (ConfigResource.Type); the other config constants are
+# admin_configs.py's.
 RESOURCE_TOPIC: Final = 2
 RESOURCE_BROKER: Final = 4
 RESOURCE_GROUP: Final = tagfilters.CONFIG_RESOURCE_GROUP
-SOURCE_DYNAMIC_TOPIC: Final = 1
-SOURCE_STATIC_BROKER: Final = 4
-SOURCE_DEFAULT: Final = 5
 SOURCE_DYNAMIC_GROUP: Final = 8  # ConfigSource.GROUP_CONFIG (KIP-848)
-# IncrementalAlterConfigs operations (AlterConfigOp.OpType).
-OP_SET: Final = 0
-OP_DELETE: Final = 1
-OP_APPEND: Final = 2
-OP_SUBTRACT: Final = 3
-# DescribeConfigs config types (ConfigEntry.ConfigType): what kafka-configs and UIs display.
-TYPE_BOOLEAN: Final = 1
-TYPE_STRING: Final = 2
-TYPE_INT: Final = 3
-TYPE_LONG: Final = 5
-TYPE_LIST: Final = 7
-# A DescribeConfigs entry: (name, value or None, config source, config type).
-ConfigRow = tuple[str, str | None, int, int]
+# Kafka's KRaft controller refuses a CreateTopics or CreatePartitions that adds more partitions
+# than this in all, every topic of it with POLICY_VIOLATION and this message
+# (ReplicationControlManager.MAX_PARTITIONS_PER_BATCH, validateTotalNumberOfPartitions).
+MAX_PARTITIONS_PER_REQUEST: Final = 10_000
+TOO_MANY_PARTITIONS_MESSAGE: Final = "Excessively large number of partitions per request."
+# The Kafka error of each TopicError code the topic caps raise (core/broker/topics.py).
+_CAP_ERRORS: Final = {
+    "invalid_partitions": ErrorCode.invalid_partitions,
+    "policy_violation": ErrorCode.policy_violation,
+}
 # FindCoordinator key types.
 COORDINATOR_GROUP: Final = 0
 COORDINATOR_TRANSACTION: Final = 1
@@ -118,6 +126,24 @@ def partition_metadata(count: int) -> list[dict[str, Any]]:
     ]
 
 
+def check_queue_limit(
+    context: KafkaContext, client: ClientContext, name: str, added: int, *, new_topic: bool
+) -> None:
+    """Raise a ``policy_violation`` :class:`TopicError` (POLICY_VIOLATION, 44) when ``added``
+    partitions of topic ``name`` would pass the queue limits of the client's vhost (``/``):
+    each Kafka partition is a queue (docs/limits.md), so ``max-queues`` and ``[limits]
+    max_queues`` count them as RabbitMQ counts queues."""
+    action = (
+        f"create topic '{name}' with {added} partitions"
+        if new_topic
+        else f"add {added} partitions to topic '{name}'"
+    )
+    refusal = context.api.queue_limit_refusal(client, name, added, action)
+    if refusal is not None:
+        log.info("kafka: %s: %s", client.peer or client.connection_id, refusal.text)
+        raise TopicError("policy_violation", refusal.text)
+
+
 def declare_kafka_topic(
     context: KafkaContext,
     client: ClientContext,
@@ -125,8 +151,11 @@ def declare_kafka_topic(
     partitions: int,
     configs: dict[str, str] | None = None,
 ) -> TopicInfo:
+    check_queue_limit(context, client, name, partitions, new_topic=True)
     config: dict[str, Any] = {KAFKA_CONFIGS_KEY: configs} if configs else {}
     info = context.api.create_topic(client, name, partitions, config)
+    if configs:
+        admin_configs.apply_created_configs(context, client, name, configs)
     context.metrics["topics_created"] = context.metrics.get("topics_created", 0) + 1
     return info
 
@@ -190,8 +219,8 @@ async def handle_metadata(
                             name,
                             context.settings.num_partitions,
                         )
-                    except TopicError:
-                        error = ErrorCode.invalid_topic_exception
+                    except TopicError as refused:
+                        error = _CAP_ERRORS.get(refused.code, ErrorCode.invalid_topic_exception)
                 else:
                     error = ErrorCode.unknown_topic_or_partition
             topics.append(_topic_metadata(name, error, info))
@@ -264,17 +293,31 @@ async def handle_create_topics(
     body: Any = request.body
     results = []
     names = [topic.name for topic in body.topics]
-    for topic in body.topics:
+    requested = [
+        len(topic.assignments)
+        if topic.assignments
+        else context.settings.num_partitions
+        if topic.num_partitions == -1
+        else topic.num_partitions
+        for topic in body.topics
+    ]
+    too_many = sum(count for count in requested if count > 0) > MAX_PARTITIONS_PER_REQUEST
+    if too_many:
+        log.info(
+            "kafka: %s CreateTopics asks for %d partitions: refused (at most %d per request)",
+            connection.peer,
+            sum(count for count in requested if count > 0),
+            MAX_PARTITIONS_PER_REQUEST,
+        )
+    for topic, partitions in zip(body.topics, requested, strict=True):
         name = topic.name
         error = ErrorCode.none
         message: str | None = None
-        partitions = topic.num_partitions
-        if topic.assignments:
-            partitions = len(topic.assignments)
-        if partitions == -1:
-            partitions = context.settings.num_partitions
         configs = {config.name: config.value for config in topic.configs}
-        if names.count(name) > 1:
+        if too_many:
+            # Kafka checks the request's total before anything else, names included.
+            error, message = ErrorCode.policy_violation, TOO_MANY_PARTITIONS_MESSAGE
+        elif names.count(name) > 1:
             error, message = ErrorCode.invalid_request, "topic named more than once"
         elif not is_legal_topic_name(name) or is_system_topic(name):
             error, message = ErrorCode.invalid_topic_exception, f"illegal topic name {name!r}"
@@ -290,8 +333,16 @@ async def handle_create_topics(
             error, message = ErrorCode.invalid_replica_assignment, "the only broker is node 0"
         elif partitions < 1:
             error, message = ErrorCode.invalid_partitions, "at least one partition"
-        elif not body.validate_only:
-            declare_kafka_topic(context, connection.client, name, partitions, configs)
+        else:
+            try:
+                if body.validate_only:
+                    context.api.check_topic_partitions(connection.client, name, partitions, 0)
+                    check_queue_limit(context, connection.client, name, partitions, new_topic=True)
+                else:
+                    declare_kafka_topic(context, connection.client, name, partitions, configs)
+            except TopicError as refused:
+                error, message = _cap_error(refused), str(refused)
+                log.info("kafka: %s CreateTopics %r refused: %s", connection.peer, name, message)
         ok = error == ErrorCode.none
         results.append(
             {
@@ -306,6 +357,11 @@ async def handle_create_topics(
     return build_response(
         ApiKey.CREATE_TOPICS, request.api_version, {"throttle_time": 0, "topics": results}
     )
+
+
+def _cap_error(refused: TopicError) -> ErrorCode:
+    """The Kafka error of a topic declaration the core refused."""
+    return _CAP_ERRORS.get(refused.code, ErrorCode.invalid_request)
 
 
 async def handle_delete_topics(
@@ -335,11 +391,18 @@ async def handle_create_partitions(
 ) -> ResponseBody:
     body: Any = request.body
     results = []
+    added = 0
+    for topic in body.topics:
+        info = context.api.topic_info(connection.client, topic.name)
+        if info is not None and topic.count > info.queues:
+            added += topic.count - info.queues
     for topic in body.topics:
         info = context.api.topic_info(connection.client, topic.name)
         error = ErrorCode.none
         message: str | None = None
-        if not allowed(context, connection, "kafka CreatePartitions", topic.name):
+        if added > MAX_PARTITIONS_PER_REQUEST:
+            error, message = ErrorCode.policy_violation, TOO_MANY_PARTITIONS_MESSAGE
+        elif not allowed(context, connection, "kafka CreatePartitions", topic.name):
             error, message = ErrorCode.topic_authorization_failed, "Authorization failed."
         elif info is None or is_system_topic(topic.name):
             error = ErrorCode.unknown_topic_or_partition
@@ -350,8 +413,24 @@ async def handle_create_partitions(
             tuple(a.broker_ids) != (NODE_ID,) for a in topic.assignments
         ):
             error, message = ErrorCode.invalid_replica_assignment, "the only broker is node 0"
-        elif not body.validate_only:
-            context.api.add_partitions(connection.client, topic.name, topic.count)
+        else:
+            try:
+                added_here = topic.count - info.queues
+                if body.validate_only:
+                    context.api.check_topic_partitions(
+                        connection.client, topic.name, topic.count, added_here
+                    )
+                check_queue_limit(
+                    context, connection.client, topic.name, added_here, new_topic=False
+                )
+                if not body.validate_only:
+                    context.api.add_partitions(connection.client, topic.name, topic.count)
+            except TopicError as refused:
+                error, message = _cap_error(refused), str(refused)
+        if error == ErrorCode.policy_violation or error == ErrorCode.invalid_partitions:
+            log.info(
+                "kafka: %s CreatePartitions %r refused: %s", connection.peer, topic.name, message
+            )
         results.append({"name": topic.name, "error_code": error, "error_message": message})
     return build_response(
         ApiKey.CREATE_PARTITIONS, request.api_version, {"throttle_time": 0, "results": results}
@@ -361,50 +440,7 @@ async def handle_create_partitions(
 def _topic_configs(
     context: KafkaContext, client: ClientContext, info: TopicInfo
 ) -> list[ConfigRow]:
-    """(name, value, source, type) of a topic's configs, the ones Kafka tools ask for."""
-    storage = context.api.storage_settings(client, info.name)
-    retention_ms = storage.retention_ms if storage.retention_ms is not None else -1
-    retention_bytes = storage.retention_bytes if storage.retention_bytes is not None else -1
-    durability = storage.durability
-    configs = [
-        ("cleanup.policy", "delete", SOURCE_DEFAULT, TYPE_LIST),
-        ("compression.type", "producer", SOURCE_DEFAULT, TYPE_STRING),
-        ("retention.ms", str(retention_ms), SOURCE_STATIC_BROKER, TYPE_LONG),
-        ("retention.bytes", str(retention_bytes), SOURCE_STATIC_BROKER, TYPE_LONG),
-        ("segment.bytes", str(storage.segment_bytes), SOURCE_STATIC_BROKER, TYPE_INT),
-        ("max.message.bytes", str(MAX_MESSAGE_BYTES), SOURCE_DEFAULT, TYPE_INT),
-        ("message.timestamp.type", "CreateTime", SOURCE_DEFAULT, TYPE_STRING),
-        ("min.insync.replicas", "1", SOURCE_DEFAULT, TYPE_INT),
-        # What acks=all waits for here: the fsync (sync) or nothing more (async).
-        ("flush.messages", "1" if durability == "sync" else "9223372036854775807", 4, TYPE_LONG),
-    ]
-    given = info.config.get(KAFKA_CONFIGS_KEY) or {}
-    out: list[ConfigRow] = [c for c in configs if c[0] not in given]
-    out += [(name, str(value), SOURCE_DYNAMIC_TOPIC, TYPE_STRING) for name, value in given.items()]
-    return out
-
-
-def _broker_configs(context: KafkaContext, client: ClientContext) -> list[ConfigRow]:
-    storage = context.api.storage_settings(client)
-    settings = context.settings
-    retention_ms = storage.retention_ms if storage.retention_ms is not None else -1
-    return [
-        ("broker.id", str(NODE_ID), SOURCE_STATIC_BROKER, TYPE_INT),
-        ("num.partitions", str(settings.num_partitions), SOURCE_STATIC_BROKER, TYPE_INT),
-        (
-            "auto.create.topics.enable",
-            "true" if settings.auto_create_topics else "false",
-            SOURCE_STATIC_BROKER,
-            TYPE_BOOLEAN,
-        ),
-        ("log.retention.ms", str(retention_ms), SOURCE_STATIC_BROKER, TYPE_LONG),
-        ("log.segment.bytes", str(storage.segment_bytes), SOURCE_STATIC_BROKER, TYPE_INT),
-        ("message.max.bytes", str(MAX_MESSAGE_BYTES), SOURCE_DEFAULT, TYPE_INT),
-        ("default.replication.factor", "1", SOURCE_DEFAULT, TYPE_INT),
-        ("offsets.topic.replication.factor", "1", SOURCE_DEFAULT, TYPE_INT),
-        ("transaction.state.log.replication.factor", "1", SOURCE_DEFAULT, TYPE_INT),
-        ("min.insync.replicas", "1", SOURCE_DEFAULT, TYPE_INT),
-    ]
+    return admin_configs.topic_configs(context, client, info)
 
 
 def _group_configs(context: KafkaContext, group_id: str) -> list[ConfigRow]:
@@ -425,15 +461,7 @@ _AlterResult = tuple[ErrorCode, str | None]
 def _alter_other(
     context: KafkaContext, client: ClientContext, resource_type: int, resource_name: str
 ) -> _AlterResult:
-    """The answer to altering a resource that is not a group (nothing here is alterable)."""
-    if resource_type == RESOURCE_TOPIC:
-        if not context.api.has_topic(client, resource_name) or is_system_topic(resource_name):
-            return ErrorCode.unknown_topic_or_partition, f"topic {resource_name!r} not found"
-        return (
-            ErrorCode.invalid_request,
-            "topic configs cannot be altered here ([log] in the broker's config file sets "
-            "retention and durability)",
-        )
+    """The answer to altering a resource that is neither a group nor a topic."""
     if resource_type == RESOURCE_BROKER:
         return (
             ErrorCode.invalid_request,
@@ -469,9 +497,10 @@ def _unknown_group_config(name: str) -> _AlterResult:
 
 
 async def _alter_configs(
-    context: KafkaContext, client: ClientContext, request: Request, *, incremental: bool
+    context: KafkaContext, connection: Connection, request: Request, *, incremental: bool
 ) -> ResponseBody:
     """AlterConfigs and IncrementalAlterConfigs: one answer per resource, in request order."""
+    client = connection.client
     body: Any = request.body
     registry = tagfilters.group_tag_filters(context.api)
     seen: dict[tuple[bool, int, str], int] = {}
@@ -485,8 +514,20 @@ async def _alter_configs(
         is_group = resource.resource_type in tagfilters.GROUP_RESOURCE_TYPES
         key = (is_group, -1 if is_group else resource.resource_type, name)
         result: _AlterResult = (ErrorCode.none, None)
-        if seen[key] > 1:
+        refused = config_refusal(context, connection, resource.resource_type, name, alter=True)
+        if refused is not None:
+            result = refused
+        elif seen[key] > 1:
             result = ErrorCode.invalid_request, f"resource {name!r} is named more than once"
+        elif resource.resource_type == RESOURCE_TOPIC:
+            result = await admin_configs.alter_topic(
+                context,
+                client,
+                name,
+                resource.configs,
+                incremental=incremental,
+                validate_only=body.validate_only,
+            )
         elif not is_group:
             result = _alter_other(context, client, resource.resource_type, name)
         elif not name:
@@ -544,13 +585,13 @@ async def _alter_configs(
 async def handle_alter_configs(
     context: KafkaContext, connection: Connection, request: Request
 ) -> ResponseBody:
-    return await _alter_configs(context, connection.client, request, incremental=False)
+    return await _alter_configs(context, connection, request, incremental=False)
 
 
 async def handle_incremental_alter_configs(
     context: KafkaContext, connection: Connection, request: Request
 ) -> ResponseBody:
-    return await _alter_configs(context, connection.client, request, incremental=True)
+    return await _alter_configs(context, connection, request, incremental=True)
 
 
 async def handle_describe_configs(
@@ -562,7 +603,12 @@ async def handle_describe_configs(
         error = ErrorCode.none
         message: str | None = None
         entries: list[ConfigRow] = []
-        if resource.resource_type == RESOURCE_TOPIC:
+        refused = config_refusal(
+            context, connection, resource.resource_type, resource.resource_name, alter=False
+        )
+        if refused is not None:
+            error, message = refused
+        elif resource.resource_type == RESOURCE_TOPIC:
             info = context.api.topic_info(connection.client, resource.resource_name)
             if info is None or is_system_topic(resource.resource_name):
                 error = ErrorCode.unknown_topic_or_partition
@@ -572,7 +618,7 @@ async def handle_describe_configs(
             if resource.resource_name not in ("", str(NODE_ID)):
                 error, message = ErrorCode.invalid_request, "the only broker is node 0"
             else:
-                entries = _broker_configs(context, connection.client)
+                entries = admin_configs.broker_configs(context, connection, connection.client)
         elif resource.resource_type in tagfilters.GROUP_RESOURCE_TYPES:
             if not resource.resource_name:
                 error, message = ErrorCode.invalid_request, "the group name must not be empty"
@@ -584,7 +630,10 @@ async def handle_describe_configs(
         wanted = resource.configuration_keys
         if wanted is not None:
             entries = [entry for entry in entries if entry[0] in wanted]
-        writable = resource.resource_type in tagfilters.GROUP_RESOURCE_TYPES
+        # Kafka: every topic config may be altered (read_only false), so may a group's.
+        writable = resource.resource_type in tagfilters.GROUP_RESOURCE_TYPES or (
+            resource.resource_type == RESOURCE_TOPIC
+        )
         results.append(
             {
                 "error_code": error,
@@ -622,4 +671,6 @@ HANDLERS: dict[int, Handler] = {
     ApiKey.DESCRIBE_CONFIGS: handle_describe_configs,
     ApiKey.ALTER_CONFIGS: handle_alter_configs,
     ApiKey.INCREMENTAL_ALTER_CONFIGS: handle_incremental_alter_configs,
+    **admin_records.HANDLERS,
+    **admin_cluster.HANDLERS,
 }

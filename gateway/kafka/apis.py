@@ -23,7 +23,7 @@ LeaveGroup (13)     0-5       1             5             1               0-5
 SyncGroup (14)      0-5       3             5             3               0-5
 DescribeGroups (15) 0-6       3             6             5               0-5
 ListGroups (16)     0-5       1             5             5               0-5
-SaslHandshake (17)  0-1       1             1             1               1-1
+SaslHandshake (17)  0-1       1             1             1               0-1
 ApiVersions (18)    0-4       0 (first)     4 (first)     3 (first)       0-4
 CreateTopics (19)   2-7       3             7             4               2-6
 DeleteTopics (20)   1-6       3             6             4               1-5
@@ -40,6 +40,15 @@ CreatePartitions    0-3       1             3             2               0-3
 DeleteGroups (42)   0-2       1             2             2               0-2
 IncrAlterConfigs 44 0-1       -             1             1               0-1
 DescribeCluster(60) 0-2       -             2             (admin)         0-1
+DeleteRecords (21)  0-2       -             2             (admin)         0-2
+DescribeLogDirs 35  1-5       -             5             -               1-4
+ElectLeaders (43)   0-2       -             2             (admin)         0-2
+AlterPartReassign45 0-1       -             1             -               0-1
+ListPartReassign 46 0         -             0             -               0
+OffsetDelete (47)   0         -             0             (admin)         0
+DescribeProducers61 0         -             0             -               0
+DescribeTxns (65)   0         -             0             -               0
+ListTransactions 66 0-2       -             2             -               0-2
 ================== ======== ============ ============ ============== ==========
 
 (aiokafka 0.14: the ``_CLASSES`` of each ``aiokafka.protocol`` request; kafka-python 3.0: the
@@ -77,14 +86,20 @@ Rules that set the bounds:
   JoinGroup stops at 7 (v8 adds a reason, v9 the KIP-814 skip-assignment flag).
   DescribeCluster stops at 1 (v2 reports fenced brokers). DescribeGroups stops at 5 (v6 reports
   KIP-848 groups).
-- SaslHandshake is 1 only: v0 means the SASL tokens follow as raw size-prefixed frames without
-  a request header, which ``KafkaDecoder`` does not decode; every client sends v1.
+- SaslHandshake 0-1, though only v1 logs in: v0 means the SASL tokens follow as raw
+  size-prefixed frames without a request header, which ``KafkaDecoder`` does not decode, so a
+  v0 handshake is answered UNSUPPORTED_VERSION (``access.py``). v0 is in the range because
+  librdkafka before 2.10 (kcat 1.7's 2.0.2) turns SASL on only when the range has v0 (its
+  ``RD_KAFKA_FEATURE_SASL_HANDSHAKE`` depends on SaslHandshake 0-0), and then sends v1;
+  Redpanda advertises 0-1 too.
 - AlterConfigs 0-2 and IncrementalAlterConfigs 0-1: every version kio has, and each client's
   max (the newer versions only changed encoding); they set a consumer group's tag filter
   (resource type GROUP, ``admin.py``). librdkafka reads configs with DescribeConfigs v1.
 - DescribeAcls/CreateAcls/DeleteAcls 1-3 (kio has no v0; v1 added PREFIXED patterns, which every
   client sends since Kafka 2.0), DescribeUserScramCredentials and AlterUserScramCredentials 0
   (the only versions): ``acls.py``.
+- The admin APIs of issue 19 (``admin_records.py``, ``admin_cluster.py``): every version kio
+  has, except DescribeLogDirs 5 (KIP-1066's ``is_cordoned`` log directories, a Kafka 4.1 idea).
 - ApiVersions 0-4 (v3 is flexible and carries the client software name; v4 only lifts the
   ban on a 0 feature min version). A newer ApiVersions gets the KIP-511 fallback in ``codec``.
 """
@@ -125,6 +140,7 @@ class ApiKey(enum.IntEnum):
     API_VERSIONS = 18
     CREATE_TOPICS = 19
     DELETE_TOPICS = 20
+    DELETE_RECORDS = 21
     INIT_PRODUCER_ID = 22
     OFFSET_FOR_LEADER_EPOCH = 23
     ADD_PARTITIONS_TO_TXN = 24
@@ -136,13 +152,21 @@ class ApiKey(enum.IntEnum):
     DELETE_ACLS = 31
     DESCRIBE_CONFIGS = 32
     ALTER_CONFIGS = 33
+    DESCRIBE_LOG_DIRS = 35
     SASL_AUTHENTICATE = 36
     CREATE_PARTITIONS = 37
     DELETE_GROUPS = 42
+    ELECT_LEADERS = 43
     INCREMENTAL_ALTER_CONFIGS = 44
+    ALTER_PARTITION_REASSIGNMENTS = 45
+    LIST_PARTITION_REASSIGNMENTS = 46
+    OFFSET_DELETE = 47
     DESCRIBE_USER_SCRAM_CREDENTIALS = 50
     ALTER_USER_SCRAM_CREDENTIALS = 51
     DESCRIBE_CLUSTER = 60
+    DESCRIBE_PRODUCERS = 61
+    DESCRIBE_TRANSACTIONS = 65
+    LIST_TRANSACTIONS = 66
 
 
 # (min_version, max_version), both inclusive. Reasons per row in the module docstring.
@@ -160,7 +184,7 @@ SUPPORTED_APIS: Final[dict[int, tuple[int, int]]] = {
     ApiKey.SYNC_GROUP: (0, 5),
     ApiKey.DESCRIBE_GROUPS: (0, 5),
     ApiKey.LIST_GROUPS: (0, 5),
-    ApiKey.SASL_HANDSHAKE: (1, 1),
+    ApiKey.SASL_HANDSHAKE: (0, 1),
     ApiKey.API_VERSIONS: (0, 4),
     ApiKey.CREATE_TOPICS: (2, 6),
     ApiKey.DELETE_TOPICS: (1, 5),
@@ -182,6 +206,15 @@ SUPPORTED_APIS: Final[dict[int, tuple[int, int]]] = {
     ApiKey.DESCRIBE_USER_SCRAM_CREDENTIALS: (0, 0),
     ApiKey.ALTER_USER_SCRAM_CREDENTIALS: (0, 0),
     ApiKey.DESCRIBE_CLUSTER: (0, 1),
+    ApiKey.DELETE_RECORDS: (0, 2),
+    ApiKey.DESCRIBE_LOG_DIRS: (1, 4),
+    ApiKey.ELECT_LEADERS: (0, 2),
+    ApiKey.ALTER_PARTITION_REASSIGNMENTS: (0, 1),
+    ApiKey.LIST_PARTITION_REASSIGNMENTS: (0, 0),
+    ApiKey.OFFSET_DELETE: (0, 0),
+    ApiKey.DESCRIBE_PRODUCERS: (0, 0),
+    ApiKey.DESCRIBE_TRANSACTIONS: (0, 0),
+    ApiKey.LIST_TRANSACTIONS: (0, 2),
 }
 
 # ApiVersions request versions from which the request (and so its header) is flexible:

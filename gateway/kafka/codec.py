@@ -60,7 +60,7 @@ from gateway.kafka.apis import (
     api_versions_response,
 )
 from gateway.kafka.errors import KafkaFrameError, LocalProtocolError, MalformedRequestError
-from gateway.kafka.lenient import read_entity
+from gateway.kafka.lenient import null_in_non_nullable_array, read_entity
 
 # Kafka's ``socket.request.max.bytes`` default (104857600 = 100 MiB): the largest request frame
 # the broker reads; a bigger size prefix closes the connection (``InvalidReceiveException``).
@@ -71,6 +71,7 @@ _SIZE = struct.Struct(">i")
 SIZE_PREFIX_LEN: Final = _SIZE.size  # 4
 # Fixed start of every request header: api_key int16, api_version int16, correlation_id int32.
 _HEADER_PREFIX = struct.Struct(">hhi")
+_API_KEY = struct.Struct(">h")
 # The same followed by the client_id length (int16, -1 for null): one unpack per request.
 _HEADER_PREFIX_WITH_ID_LENGTH = struct.Struct(">hhih")
 # A frame too short for the fixed header prefix cannot even be answered.
@@ -214,7 +215,10 @@ class KafkaDecoder:
 
     ``max_request_size`` caps a frame (default ``MAX_REQUEST_SIZE``); the check runs on the size
     prefix, so an oversize frame fails before its body is buffered. ``supported`` is the table
-    of accepted versions (default ``SUPPORTED_APIS``).
+    of accepted versions (default ``SUPPORTED_APIS``). ``oversize``, when set, is called with
+    the api key of a frame over ``max_request_size`` (read once the two bytes after the size
+    prefix are in) before it is refused, and may raise ``max_request_size`` to let it in (the
+    server lifts its before-login cap this way, gateway/kafka/server.py).
 
     ``next_event`` raises ``KafkaFrameError`` (bad size prefix) or ``MalformedRequestError``
     (header or body does not parse); after either the stream is unusable and every later call
@@ -242,6 +246,7 @@ class KafkaDecoder:
         self._chunks: list[bytes] = []  # received after _buffer, not yet joined
         self._chunks_len = 0
         self._error: KafkaFrameError | MalformedRequestError | None = None
+        self.oversize: Callable[[int], None] | None = None
 
     @property
     def buffered(self) -> int:
@@ -273,6 +278,13 @@ class KafkaDecoder:
             buffer = self._buffer
             pos = 0
         (size,) = _SIZE.unpack_from(buffer, pos)
+        if size > self.max_request_size and self.oversize is not None:
+            if not self._have(SIZE_PREFIX_LEN + _API_KEY.size):
+                return None
+            buffer = self._buffer
+            pos = self._pos
+            (api_key,) = _API_KEY.unpack_from(buffer, pos + SIZE_PREFIX_LEN)
+            self.oversize(api_key)
         if size < MIN_REQUEST_SIZE or size > self.max_request_size:
             self._error = KafkaFrameError(
                 f"invalid request size {size} (allowed {MIN_REQUEST_SIZE}"
@@ -353,6 +365,13 @@ class KafkaDecoder:
             if offset + consumed > end:
                 # kio saw the whole read, which may hold the next frame: bound it here.
                 raise ValueError("request body runs past the end of its frame")
+            # kio reads length -1 as None even where the schema says the array is not
+            # nullable (a handler then fails with TypeError); Kafka's generated readers throw
+            # "non-nullable field ... was serialized as null", parseRequest turns it into an
+            # InvalidRequestException and the SocketServer closes the connection: so do we.
+            null_field = null_in_non_nullable_array(body)
+            if null_field is not None:
+                raise ValueError(f"non-nullable field {null_field} was serialized as null")
         except (DecodeError, IndexError, KeyError, ValueError, TypeError, struct.error) as exc:
             raise MalformedRequestError(
                 f"cannot parse {_api_name(api_key)} v{api_version} request: {exc!r}",

@@ -99,12 +99,15 @@ class Connection:
     client: ClientContext = NO_CLIENT_YET
     # Its login and the access answers kept for it (access.py).
     login: LoginState = field(default_factory=LoginState)
+    tls: bool = False  # came in on a TLS listener (SSL / SASL_SSL)
 
     def advertised(self, settings: KafkaSettings) -> tuple[str, int]:
-        return (
-            settings.advertised_host or self.local_host,
-            settings.advertised_port or self.local_port,
-        )
+        """The broker address Metadata and FindCoordinator give this client: the advertised
+        host, and the advertised port for the plain listener; a TLS client is told the TLS
+        port it came in on, so that it stays on TLS (Kafka advertises one address per
+        listener, ``advertised.listeners``)."""
+        port = self.local_port if self.tls else settings.advertised_port or self.local_port
+        return settings.advertised_host or self.local_host, port
 
 
 ResponseBody: TypeAlias = Any  # a kio response entity

@@ -16,9 +16,12 @@ served whole, so a consumer can never be stuck behind a batch larger than its li
 
 Long polling: when less than ``min_bytes`` is available the response waits, up to ``max_wait``,
 for any of the fetched partitions to get a new entry (``BrokerAPI.wait_for_records``), then
-reads again. Isolation: transactional data becomes visible only when committed (see
-``transactions``), so the last stable offset is the high watermark and there are never aborted
-transactions to list; read_committed and read_uncommitted read the same entries.
+reads again. Isolation (KIP-98): a transaction's batches are in the partition from the time they
+are produced (see ``transactions``). A read_uncommitted fetch is served up to the high watermark;
+a read_committed one up to the last stable offset (the first offset of the earliest open
+transaction: nothing past it, non-transactional records included), with the aborted
+transactions that overlap what it is served (producer id, first offset), by which the client
+drops their records; control batches are served to both, and clients skip them.
 
 Zero copy, within one call. Stored entries are read inside ``BrokerAPI.serve_stored_records``:
 the entries hold views of the log's memory maps, and the whole response is encoded (each batch
@@ -57,6 +60,7 @@ from kio.schema.errors import ErrorCode
 
 from core.api import (
     STORED_BATCH,
+    CorruptRecordError,
     StoredEntry,
     StoredRecordReader,
     TagFilter,
@@ -263,7 +267,7 @@ def _read(
     # Some consumer group has a tag filter: is this fetch one of its members'?
     filters: GroupTagFilters | None = active_tag_filters(api)
     client = connection.client
-    aborted = () if isolation == READ_COMMITTED else None
+    committed_only = isolation == READ_COMMITTED
     topics = []
     total = 0
     errors = False
@@ -279,40 +283,66 @@ def _read(
             error = ErrorCode.none
             records: list[Any] = []
             size = 0
-            start = end = -1
+            start = end = stable = -1
+            aborted: list[tuple[int, int]] | None = [] if committed_only else None
             if refused:
                 error = ErrorCode.topic_authorization_failed
             elif info is None or not 0 <= partition < info.queues:
                 error = ErrorCode.unknown_topic_or_partition
             else:
                 start, end = reader.partition_offsets(topic, partition)
+                stable = api.last_stable_offset(client, topic, partition)
+                # What this fetch may be served up to (excluded).
+                upper = stable if committed_only else end
                 offset = wanted.fetch_offset
                 if offset < start or offset > end:
                     error = ErrorCode.offset_out_of_range
-                elif offset < end and (total == 0 or total < max_bytes):
+                elif offset < upper and (total == 0 or total < max_bytes):
                     limit = min(wanted.max_bytes, max_bytes - total) if total else wanted.max_bytes
                     tag_filter = (
                         filters.filter_for(connection, topic, partition)
                         if filters is not None
                         else None
                     )
-                    if tag_filter is not None:
-                        records, size = read_filtered(
-                            reader, topic, partition, offset, end, limit, tag_filter
+                    try:
+                        if tag_filter is not None:
+                            records, size = read_filtered(
+                                reader, topic, partition, offset, upper, limit, tag_filter
+                            )
+                            total += size
+                            entries = []
+                        else:
+                            entries = reader.read(
+                                topic,
+                                partition,
+                                offset,
+                                max_records=_NO_RECORD_LIMIT,
+                                max_bytes=limit,
+                            )
+                    except CorruptRecordError as damage:
+                        # Issue 21 item 6: the records before the damage were served by the
+                        # fetches before this one; from it on, this partition answers
+                        # CORRUPT_MESSAGE (Kafka's answer for a batch failing its CRC) and the
+                        # connection and the other partitions go on.
+                        log.error(
+                            "kafka: fetch %s/%d at offset %d: %s", topic, partition, offset, damage
                         )
-                        total += size
-                    else:
-                        entries = reader.read(
-                            topic, partition, offset, max_records=_NO_RECORD_LIMIT, max_bytes=limit
-                        )
+                        error = ErrorCode.corrupt_message
+                        entries = []
+                    if tag_filter is None:
+                        if committed_only:
+                            entries = [entry for entry in entries if entry.offset < upper]
                         if entries:
                             records, size = read_records(entries)
                             total += size
+                            if committed_only:
+                                aborted = api.aborted_transactions(
+                                    client, topic, partition, offset, entries[-1].next_offset
+                                )
             if error != ErrorCode.none:
                 errors = True
-            # The last stable offset is the high watermark: open transactions are invisible.
             results.append(
-                FetchPartition(partition, error, end, end, start, aborted, records, size)
+                FetchPartition(partition, error, end, stable, start, aborted, records, size)
             )
         topics.append((topic, results))
     return topics, total, errors
@@ -412,12 +442,17 @@ async def handle_list_offsets(
                 )
                 result["leader_epoch"] = NO_LEADER_EPOCH
                 continue
-            # The last stable offset is the high watermark: open transactions are invisible.
             start, end = api.partition_offsets(client, name, partition)
             timestamp = wanted.timestamp
             found: Found | None = None
             if timestamp == LATEST_TIMESTAMP:
-                result["offset"] = end
+                # read_committed: the last stable offset (Kafka's ListOffsets, KIP-98).
+                committed_only = getattr(body, "isolation_level", READ_UNCOMMITTED)
+                result["offset"] = (
+                    api.last_stable_offset(client, name, partition)
+                    if committed_only == READ_COMMITTED
+                    else end
+                )
             elif timestamp == EARLIEST_TIMESTAMP:
                 result["offset"] = start
             elif timestamp == MAX_TIMESTAMP:

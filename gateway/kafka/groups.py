@@ -286,15 +286,19 @@ async def handle_offset_commit(
     context: KafkaContext, connection: Connection, request: Request
 ) -> ResponseBody:
     body: Any = request.body
-    if not allowed(context, connection, "kafka OffsetCommit", body.group_id):
-        return _group_denied(ApiKey.OFFSET_COMMIT, request)
     api = context.api
-    error: int = api.validate_group_member(
-        connection.client,
-        body.group_id,
-        body.member_id,
-        body.generation_id_or_member_epoch,
-        getattr(body, "group_instance_id", None),
+    # Refused: GROUP_AUTHORIZATION_FAILED on every partition (OffsetCommit has no top-level
+    # error; Kafka's getErrorResponse), not an empty answer.
+    error: int = (
+        api.validate_group_member(
+            connection.client,
+            body.group_id,
+            body.member_id,
+            body.generation_id_or_member_epoch,
+            getattr(body, "group_instance_id", None),
+        )
+        if allowed(context, connection, "kafka OffsetCommit", body.group_id)
+        else ErrorCode.group_authorization_failed
     )
     commits: list[tuple[str, int, int, int, str]] = []
     topics = []

@@ -187,3 +187,48 @@ def read_entity(cls: type, buf: bytes, pos: int) -> tuple[Any, int]:
                 values[known[0]], _ = known[1](buf[:end], pos)
             pos = end  # unknown tags are skipped, as Kafka does (KIP-482)
     return cls(**values), pos
+
+
+# A field an entity's null check looks at: (name, None forbidden, entity class of its value or
+# items (None for primitives), holds an array).
+_NullCheck = tuple[str, bool, type | None, bool]
+
+
+@functools.cache
+def _null_checks(cls: type) -> tuple[_NullCheck, ...]:
+    """The fields of ``cls`` that are non-nullable arrays or hold entities (cached per class:
+    the type hints are read once)."""
+    hints = typing.get_type_hints(cls)
+    checks: list[_NullCheck] = []
+    for field in dataclasses.fields(cls):
+        inner, array, nullable = _unwrap(hints[field.name])
+        entity = typing.cast(type, inner) if dataclasses.is_dataclass(inner) else None
+        if (array and not nullable) or entity is not None:
+            checks.append((field.name, array and not nullable, entity, array))
+    return tuple(checks)
+
+
+def null_in_non_nullable_array(entity: Any) -> str | None:
+    """The dotted name of the first array field of ``entity`` (a kio entity, nested ones
+    included) that holds None although the schema does not allow null; None when there is
+    none. kio's reader accepts length -1 for any array; Kafka's generated readers refuse it
+    for a non-nullable one (``RuntimeException: non-nullable field ... was serialized as
+    null``). Cost: a few attribute reads per nested entity (one per topic and partition of a
+    Produce)."""
+    pending: list[tuple[str, Any]] = [("", entity)]
+    while pending:
+        prefix, current = pending.pop()
+        kind: type = type(current)
+        for name, forbid_null, item_class, array in _null_checks(kind):
+            value = getattr(current, name)
+            if value is None:
+                if forbid_null:
+                    return prefix + name
+                continue
+            if item_class is None:
+                continue
+            if array:
+                pending.extend((f"{prefix}{name}[{i}].", item) for i, item in enumerate(value))
+            else:
+                pending.append((f"{prefix}{name}.", value))
+    return None

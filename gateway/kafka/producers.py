@@ -172,6 +172,14 @@ class ProducerStates:
             entry = producers[producer_id] = _ProducerEntry(epoch)
         entry.batches.append(batch)
 
+    def producers_of(self, topic: str, partition: int) -> list[tuple[int, int, int]]:
+        """``(producer id, epoch, last sequence)`` of each producer the partition remembers
+        (DescribeProducers)."""
+        return [
+            (producer_id, entry.epoch, entry.batches[-1].last_sequence if entry.batches else -1)
+            for producer_id, entry in sorted(self._partition(topic, partition).items())
+        ]
+
     def forget_partition(self, topic: str, partition: int) -> None:
         self._partitions.pop((topic, partition), None)
 

@@ -37,9 +37,12 @@ from __future__ import annotations
 
 import enum
 import struct
+import zlib
 from collections.abc import Callable, Iterable, Iterator
 from typing import Final, NamedTuple, TypeAlias
 
+import cramjam
+from aiokafka.codec import lz4_decode, snappy_decode, zstd_decode
 from aiokafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
 from crc32c import crc32c
 from kio.schema.errors import ErrorCode
@@ -548,3 +551,222 @@ def filter_batch(
             record.offset_delta, record.timestamp, record.key, record.value, record.headers
         )
     return _seal(bytearray(builder.build()), base_offset, header.last_offset_delta, epoch)
+
+
+# -- validating what a producer sends before it is stored (issue 21) ----------------------------
+#
+# Kafka's LogValidator decodes every record of a produced batch (decompressing it) before the
+# batch is appended, so a batch whose CRC is right and whose records are garbage is refused
+# (CORRUPT_MESSAGE) instead of stalling every consumer that reads it later. BraidMQ stores
+# batches as sent and decodes them only for consumers of other protocols, so it checks the
+# same before storing: the records are walked (aiokafka's Cython reader checks each record's
+# length, varints and the bytes left over), their offset deltas must be 0, 1, 2, ..., and a
+# compressed batch may inflate to ``max_inflated_batch_bytes`` at most (MESSAGE_TOO_LARGE),
+# found from the compressed stream's own block headers before anything is inflated, so a
+# compression bomb costs no memory.
+
+_GZIP_WBITS: Final = 16 + 15  # zlib: a gzip member, 32 KiB window
+_XERIAL_MAGIC: Final = b"\x82SNAPPY\x00"  # snappy-java's SnappyOutputStream stream header
+_XERIAL_HEADER_SIZE: Final = 16  # magic 8, version int32, compatible version int32
+_LZ4_FRAME_MAGIC: Final = 0x184D2204
+_LZ4_BLOCK_MAX: Final = {4: 64 << 10, 5: 256 << 10, 6: 1 << 20, 7: 4 << 20}  # BD bits 4-6
+_LZ4_UNCOMPRESSED_BLOCK: Final = 0x80000000
+_ZSTD_FRAME_MAGIC: Final = 0xFD2FB528
+_ZSTD_SKIPPABLE_MASK: Final = 0xFFFFFFF0
+_ZSTD_SKIPPABLE_MAGIC: Final = 0x184D2A50
+_ZSTD_MAX_BLOCK: Final = 128 << 10  # RFC 8878 3.1.1.2.3: Block_Maximum_Size <= 128 KiB
+_UINT32_LE = struct.Struct("<I")
+
+
+def _too_large(size: int, limit: int) -> RecordBatchError:
+    return RecordBatchError(
+        f"record batch inflates to {size} bytes or more: at most {limit} "
+        "(max_inflated_batch_bytes)",
+        ErrorCode.message_too_large,
+    )
+
+
+def _corrupt(what: str) -> RecordBatchError:
+    return RecordBatchError(f"compressed record batch: {what}", ErrorCode.corrupt_message)
+
+
+def _gunzip(data: memoryview, limit: int) -> bytes:
+    """Inflate a gzip stream, stopping one byte past ``limit`` (zlib's ``max_length``)."""
+    inflater = zlib.decompressobj(_GZIP_WBITS)
+    try:
+        out = inflater.decompress(data, limit + 1)
+    except zlib.error as exc:
+        raise _corrupt(f"gzip: {exc}") from exc
+    if len(out) > limit:
+        raise _too_large(len(out), limit)
+    if not inflater.eof:
+        raise _corrupt("gzip stream ends early")
+    return out
+
+
+def _snappy_bound(data: memoryview) -> int:
+    """The inflated size a snappy payload declares (each raw block starts with it)."""
+    if bytes(data[: len(_XERIAL_MAGIC)]) != _XERIAL_MAGIC:
+        return int(cramjam.snappy.decompress_raw_len(bytes(data)))
+    total = 0
+    pos = _XERIAL_HEADER_SIZE
+    while pos < len(data):
+        if len(data) - pos < 4:
+            raise _corrupt("snappy block size cut short")
+        (size,) = _INT32.unpack_from(data, pos)
+        pos += 4
+        if size < 0 or pos + size > len(data):
+            raise _corrupt("snappy block runs past the end")
+        total += int(cramjam.snappy.decompress_raw_len(bytes(data[pos : pos + size])))
+        pos += size
+    return total
+
+
+def _lz4_bound(data: memoryview) -> int:
+    """An upper bound of what LZ4 frames inflate to: each compressed block at most the
+    frame's block maximum, each stored block its size (the LZ4 frame format's headers)."""
+    total = 0
+    pos = 0
+    while pos < len(data):
+        if len(data) - pos < 7 or _UINT32_LE.unpack_from(data, pos)[0] != _LZ4_FRAME_MAGIC:
+            raise _corrupt("not an LZ4 frame")
+        flags, descriptor = data[pos + 4], data[pos + 5]
+        block_max = _LZ4_BLOCK_MAX.get((descriptor >> 4) & 0x07)
+        if block_max is None:
+            raise _corrupt("LZ4 frame with an invalid block maximum size")
+        pos += 6 + (8 if flags & 0x08 else 0) + (4 if flags & 0x01 else 0) + 1
+        while True:
+            if len(data) - pos < 4:
+                raise _corrupt("LZ4 block size cut short")
+            (size,) = _UINT32_LE.unpack_from(data, pos)
+            pos += 4
+            if size == 0:  # end mark
+                break
+            stored = size & ~_LZ4_UNCOMPRESSED_BLOCK
+            total += stored if size & _LZ4_UNCOMPRESSED_BLOCK else block_max
+            pos += stored + (4 if flags & 0x10 else 0)
+        pos += 4 if flags & 0x04 else 0  # content checksum
+    return total
+
+
+def _zstd_bound(data: memoryview) -> int:
+    """An upper bound of what zstd frames inflate to, from their block headers (RFC 8878):
+    a raw block is its size, an RLE block its declared size, a compressed one 128 KiB."""
+    total = 0
+    pos = 0
+    while pos < len(data):
+        if len(data) - pos < 4:
+            raise _corrupt("zstd frame cut short")
+        (magic,) = _UINT32_LE.unpack_from(data, pos)
+        if magic & _ZSTD_SKIPPABLE_MASK == _ZSTD_SKIPPABLE_MAGIC:
+            if len(data) - pos < 8:
+                raise _corrupt("zstd skippable frame cut short")
+            pos += 8 + _UINT32_LE.unpack_from(data, pos + 4)[0]
+            continue
+        if magic != _ZSTD_FRAME_MAGIC or len(data) - pos < 5:
+            raise _corrupt("not a zstd frame")
+        descriptor = data[pos + 4]
+        content_size_flag = descriptor >> 6
+        single_segment = descriptor & 0x20
+        pos += 5 + (0 if single_segment else 1) + (0, 1, 2, 4)[descriptor & 0x03]
+        pos += (1 if single_segment else 0, 2, 4, 8)[content_size_flag]
+        while True:
+            if len(data) - pos < 3:
+                raise _corrupt("zstd block header cut short")
+            header = data[pos] | data[pos + 1] << 8 | data[pos + 2] << 16
+            pos += 3
+            block_type = (header >> 1) & 0x03
+            size = header >> 3
+            if block_type == 0:  # raw
+                total += size
+                pos += size
+            elif block_type == 1:  # RLE: one byte repeated size times
+                total += size
+                pos += 1
+            elif block_type == 2:  # compressed
+                total += _ZSTD_MAX_BLOCK
+                pos += size
+            else:
+                raise _corrupt("zstd block of the reserved type")
+            if header & 0x01:  # last block
+                break
+        pos += 4 if descriptor & 0x04 else 0  # content checksum
+    return total
+
+
+def inflate_records(batch: Buffer, header: BatchHeader, limit: int) -> bytes | memoryview:
+    """The records of ``batch`` (after its 61-byte header), inflated when compressed.
+    ``RecordBatchError``: MESSAGE_TOO_LARGE (10) when they would inflate past ``limit`` bytes
+    (decided before inflating, except for gzip, which stops one byte past it), CORRUPT_MESSAGE
+    (2) for a stream that cannot be inflated."""
+    data = memoryview(batch)[BATCH_HEADER_SIZE:]
+    codec = header.compression
+    if codec == Compression.NONE:
+        if len(data) > limit:
+            raise _too_large(len(data), limit)
+        return data
+    if codec == Compression.GZIP:
+        return _gunzip(data, limit)
+    # An upper bound from the headers; LZ4's and zstd's count every compressed block as full,
+    # so a legitimate batch may be up to one block below it: refused past the limit plus one
+    # block, then checked exactly once inflated (memory: the limit plus one block at most).
+    if codec == Compression.SNAPPY:
+        bound, slack = _snappy_bound(data), 0
+    elif codec == Compression.LZ4:
+        bound, slack = _lz4_bound(data), max(_LZ4_BLOCK_MAX.values())
+    else:
+        bound, slack = _zstd_bound(data), _ZSTD_MAX_BLOCK
+    if bound > limit + slack:
+        raise _too_large(bound, limit)
+    try:
+        inflated = bytes(
+            {
+                Compression.SNAPPY: snappy_decode,
+                Compression.LZ4: lz4_decode,
+                Compression.ZSTD: zstd_decode,
+            }[Compression(codec)](data)
+        )
+    except Exception as exc:  # cramjam's errors have no common base
+        raise _corrupt(f"{Compression(codec).name.lower()}: {exc!r}") from exc
+    if len(inflated) > limit:
+        raise _too_large(len(inflated), limit)
+    return inflated
+
+
+def validate_records(batch: Buffer, header: BatchHeader, max_inflated_bytes: int) -> None:
+    """Check every record of a produced batch before it is stored (see above):
+    MESSAGE_TOO_LARGE (10) for a batch inflating past ``max_inflated_bytes``, CORRUPT_MESSAGE
+    (2) for records that do not decode, are fewer or more than the header counts, or whose
+    offset deltas are not 0, 1, 2, ... ``validate_batch`` has checked the header and CRC."""
+    records = inflate_records(batch, header, max_inflated_bytes)
+    if header.compression == Compression.NONE:
+        plain: Buffer = batch
+    else:
+        # The same batch uncompressed, for the record reader (a copy of the header only).
+        rebuilt = bytearray(memoryview(batch)[:BATCH_HEADER_SIZE])
+        _INT16.pack_into(
+            rebuilt, ATTRIBUTES_OFFSET, header.attributes & ~ATTR_COMPRESSION_MASK & 0xFFFF
+        )
+        rebuilt += records
+        plain = rebuilt
+    expected = 0
+    try:
+        for record in DefaultRecordBatch(plain):  # type: ignore[arg-type]  # any buffer works
+            if record.offset - header.base_offset != expected:
+                raise RecordBatchError(
+                    f"record {expected} of the batch has offset delta "
+                    f"{record.offset - header.base_offset}",
+                    ErrorCode.corrupt_message,
+                )
+            expected += 1
+    except RecordBatchError:
+        raise
+    except Exception as exc:  # aiokafka's CorruptRecordException, struct and varint errors
+        raise RecordBatchError(
+            f"record batch holds records that do not decode: {exc}", ErrorCode.corrupt_message
+        ) from exc
+    if expected != header.record_count:
+        raise RecordBatchError(
+            f"record batch header counts {header.record_count} records, it holds {expected}",
+            ErrorCode.corrupt_message,
+        )

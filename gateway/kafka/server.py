@@ -34,20 +34,21 @@ import contextlib
 import dataclasses
 import itertools
 import logging
-import socket
 from collections import deque
-from collections.abc import Iterator
-from typing import Any, Final, cast
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any, Final
 
 from core.api import (
     PROTOCOL_KAFKA,
     BrokerAPI,
     ClientContext,
+    Clock,
+    LoopClock,
     RestOfCoroutine,
     run_until_first_wait,
 )
 from gateway.kafka import access, acls, admin, fetch, groups, produce, txn_handlers
-from gateway.kafka.apis import SUPPORTED_APIS
+from gateway.kafka.apis import SUPPORTED_APIS, ApiKey
 from gateway.kafka.codec import (
     MAX_REQUEST_SIZE,
     KafkaDecoder,
@@ -59,6 +60,7 @@ from gateway.kafka.codec import (
 )
 from gateway.kafka.context import Connection, Handler, KafkaContext, KafkaSettings
 from gateway.kafka.errors import KafkaFrameError, MalformedRequestError
+from gateway.kafka.management import kafka_connection_closed, kafka_connection_opened
 from gateway.kafka.producers import (
     TAIL_ENTRIES,
     MetadataTable,
@@ -69,6 +71,7 @@ from gateway.kafka.producers import (
 )
 from gateway.kafka.records import BATCH_HEADER_SIZE, read_batch_header
 from gateway.kafka.transactions import TransactionCoordinator
+from gateway.transport import GatewayTransport, TransportLimits
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +82,11 @@ log = logging.getLogger(__name__)
 # count is generous; the bytes bound memory (Produce requests hold their records until answered).
 MAX_PENDING_REQUESTS: Final = 1000
 MAX_PENDING_BYTES: Final = 64 * 1024 * 1024
+# The read-pause reason of too many requests owed a response.
+READING_PENDING: Final = "pending"
+# asyncio's default write-buffer marks (64 KiB / 16 KiB), as before the shared transport: a
+# consumer's fetch response of more than that pauses reading its next requests until it drains.
+TRANSPORT_LIMITS: Final = TransportLimits(write_high_water=64 << 10, write_low_water=16 << 10)
 # Kafka's socket.listen.backlog.size (KIP-764) default.
 LISTEN_BACKLOG: Final = 50
 # Names connections in the ClientContext (logs, the management API).
@@ -130,28 +138,36 @@ class _Slot:
         self.reply = reply
 
 
-class KafkaConnection(asyncio.Protocol):
+class KafkaConnection(GatewayTransport):
+    """One Kafka connection: its requests in order; the buffering, read pausing and closing
+    are ``gateway/transport.py``'s."""
+
     def __init__(self, server: KafkaServer, context: KafkaContext) -> None:
+        super().__init__(server.limits, server.clock)
         self.server = server
         self.context = context
         self.metrics = context.metrics
-        self.decoder = KafkaDecoder(max_request_size=server.max_request_size)
-        self.transport: asyncio.Transport | None = None
+        # Until the client logs in, a request may be at most [limits]
+        # kafka_max_request_bytes_before_login (Kafka's sasl.server.max.receive.size), so an
+        # anonymous connection cannot make the broker buffer 100 MiB (issue 21 item 5).
+        self.decoder = KafkaDecoder(
+            max_request_size=min(server.max_request_size, server.max_request_size_before_login)
+        )
+        # The oversize hook is set once the client has introduced itself (ApiVersions): before
+        # that, a request over the cap is refused at its size prefix, without waiting for the
+        # api key that may never come.
+        self.introduced = False  # an ApiVersions request was answered
+        self.incomplete_timeout_s = server.incomplete_request_timeout_s
         self.connection = Connection("?", "", 0)
         self.pending: deque[_Slot] = deque()
         self.pending_bytes = 0  # frame sizes of the requests owed a response
-        self.out: list[bytes] = []
         self.tasks: set[asyncio.Task[Any]] = set()
-        self.flush_scheduled = False
-        self.reading_paused = False
-        self.writing_paused = False
-        self.closed = False
+        self.counted_user = ""  # whom the connection counts for (its login, once logged in)
 
     # -- connection lifecycle ----------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        # uvloop's transports implement asyncio.Transport without subclassing it.
-        self.transport = transport = cast(asyncio.Transport, transport)
+        super().connection_made(transport)
         peer = transport.get_extra_info("peername")
         local = transport.get_extra_info("sockname")
         peer_text = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
@@ -164,74 +180,78 @@ class KafkaConnection(asyncio.Protocol):
             self.connection = Connection(peer_text, "", 0, client=client)
         # A TLS connection with a verified client certificate: its CN is the principal unless
         # the client logs in with SASL (access.py).
+        if transport.get_extra_info("ssl_object") is not None:
+            # Metadata and FindCoordinator then advertise this (TLS) listener's port.
+            self.connection.tls = True
         common_name = access.certificate_common_name(transport.get_extra_info("peercert"))
         if common_name is not None:
             self.connection.login.certificate_user = common_name
-        sock = transport.get_extra_info("socket")
-        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
-            with contextlib.suppress(OSError):
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        refusal = self.context.api.connection_limit_refusal(client)
+        if refusal is not None:  # closed at once, as Kafka past max.connections.per.ip
+            log.warning("kafka: %s: %s; closing the connection", peer_text, refusal.text)
+            self.close(abort=True)
+            return
         self.server.connections.add(self)
+        kafka_connection_opened(self.context.api, self)  # shown in /api/connections
         self.metrics["connections_opened"] += 1
+        if not self.context.api.may_accept_connection():  # near the descriptor limit
+            self.abort()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if not self.closed:
-            self.closed = True
+        super().connection_lost(exc)
         self.server.connections.discard(self)
+        kafka_connection_closed(self.context.api, self)
         self.metrics["connections_closed"] += 1
         for task in list(self.tasks):
             task.cancel()
         self.pending.clear()
-        self.out.clear()
 
     def close(self, *, abort: bool = False) -> None:
         if self.closed or self.transport is None:
             return
-        self.closed = True
         for task in list(self.tasks):
             task.cancel()
         if abort:
-            self.transport.abort()
+            self.abort()
         else:
-            self._write_out()
-            self.transport.close()
+            super().close()
 
-    def pause_writing(self) -> None:
-        self.writing_paused = True
-        self._update_reading()
-
-    def resume_writing(self) -> None:
-        self.writing_paused = False
-        self._update_reading()
+    def _count_login(self) -> bool:
+        """The client logged in (SASL, certificate or anonymous): count the connection for
+        its user, or close it past the user's ``max-connections`` (core/api/limits.py)."""
+        client = self.connection.client
+        self.counted_user = client.user
+        refusal = self.context.api.login_connection_limit_refusal(client)
+        if refusal is not None:
+            peer = self.connection.peer
+            log.warning("kafka: %s: %s; closing the connection", peer, refusal.text)
+            self.close()
+            return False
+        kafka_connection_opened(self.context.api, self)  # again: now as that user
+        return True
 
     def _update_reading(self) -> None:
-        transport = self.transport
-        if transport is None or self.closed:
-            return
+        """Pause reading while the requests owed a response are too many or too large; resume
+        once they are back under half of that."""
         owed = len(self.pending)
         held = self.pending_bytes
-        if not self.reading_paused:
-            if self.writing_paused or owed >= MAX_PENDING_REQUESTS or held >= MAX_PENDING_BYTES:
-                self.reading_paused = True
-                transport.pause_reading()
-        elif (
-            not self.writing_paused
-            and owed <= MAX_PENDING_REQUESTS // 2
-            and held <= MAX_PENDING_BYTES // 2
-        ):
-            self.reading_paused = False
-            transport.resume_reading()
+        if owed >= MAX_PENDING_REQUESTS or held >= MAX_PENDING_BYTES:
+            self.pause_reading(READING_PENDING)
+        elif owed <= MAX_PENDING_REQUESTS // 2 and held <= MAX_PENDING_BYTES // 2:
+            self.resume_reading(READING_PENDING)
 
     # -- requests in ---------------------------------------------------------------------
 
-    def data_received(self, data: bytes) -> None:
+    def received(self, data: bytes) -> None:
         if self.closed:
             return
         self.metrics["request_bytes"] += len(data)
         decoder = self.decoder
+        completed = False
         try:
             decoder.feed(data)
             while (event := decoder.next_event()) is not None:
+                completed = True
                 self.metrics["requests"] += 1
                 if type(event) is UnsupportedRequest:
                     self._unsupported(event)
@@ -240,18 +260,49 @@ class KafkaConnection(asyncio.Protocol):
                     self._start(event)
                 if self.closed:
                     return
+                if event.api_key == ApiKey.API_VERSIONS and not self.introduced:
+                    self.introduced = True
+                    decoder.oversize = self._oversize_before_login
+                if decoder.max_request_size < self.server.max_request_size:
+                    self._after_login_size()
         except (KafkaFrameError, MalformedRequestError) as exc:
             self.metrics["malformed_requests"] += 1
+            before_login = ""
+            if not self.connection.login.logged_in and isinstance(exc, KafkaFrameError):
+                before_login = " before login ([limits] kafka_max_request_bytes_before_login)"
             log.warning(
-                "kafka: %s (client %r): %s; closing the connection",
+                "kafka: %s (client %r): %s%s; closing the connection",
                 self.connection.peer,
                 self.connection.client_id,
                 exc,
+                before_login,
             )
             self.close(abort=True)
             return
-        self._write_out()
-        self._update_reading()
+        self.track_incomplete(decoder.buffered, completed)
+        self._update_reading()  # (what the read wrote is flushed when it returns)
+
+    def _oversize_before_login(self, api_key: int) -> None:
+        """A request over the before-login cap: once the client has introduced itself with
+        ApiVersions, a request other than ApiVersions/SASL logs it in (by certificate or as
+        anonymous, as it would when handled) and is read up to the listener's cap. librdkafka's
+        first request on a broker connection after ApiVersions may be a Produce of up to its
+        message.max.bytes (1,000,000): refused at the prefix, it was retried on a new connection
+        forever and the producer never got an acknowledgement. A raw oversize first request, or
+        one during or after a failed SASL exchange, is still refused at its size prefix."""
+        connection = self.connection
+        if (
+            self.introduced
+            and not connection.login.logged_in
+            and api_key not in access.BEFORE_LOGIN
+            and access.admit(self.context, connection, api_key)
+        ):
+            self.decoder.max_request_size = self.server.max_request_size
+
+    def _after_login_size(self) -> None:
+        """Once logged in, a request may be as large as the listener allows."""
+        if self.connection.login.logged_in:
+            self.decoder.max_request_size = self.server.max_request_size
 
     def _unsupported(self, event: UnsupportedRequest) -> None:
         self.metrics["unsupported_requests"] += 1
@@ -270,7 +321,7 @@ class KafkaConnection(asyncio.Protocol):
         if self.pending:
             self.pending.append(_Slot(None, True, reply))
         else:
-            self.out.append(reply)
+            self.write(reply)
 
     def _start(self, request: Request) -> None:
         """Run the request's handler eagerly; queue its response in request order."""
@@ -283,9 +334,11 @@ class KafkaConnection(asyncio.Protocol):
         if (
             not connection.login.logged_in
             and request.api_key not in access.BEFORE_LOGIN
-            and not access.admit(self.context, connection, request)
+            and not access.admit(self.context, connection, request.api_key)
         ):
             self.close()
+            return
+        if connection.client.user != self.counted_user and not self._count_login():
             return
         handler = HANDLERS[request.api_key]
         try:
@@ -302,7 +355,7 @@ class KafkaConnection(asyncio.Protocol):
             if self.pending:
                 self.pending.append(_Slot(None, True, reply))
             elif reply is not None:
-                self.out.append(reply)
+                self.write(reply)
             return
         slot = _Slot(request)
         self.pending.append(slot)
@@ -337,14 +390,12 @@ class KafkaConnection(asyncio.Protocol):
             return
         slot.ready = True
         pending = self.pending
+        # Responses completed in this loop iteration (one fsync answers many) go together:
+        # write() flushes once at the end of the iteration.
         while pending and pending[0].ready:
             done = pending.popleft()
             if done.reply is not None:
-                self.out.append(done.reply)
-        if self.out and not self.flush_scheduled:
-            # Responses completed in this loop iteration (one fsync answers many) go together.
-            self.flush_scheduled = True
-            asyncio.get_running_loop().call_soon(self._write_out)
+                self.write(done.reply)
         self._update_reading()
 
     def _handler_failed(self, request: Request, error: BaseException | None = None) -> None:
@@ -357,19 +408,6 @@ class KafkaConnection(asyncio.Protocol):
             exc_info=error if error is not None else True,
         )
         self.close(abort=True)
-
-    # -- responses out -------------------------------------------------------------------
-
-    def _write_out(self) -> None:
-        self.flush_scheduled = False
-        out = self.out
-        if not out or self.transport is None or self.transport.is_closing():
-            return
-        if len(out) == 1:
-            self.transport.write(out[0])
-        else:
-            self.transport.write(b"".join(out))
-        out.clear()
 
 
 class KafkaServer:
@@ -391,6 +429,8 @@ class KafkaServer:
         auto_create_topics: bool = True,
         num_partitions: int = 1,
         max_request_size: int = MAX_REQUEST_SIZE,
+        limits: TransportLimits = TRANSPORT_LIMITS,
+        clock: Clock | None = None,
     ) -> None:
         if num_partitions < 1:
             raise ValueError("num_partitions must be >= 1")
@@ -402,6 +442,12 @@ class KafkaServer:
             num_partitions=num_partitions,
         )
         self.max_request_size = max_request_size
+        # [limits] kafka_max_request_bytes_before_login and incomplete_request_timeout_s, read
+        # at start (the limits service is configured by then).
+        self.max_request_size_before_login = max_request_size
+        self.incomplete_request_timeout_s: float | None = None
+        self.limits = limits
+        self.clock: Clock = clock if clock is not None else LoopClock()
         self.metrics: dict[str, int] = dict.fromkeys(METRICS, 0)
         self.connections: set[KafkaConnection] = set()
         self.context: KafkaContext | None = None
@@ -409,13 +455,27 @@ class KafkaServer:
         self._preload: asyncio.Future[None] | None = None
         self._closed = False
 
-    async def start(self, host: str, port: int) -> None:
+    async def start(
+        self,
+        host: str,
+        port: int,
+        listen: Callable[[Callable[[], asyncio.BaseProtocol], str, int], Awaitable[asyncio.Server]]
+        | None = None,
+    ) -> None:
+        """Listen on ``host:port``, by ``listen(protocol factory, host, port)`` when given: Kafka
+        over TLS (SSL / SASL_SSL) on its own listens through braid/tls.py, which audits failed
+        handshakes (a TLS listener beside the plain one serves this server's connections)."""
         loop = asyncio.get_running_loop()
         # Resolve every request schema in the background (~2 s: kio imports one module per API
         # version), so that the first request of each kind is about as fast as the next without
         # delaying the start; a request that comes first resolves its own schema.
         self._preload = loop.run_in_executor(None, preload_schemas, SUPPORTED_APIS, self._closing)
         api = self.api
+        before_login, incomplete_timeout_s = api.incomplete_request_limits(
+            ClientContext(PROTOCOL_KAFKA, connection_id="kafka-listener")
+        )
+        self.max_request_size_before_login = before_login
+        self.incomplete_request_timeout_s = incomplete_timeout_s
         table = MetadataTable(api)
         producer_ids = ProducerIdAllocator(table)
         transactions = TransactionCoordinator(api, table, producer_ids, metrics=self.metrics)
@@ -430,13 +490,16 @@ class KafkaServer:
         self.context = context
         try:
             await transactions.recover()
-            self._server = await loop.create_server(
-                lambda: KafkaConnection(self, context),
-                host,
-                port,
-                reuse_address=True,
-                backlog=LISTEN_BACKLOG,
-            )
+            if listen is not None:
+                self._server = await listen(lambda: KafkaConnection(self, context), host, port)
+            else:
+                self._server = await loop.create_server(
+                    lambda: KafkaConnection(self, context),
+                    host,
+                    port,
+                    reuse_address=True,
+                    backlog=LISTEN_BACKLOG,
+                )
         except BaseException:
             transactions.close()
             raise

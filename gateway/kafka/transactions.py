@@ -1,31 +1,37 @@
-"""Kafka transactions (KIP-98) on the core's transactional half messages.
+"""Kafka transactions (KIP-98) with Kafka's semantics for Kafka consumers.
 
-How a transaction is stored (the Broker API's transactions of half messages):
+How a transaction is stored (``core/transactions/partitions.py`` through the Broker API):
 
-- A transaction's first batch opens a service transaction (``begin_transaction``: producer
-  group ``kafka:<transactional.id>``, no check-back); each transactional batch is appended as
-  a **half message** (``produce_batch(transaction=...)``): in the commit log, indexed only in
-  ``__half``, invisible in its partition.
-- EndTxn(commit): ``commit_transaction`` appends one LINK naming every half, so all of them become
-  visible in their partitions at once (a crash leaves all or none); then a COMMIT control batch
-  goes to every partition of the transaction, and the offsets staged by TxnOffsetCommit are
-  committed.
-- EndTxn(abort), a transaction timeout: ``roll_back_transaction`` (the halves are never
-  indexed where consumers read) and an ABORT control batch to every partition. Aborted data is
-  never visible, to read_committed and read_uncommitted consumers alike, and the last stable
-  offset is always the high watermark.
+- Each transactional batch is stored in its partition when produced
+  (``produce_batch(transaction=...)``), at the offset and with the timestamps the producer is
+  told. The partition's last stable offset (LSO) stays at the first offset of the earliest open
+  transaction: a read_committed consumer reads nothing at or past it (``fetch.py``), a
+  read_uncommitted one reads up to the high watermark.
+- EndTxn(commit): the state ``PrepareCommit`` goes to the broker's metadata table first (in the
+  log before any marker), then a COMMIT control batch to every partition of the transaction
+  (``write_transaction_marker``: the LSO moves past the transaction), then the offsets staged
+  by TxnOffsetCommit are committed and the state becomes ``CompleteCommit``.
+- EndTxn(abort), a transaction timeout: an ABORT control batch to every partition; the
+  partition lists the transaction among its aborted ones, and a read_committed Fetch returns
+  that list, by which the client drops its records (as with Kafka).
 
-Differences from Kafka, by design of the half messages: a read_uncommitted consumer does not
-see open or aborted transactions either; the Produce response of a transactional batch carries
-base offset -1 (the offset is assigned when the batch is linked, at commit); the consumer offsets
-of a transaction are committed right after its LINK, not in the same record (a crash in
-between leaves the data committed and the offsets not: the input is consumed again).
+Other protocols never see a Kafka transaction's records in the partition (the live feed holds
+them until the COMMIT marker and drops aborted ones; Spark and ``braid tail`` show committed
+ones); they are not routed to bindings.
 
-State per transactional id (Kafka's ``TransactionMetadata``): producer id and epoch, durable in
-the broker's metadata table (``kafka:txn:<id>``). Transactions still open in the service when
-the broker starts were cut by a restart: they are rolled back and their producers fenced (epoch
-+ 1), so that none can commit half a transaction. A transaction older than its
-``transaction.timeout.ms`` is aborted and its producer fenced, as Kafka does.
+State per transactional id (Kafka's ``TransactionMetadata``): producer id, epoch, timeout, and
+``PrepareCommit``/``CompleteCommit`` around a commit's markers, durable in the broker's
+metadata table (``kafka:txn:<id>``). Transactions still open in some partition when the broker
+starts were cut by a restart: where the table says ``PrepareCommit`` the commit is completed
+(its markers written), else they are aborted and their producers fenced (epoch + 1), so that no
+producer can commit half a transaction. A transaction older than its ``transaction.timeout.ms``
+is aborted and its producer fenced, as Kafka does. (Transactions of the half-message format
+this module used before, still open in the core's transaction service, are rolled back at
+start the same way.)
+
+Differences from Kafka: the consumer offsets of a transaction are committed right after its
+markers, not with them (a crash in between leaves the data committed and the offsets not: the
+input is consumed again); a transaction cut by a restart is aborted, not resumed.
 
 Transitions (``TxnState``; anything else is INVALID_TXN_STATE, as TransactionCoordinator):
 EMPTY/COMPLETE_* --AddPartitions/AddOffsets/Produce--> ONGOING --EndTxn--> PREPARE_* --(durable)-->
@@ -40,13 +46,12 @@ import asyncio
 import enum
 import json
 import logging
-import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final
 
 from kio.schema.errors import ErrorCode
 
-from core.api import PROTOCOL_KAFKA, ClientContext, TopicError, TransactionError, now_ms
+from core.api import PROTOCOL_KAFKA, ClientContext, TopicError, now_ms
 from gateway.kafka.producers import KeyValueTable, ProducerIdAllocator
 from gateway.kafka.records import ControlType, build_control_batch
 
@@ -60,9 +65,6 @@ _TXN_KEY: Final = "kafka:txn:"
 GROUP_PREFIX: Final = "kafka:"
 # Kafka's transaction.max.timeout.ms default (15 minutes): longer timeouts are refused.
 MAX_TRANSACTION_TIMEOUT_MS: Final = 15 * 60 * 1000
-# This coordinator aborts a transaction at its timeout; the service's own timeout is a safety
-# net behind it (were this coordinator's timer ever lost, the halves would still be decided).
-SERVICE_TIMEOUT_GRACE_MS: Final = 60_000
 # Epochs are int16; Kafka moves to a new producer id before the epoch overflows.
 MAX_EPOCH: Final = 2**15 - 2
 # Who the coordinator's own calls are made as (markers, commits, rollbacks, timeouts).
@@ -92,16 +94,20 @@ class Transaction:
     partitions: set[tuple[str, int]] = field(default_factory=set)
     offsets: dict[str, dict[tuple[str, int], StagedOffset]] = field(default_factory=dict)
     service_id: str | None = None  # the open service transaction holding the halves
+    started_ms: int = -1  # when it went ONGOING (DescribeTransactions); -1 when not ongoing
     timer: asyncio.TimerHandle | None = None
 
-    def to_json(self) -> bytes:
-        return json.dumps(
-            {
-                "producer_id": self.producer_id,
-                "producer_epoch": self.producer_epoch,
-                "timeout_ms": self.timeout_ms,
-            }
-        ).encode()
+    def to_json(self, state: TxnState | None = None) -> bytes:
+        """The durable record; ``state`` only around a commit's markers (PrepareCommit, then
+        CompleteCommit): what a restart needs to complete a commit it cut."""
+        fields: dict[str, object] = {
+            "producer_id": self.producer_id,
+            "producer_epoch": self.producer_epoch,
+            "timeout_ms": self.timeout_ms,
+        }
+        if state is not None:
+            fields["state"] = state.value
+        return json.dumps(fields).encode()
 
 
 class TransactionCoordinator:
@@ -121,7 +127,8 @@ class TransactionCoordinator:
         self._by_id: dict[str, Transaction] = {}
         self._by_producer: dict[int, Transaction] = {}
         self._tasks: set[asyncio.Task[None]] = set()
-        self._service_ids = (f"kafka-{os.urandom(6).hex()}-{n}" for n in range(2**62))
+        # Transactional ids whose table record says PrepareCommit (a commit a restart cut).
+        self._committing: set[str] = set()
         self.metrics = metrics if metrics is not None else {}
         for key in ("committed", "aborted", "expired"):
             self.metrics.setdefault(key, 0)
@@ -136,13 +143,21 @@ class TransactionCoordinator:
                 )
                 self._by_id[txn.transactional_id] = txn
                 self._by_producer[txn.producer_id] = txn
+                if raw.get("state") == TxnState.PREPARE_COMMIT.value:
+                    self._committing.add(txn.transactional_id)
+
+    def transactions(self) -> list[Transaction]:
+        """Every transactional id's state, by id (DescribeTransactions, ListTransactions)."""
+        return [self._by_id[key] for key in sorted(self._by_id)]
 
     async def recover(self) -> None:
-        """Roll back the Kafka transactions a restart cut (still open in the service) and fence
-        their producers: the part of such a transaction sent before the restart cannot be
-        committed together with the part sent after it."""
+        """Complete the commits a restart cut (PrepareCommit in the table: COMMIT markers where
+        the transaction is still open) and abort the other transactions it cut, fencing their
+        producers: the part of such a transaction sent before the restart cannot be committed
+        together with the part sent after it."""
         end = 0
         for pending in self.api.open_transactions():
+            # The half-message format of earlier versions.
             if not pending.producer_group.startswith(GROUP_PREFIX):
                 continue
             transactional_id = pending.producer_group[len(GROUP_PREFIX) :]
@@ -157,6 +172,44 @@ class TransactionCoordinator:
                 transactional_id,
                 pending.halves,
             )
+        fenced: dict[str, Transaction] = {}
+        stamp = now_ms()
+        for opened in self.api.open_partition_transactions(COORDINATOR_CONTEXT):
+            txn = self._by_producer.get(opened.producer_id)
+            commit = (
+                txn is not None
+                and txn.transactional_id in self._committing
+                and txn.producer_epoch == opened.producer_epoch
+            )
+            marker = build_control_batch(
+                ControlType.COMMIT if commit else ControlType.ABORT,
+                producer_id=opened.producer_id,
+                producer_epoch=opened.producer_epoch,
+                timestamp_ms=stamp,
+            )
+            publication = self.api.write_transaction_marker(
+                COORDINATOR_CONTEXT, opened.topic, opened.partition, marker, born_ms=stamp
+            )
+            outcome = publication.outcome if publication.stored else await publication
+            end = max(end, outcome.durable_mark)
+            if txn is not None and not commit:
+                fenced[txn.transactional_id] = txn
+            log.warning(
+                "kafka: transaction of producer %d (in %s/%d) was open at shutdown: %s",
+                opened.producer_id,
+                opened.topic,
+                opened.partition,
+                "commit completed" if commit else "aborted, producer fenced",
+            )
+        for txn in fenced.values():
+            self._bump_epoch(txn)
+            end = max(end, self.table.put(_TXN_KEY + txn.transactional_id, txn.to_json()))
+        for transactional_id in self._committing:
+            txn = self._by_id.get(transactional_id)
+            if txn is not None and transactional_id not in fenced:
+                state = TxnState.COMPLETE_COMMIT
+                end = max(end, self.table.put(_TXN_KEY + transactional_id, txn.to_json(state)))
+        self._committing.clear()
         if end:
             await self.api.when_durable(end)
 
@@ -185,6 +238,7 @@ class TransactionCoordinator:
         txn.partitions = set()
         txn.offsets = {}
         txn.service_id = None
+        txn.started_ms = -1
 
     # -- InitProducerId --------------------------------------------------------------------
 
@@ -230,13 +284,9 @@ class TransactionCoordinator:
         if txn.state is TxnState.ONGOING:
             return
         txn.state = TxnState.ONGOING
-        # Kafka never asks the producer back: a timeout aborts.
-        txn.service_id = self.api.begin_transaction(
-            COORDINATOR_CONTEXT,
-            GROUP_PREFIX + txn.transactional_id,
-            next(self._service_ids),
-            timeout_ms=txn.timeout_ms + SERVICE_TIMEOUT_GRACE_MS,
-        )
+        txn.started_ms = now_ms()
+        # What Produce names the transaction by (its batches carry the producer id).
+        txn.service_id = txn.transactional_id
         txn.timer = asyncio.get_running_loop().call_later(
             txn.timeout_ms / 1000, self._expire, txn, txn.producer_epoch
         )
@@ -364,14 +414,10 @@ class TransactionCoordinator:
         if txn.timer is not None:
             txn.timer.cancel()
             txn.timer = None
-        if txn.service_id is not None:
-            try:
-                # One LINK: every half becomes visible in its partition at once; durable.
-                await self.api.commit_transaction(COORDINATOR_CONTEXT, txn.service_id)
-            except TransactionError as error:  # decided behind our back (its safety net)
-                log.warning("kafka: transaction %r: %s", txn.transactional_id, error)
-                await self._abort(txn, str(error))
-                return ErrorCode.invalid_txn_state
+        # PrepareCommit is in the log before any marker: a restart that finds some partition of
+        # the transaction still open completes the commit there (Kafka's transaction log).
+        key = _TXN_KEY + txn.transactional_id
+        self.table.put(key, txn.to_json(TxnState.PREPARE_COMMIT))
         end = await self._write_markers(txn, ControlType.COMMIT)
         for group_id, staged in txn.offsets.items():
             if staged:
@@ -379,8 +425,8 @@ class TransactionCoordinator:
                     end,
                     self.api.commit_offsets_nowait(COORDINATOR_CONTEXT, group_id, staged.values()),
                 )
-        if end:
-            await self.api.when_durable(end)
+        end = max(end, self.table.put(key, txn.to_json(TxnState.COMPLETE_COMMIT)))
+        await self.api.when_durable(end)
         self._reset(txn, TxnState.COMPLETE_COMMIT)
         self.metrics["committed"] += 1
         return ErrorCode.none
@@ -391,11 +437,6 @@ class TransactionCoordinator:
             txn.timer.cancel()
             txn.timer = None
         log.debug("kafka: transaction %r aborted: %s", txn.transactional_id, reason)
-        if txn.service_id is not None:
-            try:
-                await self.api.roll_back_transaction(COORDINATOR_CONTEXT, txn.service_id)
-            except TransactionError as error:
-                log.warning("kafka: transaction %r: %s", txn.transactional_id, error)
         end = await self._write_markers(txn, ControlType.ABORT)
         if end:
             await self.api.when_durable(end)

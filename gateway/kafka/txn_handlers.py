@@ -8,6 +8,7 @@ from typing import Any, Final
 
 from kio.schema.errors import ErrorCode
 
+from gateway.kafka import access
 from gateway.kafka.access import allowed
 from gateway.kafka.apis import ApiKey
 from gateway.kafka.codec import Request
@@ -64,14 +65,18 @@ async def handle_add_partitions_to_txn(
         for topic in body.v3_and_below_topics
         for partition in topic.partitions
     ]
-    errors = context.transactions.add_partitions(
-        connection.client,
-        body.v3_and_below_transactional_id,
-        body.v3_and_below_producer_id,
-        body.v3_and_below_producer_epoch,
-        wanted,
-        fenced_error(request.api_version, FIRST_VERSION_WITH_FENCED),
+    errors = access.add_partitions_refusals(
+        context, connection, body.v3_and_below_transactional_id, wanted
     )
+    if errors is None:
+        errors = context.transactions.add_partitions(
+            connection.client,
+            body.v3_and_below_transactional_id,
+            body.v3_and_below_producer_id,
+            body.v3_and_below_producer_epoch,
+            wanted,
+            fenced_error(request.api_version, FIRST_VERSION_WITH_FENCED),
+        )
     return build_response(
         ApiKey.ADD_PARTITIONS_TO_TXN,
         request.api_version,
@@ -98,13 +103,15 @@ async def handle_add_offsets_to_txn(
     context: KafkaContext, connection: Connection, request: Request
 ) -> ResponseBody:
     body: Any = request.body
-    error = context.transactions.add_offsets(
-        body.transactional_id,
-        body.producer_id,
-        body.producer_epoch,
-        body.group_id,
-        fenced_error(request.api_version, FIRST_VERSION_WITH_FENCED),
-    )
+    error = access.add_offsets_refusal(context, connection, body.transactional_id, body.group_id)
+    if error == ErrorCode.none:
+        error = context.transactions.add_offsets(
+            body.transactional_id,
+            body.producer_id,
+            body.producer_epoch,
+            body.group_id,
+            fenced_error(request.api_version, FIRST_VERSION_WITH_FENCED),
+        )
     return build_response(
         ApiKey.ADD_OFFSETS_TO_TXN, request.api_version, {"throttle_time": 0, "error_code": error}
     )
@@ -114,13 +121,16 @@ async def handle_end_txn(
     context: KafkaContext, connection: Connection, request: Request
 ) -> ResponseBody:
     body: Any = request.body
-    error = await context.transactions.end_transaction(
-        body.transactional_id,
-        body.producer_id,
-        body.producer_epoch,
-        body.committed,
-        fenced_error(request.api_version, FIRST_VERSION_WITH_FENCED),
-    )
+    if not allowed(context, connection, "kafka EndTxn", body.transactional_id):
+        error = ErrorCode.transactional_id_authorization_failed
+    else:
+        error = await context.transactions.end_transaction(
+            body.transactional_id,
+            body.producer_id,
+            body.producer_epoch,
+            body.committed,
+            fenced_error(request.api_version, FIRST_VERSION_WITH_FENCED),
+        )
     return build_response(
         ApiKey.END_TXN, request.api_version, {"throttle_time": 0, "error_code": error}
     )
@@ -130,11 +140,14 @@ async def handle_txn_offset_commit(
     context: KafkaContext, connection: Connection, request: Request
 ) -> ResponseBody:
     body: Any = request.body
-    error = ErrorCode.none
+    error = access.txn_offset_commit_refusal(
+        context, connection, body.transactional_id, body.group_id
+    )
     generation = getattr(body, "generation_id", -1)
     member_id = getattr(body, "member_id", "")
     instance_id = getattr(body, "group_instance_id", None)
-    if generation >= 0 or member_id or instance_id is not None:
+    # A refusal (access.py) answers every partition with its error, as does a member check.
+    if error == ErrorCode.none and (generation >= 0 or member_id or instance_id is not None):
         # v3 (KIP-447): the producer proves it is a current member of the consumer group.
         error = ErrorCode(
             int(
@@ -156,6 +169,8 @@ async def handle_txn_offset_commit(
             metadata = partition.committed_metadata or ""
             if error != ErrorCode.none:
                 partition_errors[key] = error
+            elif not allowed(context, connection, "kafka TxnOffsetCommit topic", topic.name):
+                partition_errors[key] = ErrorCode.topic_authorization_failed
             elif not partition_exists(context, connection.client, *key):
                 partition_errors[key] = ErrorCode.unknown_topic_or_partition
             elif len(metadata.encode()) > MAX_METADATA_BYTES:

@@ -76,6 +76,7 @@ from gateway.mqtt.addresses import (
     session_queue_name,
     to_log_address,
 )
+from gateway.mqtt.client_session import Session
 from gateway.mqtt.messages import (
     OutMessage,
     forwarded_properties,
@@ -87,9 +88,10 @@ from gateway.mqtt.packets import Publish, Subscription, Will
 from gateway.mqtt.properties import NO_PROPERTIES
 from gateway.mqtt.reason_codes import ReasonCode
 from gateway.mqtt.retained import RetainedStore
-from gateway.mqtt.session import NEVER_EXPIRES, Connection, Session
+from gateway.mqtt.session import NEVER_EXPIRES, Connection
 from gateway.mqtt.shared import SharedGroup
 from gateway.mqtt.subscriptions import Inflight, Sub, combine, record_tags
+from gateway.mqtt.sys import SYS_LEVEL, SysTopics, is_sys_topic
 
 __all__ = ["MqttHub", "MqttOptions"]  # MqttOptions: where the listeners and tests found it
 
@@ -151,6 +153,10 @@ class MqttHub:
         }
         self._tasks: set[asyncio.Task[Any]] = set()
         self._loop = asyncio.get_running_loop()
+        # Plain subscriptions whose first level is $SYS, of every session: the $SYS tree's
+        # values reach them from memory (sys.py), not through the broker's routing.
+        self.sys_subscriptions: set[Sub] = set()
+        self.sys_topics = SysTopics(self, options.sys_interval) if options.sys_interval else None
         self.amqp_exchange = options.amqp_exchange or api.mqtt_compat_exchange()
         api.follow_live_records(self.context, self._on_live_record)
         api.add_route_hook(self.context, self._route_hook, may_route=self._may_route)
@@ -163,6 +169,8 @@ class MqttHub:
         api = self.api
         api.remove_route_hook(self._route_hook)
         api.unfollow_live_records(self._on_live_record)
+        if self.sys_topics is not None:
+            self.sys_topics.close()
         for session in self.sessions.values():
             for timer in (session.expiry_timer, session.will_timer):
                 if timer is not None:
@@ -196,6 +204,8 @@ class MqttHub:
         self, connection: Connection, client_id: str, clean_start: bool, expiry: int
     ) -> tuple[Session, bool]:
         """The session a CONNECT gets, and whether it existed ("session present")."""
+        if self.sys_topics is not None:  # $SYS sums the counters of every listener
+            self.sys_topics.add_listener_counters(connection.metrics)
         existing = self.sessions.get(client_id)
         if existing is not None and existing.connection is not None:
             existing.connection.take_over()
@@ -366,6 +376,11 @@ class MqttHub:
                 target = half.topic
             elif topic.startswith(SHARE_PREFIX):
                 return _REFUSED_TOPIC
+            elif is_sys_topic(topic):  # the broker's own tree: 0x87, as Mosquitto (sys.py)
+                log.info(
+                    "mqtt %s: publish to %r refused: $SYS is the broker's", context.client_id, topic
+                )
+                return _DENIED
         address = to_log_address(target)
         if address is None:
             return _REFUSED_TOPIC
@@ -431,7 +446,7 @@ class MqttHub:
             if retain:
                 self._retain(context, message)
             tags = tags_from_headers(headers) if self.live_tag_filtered else None
-            self.deliver_live(message, publisher, tags)
+            self.deliver_live(message, tags)
         return (0, outcome.durable_mark, log_topic)
 
     async def _publish_finish(
@@ -458,9 +473,7 @@ class MqttHub:
         self.retained.put(message, context)
         self.metrics["retained_stored"] += 1
 
-    def deliver_live(
-        self, message: OutMessage, publisher: Connection | None, tags: list[str] | None = None
-    ) -> None:
+    def deliver_live(self, message: OutMessage, tags: list[str] | None = None) -> None:
         """Hand a message to the clean sessions subscribed to its topic (``tags``: the record's,
         given when some live subscription has a tag filter)."""
         subs: tuple[Sub, ...] = self.api.live_subscribers(message.topic)
@@ -479,12 +492,6 @@ class MqttHub:
                 qos = sub.qos if sub.qos < message.qos else message.qos
                 ids: tuple[int, ...] = (sub.identifier,) if sub.identifier else ()
                 session.offer(message, qos, message.retain and sub.retain_as_published, ids, None)
-                if (
-                    publisher is not None
-                    and session.congested
-                    and session.connection is not publisher
-                ):
-                    publisher.block_on(session)
             return
         by_session: dict[Session, list[Sub]] = {}
         for sub in subs:
@@ -498,13 +505,14 @@ class MqttHub:
         for session, matched in by_session.items():
             qos, retain, all_ids = combine(message, matched)
             session.offer(message, qos, retain, all_ids, None)
-            if publisher is not None and session.congested and session.connection is not publisher:
-                publisher.block_on(session)
 
     def send_retained(self, session: Session, sub: Sub) -> None:
-        for message in self.retained.matching(
+        messages = self.retained.matching(
             session.context, LEVEL_SEPARATOR.join(sub.levels), now_ms()
-        ):
+        )
+        if self.sys_topics is not None and sub.levels[0] == SYS_LEVEL:
+            messages += self.sys_topics.matching(session, sub.levels)  # kept in memory
+        for message in messages:
             if sub.no_local and message.origin == session.client_id:
                 continue
             if sub.tag_filter is not None and not sub.takes(_properties_tags(message)):
@@ -555,7 +563,7 @@ class MqttHub:
         it back for us: ``follow_live_records``)."""
         self.metrics["tapped_records"] += 1
         tags = record_tags(message) if self.live_tag_filtered else None
-        self.deliver_live(out_message_of(message), None, tags)
+        self.deliver_live(out_message_of(message), tags)
 
     # -- subscriptions ---------------------------------------------------------------------
 
@@ -658,6 +666,8 @@ class MqttHub:
             else:
                 self._add_live(session, sub)
             session.plain.append(sub)
+            if sub.levels[0] == SYS_LEVEL:
+                self.sys_subscriptions.add(sub)
             if tag_filter is not None:
                 session.filtered += 1
             self._sync_queue_filter(session)
@@ -712,6 +722,7 @@ class MqttHub:
                 self._drop_group(session.context, group)
         else:
             session.plain.remove(sub)
+            self.sys_subscriptions.discard(sub)
             if sub.tag_filter is not None:
                 session.filtered -= 1
             self._sync_queue_filter(session)

@@ -29,6 +29,9 @@ DEFAULT_RECEIVE_MAXIMUM: Final = 65_535
 MAX_KEEP_ALIVE: Final = 65_535
 # A connection that sends no CONNECT within this many seconds is closed (EMQX idle_timeout 15s).
 DEFAULT_CONNECT_TIMEOUT_S: Final = 10.0
+# Seconds between updates of the $SYS/broker/... topics (gateway/mqtt/sys.py): Mosquitto's
+# sys_interval default; 0 turns the tree off.
+DEFAULT_SYS_INTERVAL_S: Final = 10.0
 
 # How a $share group picks the member a message goes to: EMQX's shared_subscription_strategy
 # names (docs/mqtt.md, "Shared subscriptions"). Round robin is Mosquitto's only behaviour and
@@ -64,6 +67,8 @@ class MqttOptions:
     amqp_exchange: str | None = None
     # One of SHARED_SUBSCRIPTION_STRATEGIES (EMQX's setting of the same name).
     shared_subscription_strategy: str = ROUND_ROBIN
+    # $SYS/broker/... every this many seconds (Mosquitto's sys_interval); 0: no $SYS tree.
+    sys_interval: float = DEFAULT_SYS_INTERVAL_S
 
     def __post_init__(self) -> None:
         if self.shared_subscription_strategy not in SHARED_SUBSCRIPTION_STRATEGIES:
@@ -71,6 +76,8 @@ class MqttOptions:
                 f"shared_subscription_strategy {self.shared_subscription_strategy!r}: one of "
                 f"{', '.join(SHARED_SUBSCRIPTION_STRATEGIES)}"
             )
+        if self.sys_interval < 0:
+            raise ValueError(f"sys_interval {self.sys_interval}: 0 or more seconds")
         if not 0 <= self.max_keepalive <= MAX_KEEP_ALIVE:
             raise ValueError(f"max_keepalive {self.max_keepalive}: 0..{MAX_KEEP_ALIVE}")
         if not 1 <= self.receive_maximum <= DEFAULT_RECEIVE_MAXIMUM:

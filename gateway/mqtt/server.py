@@ -9,10 +9,11 @@ what the connection writes during one loop iteration goes out in one ``transport
 control blocks publishers) holds the following packets of that connection, in order, and
 reading pauses until it is done.
 
-Reading pauses (``pause_reading(reason)``) while any reason holds: the transport's write buffer
-is above its high-water mark (``pause_writing``: a client not reading what we send does not get
-to send more), a handler is waiting, flow control blocks publishers, or a subscriber this
-connection publishes to cannot take more. It resumes when the last reason goes.
+Reading pauses (``pause_reading(reason)``, ``gateway/transport.py``) while any reason holds:
+the transport's write buffer is above its high-water mark (``pause_writing``: a client not
+reading what we send does not get to send more), a handler is waiting, flow control blocks
+publishers, or a subscriber this connection publishes to cannot take more. It resumes when the
+last reason goes.
 
 Keep Alive: nothing received for 1.5 times the Keep Alive closes the connection (5.0: after
 DISCONNECT 0x8D) [MQTT-3.1.2-22]; one timer per connection, re-armed lazily. A connection that
@@ -28,14 +29,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import socket
-from collections import deque
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
-from ssl import SSLContext
-from typing import Any, Final, cast
+from typing import Any, Final
 
-from core.api import BrokerAPI
+from core.api import PROTOCOL_MQTT, BrokerAPI, ClientContext, Clock, LoopClock, Timer
 from gateway.mqtt.decoder import MqttDecoder
 from gateway.mqtt.errors import MqttProtocolError
 from gateway.mqtt.hub import MqttHub, MqttOptions
@@ -43,6 +41,8 @@ from gateway.mqtt.packets import Packet, Publish
 from gateway.mqtt.reason_codes import ReasonCode
 from gateway.mqtt.session import Connection, State
 from gateway.mqtt.sniff import SNIFF_BYTES, describe_first_bytes
+from gateway.mqtt.websocket import WebSocketProtocol
+from gateway.transport import READING_BUSY, GatewayTransport, TransportLimits
 
 log = logging.getLogger(__name__)
 
@@ -50,13 +50,10 @@ log = logging.getLogger(__name__)
 KEEP_ALIVE_FACTOR: Final = 1.5
 # Write buffer high/low water marks (asyncio's defaults are 64 KiB / 16 KiB): a subscriber takes
 # bursts of 1 MiB before it counts as congested.
-WRITE_HIGH_WATER: Final = 1 << 20
-WRITE_LOW_WATER: Final = 256 << 10
+TRANSPORT_LIMITS: Final = TransportLimits(write_high_water=1 << 20, write_low_water=256 << 10)
 # The listen backlog: 10,000 clients connecting at once should not be refused (Mosquitto: 100,
 # EMQX: 1024; the kernel caps it at net.core.somaxconn).
 LISTEN_BACKLOG: Final = 4096
-# A TLS client that has not finished its handshake by then is dropped (braid/tls.py's value).
-TLS_HANDSHAKE_TIMEOUT_S: Final = 10.0
 
 METRICS: Final = (
     "connections_opened",
@@ -69,6 +66,7 @@ METRICS: Final = (
     "publishes_received",
     "publishes_sent",
     "publishes_denied",
+    "publishes_refused_disk_alarm",
     "subscribes",
     "duplicates",
     "messages_dropped",
@@ -94,33 +92,34 @@ def certificate_common_name(certificate: Any) -> str | None:
     return None
 
 
-class MqttProtocol(asyncio.Protocol):
-    """One MQTT connection's transport side (also the ``Link`` of its state machine)."""
+class MqttProtocol(GatewayTransport):
+    """One MQTT connection's transport side (also the ``Link`` of its state machine); the
+    buffering, read pausing, parking and closing are ``gateway/transport.py``'s."""
+
+    # The publishes of a read reach subscribers through call_soon; their writes and this
+    # connection's replies leave together at the end of the iteration.
+    FLUSH_AFTER_READ = False
 
     def __init__(self, server: MQTTServer) -> None:
+        super().__init__(server.limits, server.clock, server._metrics)
         self.server = server
-        self.loop = server.loop
         self.metrics = server._metrics
-        self.decoder = MqttDecoder(max_packet_size=server.hub.options.max_packet_size)
+        options = server.hub.options
+        self.max_packet_size = options.max_packet_size
+        self.connect_timeout_s = options.connect_timeout_s
+        self.decoder = MqttDecoder(max_packet_size=self.max_packet_size)
+        self.incomplete_timeout_s = server.incomplete_request_timeout_s
         self.connection = Connection(server.hub, self, self.metrics)
-        self.transport: asyncio.Transport | None = None
-        self.out: list[bytes] = []
-        self.flush_scheduled = False
-        self.backlog: deque[Packet] = deque()
-        self.busy = False
-        self.pause_reasons: set[str] = set()
-        self.last_received = 0.0
-        self.keep_alive_limit = 0.0
-        self.timer: asyncio.TimerHandle | None = None
-        self.closed = False
+        self.last_received_ms = 0.0
+        self.keep_alive_limit_ms = 0.0
+        self.timer: Timer | None = None
         # The connection's first bytes, to say what they look like if they are not MQTT.
         self.first_bytes = b""
 
     # -- asyncio.Protocol --------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        # uvloop's transports implement asyncio.Transport without subclassing it.
-        self.transport = transport = cast(asyncio.Transport, transport)
+        super().connection_made(transport)
         peer = transport.get_extra_info("peername")
         connection = self.connection
         if isinstance(peer, tuple) and len(peer) >= 2:
@@ -130,40 +129,32 @@ class MqttProtocol(asyncio.Protocol):
             connection.certificate_user = certificate_common_name(
                 transport.get_extra_info("peercert")
             )
-        sock = transport.get_extra_info("socket")
-        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
-            with contextlib.suppress(OSError):
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        with contextlib.suppress(AttributeError, NotImplementedError):
-            transport.set_write_buffer_limits(WRITE_HIGH_WATER, WRITE_LOW_WATER)
         self.server.connections.add(self)
         self.metrics["connections_opened"] += 1
-        self.last_received = self.loop.time()
-        self.timer = self.loop.call_later(
-            self.server.hub.options.connect_timeout_s, self._connect_timeout
-        )
+        self.last_received_ms = self.clock.now_ms()
+        self.timer = self.clock.call_later(self.connect_timeout_s * 1000, self._connect_timeout)
 
-    def data_received(self, data: bytes) -> None:
-        self.last_received = self.loop.time()
+    def received(self, data: bytes) -> None:
+        self.last_received_ms = self.clock.now_ms()
         self.metrics["bytes_received"] += len(data)
         if not self.first_bytes:
             self.first_bytes = data[:SNIFF_BYTES]
-        self.decoder.feed(data)
-        if not self.busy:
+        decoder = self.decoder
+        before = decoder.buffered
+        decoder.feed(data)
+        if not self.handler_waiting:
             self._process()
-
-    def eof_received(self) -> bool | None:
-        return None  # close
+            # (while a handler waits, reading is paused and the partial-request clock with it)
+            after = decoder.buffered
+            self.track_incomplete(after, after < before + len(data))
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.closed = True
+        super().connection_lost(exc)
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
         self.server.connections.discard(self)
         self.metrics["connections_closed"] += 1
-        self.backlog.clear()
-        self.out.clear()
         try:
             self.connection.connection_lost()
         except Exception:
@@ -171,140 +162,97 @@ class MqttProtocol(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         self.connection.on_writing_paused(True)
-        self.pause_reading("writing")
+        super().pause_writing()
 
     def resume_writing(self) -> None:
-        self.resume_reading("writing")
+        super().resume_writing()
         self.connection.on_writing_paused(False)
 
     # -- packets -----------------------------------------------------------------------------
 
-    def _process(self) -> None:
-        """Handle every decoded packet, in order, until one has to wait or none are left."""
+    def _process(self, packets: list[Packet] | None = None, start: int = 0) -> None:
+        """Handle every decoded packet, in order, until one has to wait or none are left
+        (``packets[start:]``: the ones parked while a handler waited)."""
         connection = self.connection
-        backlog = self.backlog
         try:
             while True:
-                if not backlog:
+                if packets is None:
                     if self.closed:
                         return
                     packets = self.decoder.read_packets()
                     if not packets:
                         break
                     self.metrics["packets_received"] += len(packets)
-                    backlog.extend(packets)
+                    start = 0
                 connected = connection.state is State.CONNECTED
-                while backlog:
-                    packet = backlog.popleft()
+                count = len(packets)
+                i = start
+                while i < count:
+                    packet = packets[i]
+                    i += 1
                     if connected and type(packet) is Publish:  # the hot path, table skipped
                         waiting = connection._on_publish(packet)
                     else:
                         waiting = connection.handle(packet)
                         connected = connection.state is State.CONNECTED
                     if waiting is not None:
-                        self._wait(waiting)
+                        self.park(packets, i)
+                        self.wait_for(waiting, self._resume, self._handler_failed)
                         return
+                packets = None
         except MqttProtocolError as error:
-            backlog.clear()
             detail = ""
             if connection.state is State.AWAIT_CONNECT:  # not an MQTT client at all, often
                 detail = f" (its first bytes look like {describe_first_bytes(self.first_bytes)})"
             connection.protocol_error(error, detail)
         except Exception as error:
-            backlog.clear()
-            self.metrics["handler_errors"] += 1
-            log.exception("mqtt %s: handler failed", connection.client_id or "(connecting)")
-            connection.close_with(ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR, str(error))
-            self.close()
+            self._handler_failed(error)
             return
         connection.end_of_batch()
 
-    def _wait(self, waiting: Awaitable[None]) -> None:
-        self.busy = True
-        self.pause_reading("busy")
-        self.server.hub.spawn(self._resume_after(waiting))
-
-    async def _resume_after(self, waiting: Awaitable[None]) -> None:
-        try:
-            await waiting
-        except MqttProtocolError as error:
-            self.backlog.clear()
-            self.connection.protocol_error(error)
-        except Exception as error:
-            self.backlog.clear()
-            self.metrics["handler_errors"] += 1
-            log.exception("mqtt %s: handler failed", self.connection.client_id)
-            self.connection.close_with(ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR, str(error))
-            self.close()
-        finally:
-            self.busy = False
-            self.resume_reading("busy")
-        if not self.closed:
-            self._process()
-
-    # -- Link: what the state machine calls ----------------------------------------------------
-
-    def write(self, data: bytes) -> None:
+    def _resume(self) -> None:
+        parked = self.take_parked()
+        self.resume_reading(READING_BUSY)
         if self.closed:
             return
-        self.out.append(data)
-        if not self.flush_scheduled:
-            self.flush_scheduled = True
-            self.loop.call_soon(self._flush)
+        if parked is None:
+            self._process()
+        else:
+            self._process(*parked)
 
-    def _flush(self) -> None:
-        self.flush_scheduled = False
-        out = self.out
-        transport = self.transport
-        if not out or transport is None or self.closed or transport.is_closing():
-            out.clear()  # after close(): nothing more goes out
+    def _handler_failed(self, error: BaseException) -> None:
+        self.take_parked()  # the packets after a failed one are not handled
+        connection = self.connection
+        if isinstance(error, MqttProtocolError):
+            connection.protocol_error(error)
             return
-        data = out[0] if len(out) == 1 else b"".join(out)
-        out.clear()
-        self.metrics["bytes_sent"] += len(data)
-        transport.write(data)
+        self.metrics["handler_errors"] += 1
+        log.error("mqtt %s: handler failed", connection.client_id or "(connecting)", exc_info=error)
+        connection.close_with(ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR, str(error))
+        self.close()
 
-    def close(self) -> None:
-        """Flush what was written, then close."""
-        if self.transport is None or self.transport.is_closing():
-            return
-        self._flush()
-        self.transport.close()
-
-    def abort(self) -> None:
-        if self.transport is not None:
-            self.transport.abort()
-
-    def pause_reading(self, reason: str) -> None:
-        if not self.pause_reasons and self.transport is not None and not self.closed:
-            with contextlib.suppress(RuntimeError):
-                self.transport.pause_reading()
-        self.pause_reasons.add(reason)
-
-    def resume_reading(self, reason: str) -> None:
-        if reason not in self.pause_reasons:
-            return
-        self.pause_reasons.discard(reason)
-        if not self.pause_reasons and self.transport is not None and not self.closed:
-            with contextlib.suppress(RuntimeError):
-                self.transport.resume_reading()
+    # -- Link: what the state machine calls (write, close, pause_reading and resume_reading
+    # are the transport's) ----------------------------------------------------------------
 
     def start_keep_alive(self, seconds: int) -> None:
         if self.timer is not None:
             self.timer.cancel()
-        self.keep_alive_limit = seconds * KEEP_ALIVE_FACTOR
-        self.timer = self.loop.call_at(
-            self.last_received + self.keep_alive_limit, self._check_keep_alive
-        )
+        self.keep_alive_limit_ms = seconds * KEEP_ALIVE_FACTOR * 1000
+        self._arm_keep_alive()
+
+    def _arm_keep_alive(self) -> None:
+        clock = self.clock
+        due_ms = self.last_received_ms + self.keep_alive_limit_ms
+        self.timer = clock.call_later(due_ms - clock.now_ms(), self._check_keep_alive)
 
     def _check_keep_alive(self) -> None:
+        """Re-armed lazily: a read moves ``last_received_ms`` only; the timer, when it fires
+        early, waits for the rest."""
         self.timer = None
         if self.closed:
             return
-        due = self.last_received + self.keep_alive_limit
-        now = self.loop.time()
-        if now < due:
-            self.timer = self.loop.call_at(due, self._check_keep_alive)
+        if self.clock.now_ms() < self.last_received_ms + self.keep_alive_limit_ms:
+            self._arm_keep_alive()
             return
         self.connection.keep_alive_expired()
         self.close()
@@ -323,12 +271,22 @@ class MQTTServer:
     on one :class:`BrokerAPI` shares its sessions (``MqttHub``)."""
 
     def __init__(
-        self, api: BrokerAPI, *, websocket: bool = False, options: MqttOptions | None = None
+        self,
+        api: BrokerAPI,
+        *,
+        websocket: bool = False,
+        options: MqttOptions | None = None,
+        limits: TransportLimits = TRANSPORT_LIMITS,
+        clock: Clock | None = None,
     ) -> None:
         self.api = api
+        self.limits = limits
+        self.clock: Clock = clock if clock is not None else LoopClock()
         self.websocket = websocket
         self.options = options
         self.connections: set[MqttProtocol] = set()
+        # [limits] incomplete_request_timeout_s, read at start (issue 21 item 5).
+        self.incomplete_request_timeout_s: float | None = None
         self._metrics: dict[str, int] = dict.fromkeys(METRICS, 0)
         self._server: asyncio.Server | None = None
         self._hub: MqttHub | None = None
@@ -363,14 +321,23 @@ class MQTTServer:
             gauges["retained_messages"] = len(self._hub.retained)
         return gauges
 
-    async def start(self, host: str, port: int, ssl: SSLContext | None = None) -> None:
-        """Listen on ``host:port``; with ``ssl``, MQTTS (or WSS) on its own, without a plain
-        listener (the context is the process's one TLS context, reloaded in place)."""
+    async def start(
+        self,
+        host: str,
+        port: int,
+        listen: Callable[[Callable[[], asyncio.BaseProtocol], str, int], Awaitable[asyncio.Server]]
+        | None = None,
+    ) -> None:
+        """Listen on ``host:port``, by ``listen(protocol factory, host, port)`` when given:
+        MQTTS (or WSS) on its own, without a plain listener, listens through braid/tls.py, which
+        audits failed handshakes."""
         self._loop = asyncio.get_running_loop()
         self._hub = MqttHub.acquire(self.api, self.options)
+        self.incomplete_request_timeout_s = self.api.incomplete_request_limits(
+            ClientContext(PROTOCOL_MQTT, connection_id="mqtt-listener")
+        )[1]
         factory: Any
         if self.websocket:
-            from gateway.mqtt.websocket import WebSocketProtocol
 
             def factory() -> asyncio.Protocol:
                 return WebSocketProtocol(MqttProtocol(self))
@@ -380,15 +347,12 @@ class MQTTServer:
                 return MqttProtocol(self)
 
         try:
-            self._server = await self._loop.create_server(
-                factory,
-                host,
-                port,
-                backlog=LISTEN_BACKLOG,
-                reuse_address=True,
-                ssl=ssl,
-                ssl_handshake_timeout=TLS_HANDSHAKE_TIMEOUT_S if ssl is not None else None,
-            )
+            if listen is not None:
+                self._server = await listen(factory, host, port)
+            else:
+                self._server = await self._loop.create_server(
+                    factory, host, port, backlog=LISTEN_BACKLOG, reuse_address=True
+                )
         except BaseException:
             self._hub.release()
             self._hub = None

@@ -26,6 +26,15 @@ The outbound window: QoS 1/2 messages in flight are capped by the client's Recei
 [MQTT-3.3.4-9]; more wait in ``pending`` in arrival order. A clean session queues at most
 ``max_queued_messages`` there (then drops, as Mosquitto's ``max_queued_messages`` does); a
 persistent session's backlog stays in its ack queue (``CONSUMER_PREFETCH`` in memory at most).
+``Session`` is in ``client_session.py``.
+
+A client that does not read (issue 21 item 4): once its connection's outgoing buffer is over
+``[limits] max_outgoing_buffer_bytes`` (the transport's ``pause_writing``), live messages for
+it (clean sessions, any QoS) are dropped and counted (``messages_dropped``, $SYS's
+publish/messages/dropped) instead of buffered, and records of its ack queue wait in
+``pending`` unsent, which stops the queue's pump at its prefetch: the rest stays in the log.
+Publishers are never held back by it. Sending resumes when the buffer drains; a client that
+stays over the bound for ``stalled_client_timeout_s`` is disconnected (``gateway/transport.py``).
 
 What arrives: ``flow.py`` acknowledges a client's QoS 1/2 PUBLISHes once durable and holds it
 to the server's Receive Maximum; the subscriptions and in-flight entries are ``subscriptions.py``.
@@ -39,7 +48,6 @@ import enum
 import itertools
 import logging
 import time
-from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Final, Protocol
@@ -47,18 +55,17 @@ from typing import TYPE_CHECKING, Any, Final, Protocol
 from core.api import (
     PROTOCOL_MQTT,
     ClientContext,
-    Delivery,
     LoginResult,
-    Subscription,
     TagFilter,
     now_ms,
 )
-from gateway.mqtt.access import DELIVER, Access
-from gateway.mqtt.addresses import filter_matches, to_log_address
+from gateway.mqtt.access import Access
+from gateway.mqtt.client_session import Session
 from gateway.mqtt.encoder import encode, encode_ack, encode_publish
 from gateway.mqtt.errors import MqttProtocolError, protocol_error
 from gateway.mqtt.flow import InboundFlow, Outcome
-from gateway.mqtt.messages import OutMessage, out_message_of
+from gateway.mqtt.management import mqtt_connection_closed, mqtt_connection_opened
+from gateway.mqtt.messages import OutMessage
 from gateway.mqtt.options import grant_keep_alive
 from gateway.mqtt.packet_types import MQTT_5, PacketType
 from gateway.mqtt.packets import (
@@ -80,20 +87,16 @@ from gateway.mqtt.packets import (
     Unsubscribe,
     Will,
 )
+from gateway.mqtt.packets import Subscription as SubscribeEntry
 from gateway.mqtt.properties import NO_PROPERTIES, Properties
 from gateway.mqtt.reason_codes import ReasonCode
 from gateway.mqtt.subscriptions import (
-    NO_IDS,
-    Inflight,
-    Queued,
     Sub,
-    combine,
-    record_tags,
 )
+from gateway.transport import GatewayTransport
 
 if TYPE_CHECKING:
     from gateway.mqtt.hub import MqttHub
-    from gateway.mqtt.shared import SharedGroup
 
 _connection_numbers = itertools.count(1)
 
@@ -110,15 +113,10 @@ log = logging.getLogger(__name__)
 TAG_FILTER_PROPERTY: Final = "tag-filter"
 # Session Expiry Interval meaning "never" (5.0 §3.1.2.11.2); 3.1.1's Clean Session 0.
 NEVER_EXPIRES: Final = 0xFFFF_FFFF
-MAX_PACKET_ID: Final = 0xFFFF
 # Receive Maximum when the client sends none (5.0 §3.1.2.11.3).
 DEFAULT_RECEIVE_MAXIMUM: Final = 65_535
-# Records an ack-queue consumer holds in memory at most (its prefetch): the client's Receive
-# Maximum caps QoS 1/2 in flight, this caps what is read ahead of a slow or paused socket.
-CONSUMER_PREFETCH: Final = 1000
 # Topic aliases we assign towards a client at most, whatever larger maximum it allows.
 OUTBOUND_TOPIC_ALIASES: Final = 1024
-_matches = filter_matches
 
 
 class Link(Protocol):
@@ -139,329 +137,6 @@ class State(enum.Enum):
     AWAIT_CONNECT = "await-connect"
     CONNECTED = "connected"
     CLOSED = "closed"  # DISCONNECT received or sent, taken over, or the socket is gone
-
-
-# ---------------------------------------------------------------------------------------------
-# Session
-# ---------------------------------------------------------------------------------------------
-
-
-class Session:
-    def __init__(
-        self, hub: MqttHub, client_id: str, expiry_interval: int, context: ClientContext
-    ) -> None:
-        self.hub = hub
-        self.client_id = client_id
-        # Who acts for the session: its last connection's context (its client id in any case).
-        self.context = context
-        self.expiry_interval = expiry_interval  # seconds; NEVER_EXPIRES
-        self.persistent = expiry_interval > 0  # has an ack queue (fixed at creation)
-        self.queue_name: str | None = None
-        self.subscriptions: dict[str, Sub] = {}
-        self.plain: list[Sub] = []  # non-shared subscriptions, for matching queue deliveries
-        self.filtered = 0  # plain subscriptions with a tag filter
-        self.consumers: dict[str, Subscription] = {}  # queue name -> our consumer
-        self.groups: list[SharedGroup] = []  # the $share groups it is a member of
-        self.connection: Connection | None = None
-        self.inflight: dict[int, Inflight] = {}
-        self.pending: deque[Queued] = deque()
-        self._next_id = 0
-        # Packet identifiers of ack-queue records in flight, kept across a reconnect so a
-        # redelivery uses its original identifier [MQTT-4.4.0-1].
-        self.redelivery_ids: dict[tuple[str, int], int] = {}
-        self.inbound_qos2: set[int] = set()  # PUBLISH QoS 2 received, PUBREL not yet
-        self.held_acks: list[Delivery] = []  # QoS 0 records written while the socket is full
-        self.blocked_publishers: set[Connection] = set()
-        self.expiry_timer: Any = None
-        self.will_timer: Any = None
-        self.pending_will: Will | None = None
-        self.disconnected_ms: int | None = None
-        self.ended = False
-
-    def __repr__(self) -> str:
-        state = "connected" if self.connection is not None else "offline"
-        return f"Session({self.client_id!r}, {state}, persistent={self.persistent})"
-
-    # -- connection ------------------------------------------------------------------------
-
-    def attach(self, connection: Connection, present: bool) -> None:
-        """A connection took this session (after its CONNACK was written)."""
-        self.connection = connection
-        self.context = connection.context
-        self.disconnected_ms = None
-        if present:
-            # [MQTT-4.4.0-1]: unacknowledged PUBLISH (DUP) and PUBREL again, same identifiers.
-            for packet_id, entry in self.inflight.items():
-                if entry.released:
-                    connection.write(
-                        encode_ack(PacketType.PUBREL, packet_id, 0, connection.version)
-                    )
-                else:
-                    connection.send_publish(
-                        entry.message,
-                        entry.qos,
-                        packet_id,
-                        entry.retain,
-                        entry.subscription_ids,
-                        True,
-                    )
-        self.start_consumers()
-        self.drain()
-
-    def start_consumers(self) -> None:
-        connection = self.connection
-        if connection is None:
-            return
-        prefetch = min(connection.send_quota, CONSUMER_PREFETCH)
-        name = self.queue_name
-        if name is not None and name not in self.consumers:
-            consumer = self.hub.api.consume_session_queue(
-                self.context, name, prefetch, self._on_queue_delivery
-            )
-            if consumer is not None:
-                self.consumers[name] = consumer
-        for group in self.groups:
-            group.member_online()
-
-    def stop_consumer(self, queue_name: str) -> None:
-        consumer = self.consumers.pop(queue_name, None)
-        if consumer is not None:
-            consumer.detach()  # in-flight records go back to the queue
-
-    def detach(self) -> None:
-        """The connection is gone: ack-queue records in flight go back to their queues (they
-        come again, DUP, on the next connection; a shared group's, to another member); live
-        messages are forgotten."""
-        connection = self.connection
-        self.connection = None
-        held, self.held_acks = self.held_acks, []
-        for delivery in held:  # QoS 0 records written to the socket: at most once
-            delivery.ack()
-        for name in list(self.consumers):
-            self.stop_consumer(name)
-        own = self.queue_name
-        for packet_id, entry in list(self.inflight.items()):
-            in_flight = entry.delivery
-            if in_flight is not None and not entry.released:
-                del self.inflight[packet_id]
-                if in_flight.queue.topic != own:  # a group's: its consumer stays attached
-                    self._forget_id(in_flight)
-                    in_flight.nack()
-        for *_, waiting in self.pending:
-            if waiting is not None and waiting.queue.topic != own:
-                waiting.nack()
-        self.pending.clear()
-        for group in self.groups:
-            group.member_offline(self)
-        self.release_publishers()
-        if connection is not None:
-            self.disconnected_ms = now_ms()
-
-    # -- delivery --------------------------------------------------------------------------
-
-    def _on_queue_delivery(self, delivery: Delivery) -> None:
-        """A record from this session's own ack queue: match it against the plain subscriptions
-        (bindings may match more than the filter does: see addresses.py)."""
-        record = delivery.message
-        message = out_message_of(record)
-        topic = message.topic
-        origin = message.origin
-        matched = [
-            sub
-            for sub in self.plain
-            if _matches(sub.levels, topic)
-            and not (sub.no_local and origin == self.client_id)
-            and (not sub.per_record or self.may_read(topic))
-        ]
-        if matched and self.filtered:
-            # Only the subscriptions whose tag filter takes the record match it (the queue's
-            # own filter, the union of them, already skipped most others by the index mask).
-            tags = record_tags(record)
-            matched = [sub for sub in matched if sub.takes(tags)]
-        if not matched:
-            delivery.ack()
-            return
-        qos, retain, ids = combine(message, matched)
-        self.offer(message, qos, retain, ids, delivery)
-
-    def on_group_delivery(self, sub: Sub, delivery: Delivery, message: OutMessage) -> None:
-        """A record of a shared group this session is a member of (``shared.py`` chose it)."""
-        if not _matches(sub.levels, message.topic) or (
-            sub.per_record and not self.may_read(message.topic)
-        ):
-            delivery.ack()
-            return
-        qos = sub.qos if sub.qos < message.qos else message.qos
-        retain = message.retain and sub.retain_as_published
-        ids = (sub.identifier,) if sub.identifier else NO_IDS
-        self.offer(message, qos, retain, ids, delivery)
-
-    def may_read(self, topic: str) -> bool:
-        """Whether the connected user may receive a record of MQTT ``topic`` through a filter
-        whose first level is a wildcard (``mqtt deliver``: checked per record, cached)."""
-        connection = self.connection
-        if connection is None:
-            return False
-        address = to_log_address(topic)
-        return address is not None and connection.access.allowed(
-            DELIVER, address.topic, address.subject
-        )
-
-    def offer(
-        self,
-        message: OutMessage,
-        qos: int,
-        retain: bool,
-        subscription_ids: tuple[int, ...],
-        delivery: Delivery | None,
-    ) -> bool:
-        """Send now, or queue behind the window; False if dropped (queue full, offline)."""
-        connection = self.connection
-        if connection is None:
-            return False
-        if self.pending or (qos and len(self.inflight) >= connection.send_quota):
-            if delivery is None and len(self.pending) >= self.hub.options.max_queued_messages:
-                connection.metrics["messages_dropped"] += 1
-                return False
-            self.pending.append((message, qos, retain, subscription_ids, delivery))
-            return True
-        self._send(connection, message, qos, retain, subscription_ids, delivery)
-        return True
-
-    def _send(
-        self,
-        connection: Connection,
-        message: OutMessage,
-        qos: int,
-        retain: bool,
-        subscription_ids: tuple[int, ...],
-        delivery: Delivery | None,
-    ) -> None:
-        if message.expires_at_ms and message.expired(now_ms()):
-            connection.metrics["messages_expired"] += 1
-            if delivery is not None:
-                delivery.ack()
-            return
-        if not qos:
-            connection.send_publish(message, 0, None, retain, subscription_ids, False)
-            if delivery is not None:
-                if connection.writing_paused:
-                    self.held_acks.append(delivery)  # stops the queue's pump at its prefetch
-                else:
-                    delivery.ack()
-            return
-        packet_id = self._packet_id(delivery)
-        dup = delivery is not None and delivery.redelivered
-        if not connection.send_publish(message, qos, packet_id, retain, subscription_ids, dup):
-            # Larger than the client's Maximum Packet Size: discarded, as if delivered
-            # [MQTT-3.1.2-25].
-            if delivery is not None:
-                self._forget_id(delivery)
-                delivery.ack()
-            return
-        self.inflight[packet_id] = Inflight(message, qos, retain, subscription_ids, delivery)
-
-    def _packet_id(self, delivery: Delivery | None) -> int:
-        inflight = self.inflight
-        if delivery is not None:
-            key = (delivery.queue.topic, delivery.offset)
-            known = self.redelivery_ids.get(key)
-            if known is not None and known not in inflight:
-                return known
-        packet_id = self._next_id
-        for _ in range(MAX_PACKET_ID):
-            packet_id = packet_id % MAX_PACKET_ID + 1
-            if packet_id not in inflight:
-                break
-        else:  # cannot happen: the window is at most 65,535
-            raise RuntimeError("no free packet identifier")
-        self._next_id = packet_id
-        if delivery is not None:
-            self.redelivery_ids[(delivery.queue.topic, delivery.offset)] = packet_id
-        return packet_id
-
-    def _forget_id(self, delivery: Delivery) -> None:
-        self.redelivery_ids.pop((delivery.queue.topic, delivery.offset), None)
-
-    def drain(self) -> None:
-        """Send what waits in ``pending`` while the window has room."""
-        connection = self.connection
-        pending = self.pending
-        while pending and connection is not None:
-            message, qos, retain, ids, delivery = pending[0]
-            if qos and len(self.inflight) >= connection.send_quota:
-                break
-            pending.popleft()
-            self._send(connection, message, qos, retain, ids, delivery)
-        for group in self.groups:  # room again: the groups' waiting records [shared.py]
-            if group.backlog:
-                group.refill()
-
-    def _settle(self, entry: Inflight) -> None:
-        delivery = entry.delivery
-        if delivery is not None:
-            entry.delivery = None
-            self._forget_id(delivery)
-            delivery.ack()
-
-    def on_puback(self, packet_id: int) -> None:
-        entry = self.inflight.get(packet_id)
-        if entry is None or entry.qos != 1:
-            return  # unknown identifier: nothing to do (Mosquitto ignores it too)
-        del self.inflight[packet_id]
-        self._settle(entry)
-        self.drain()
-
-    def on_pubrec(self, packet_id: int, reason_code: int) -> bool:
-        """False if the identifier is unknown (PUBREL then carries 0x92)."""
-        entry = self.inflight.get(packet_id)
-        if entry is None or entry.qos != 2:
-            return False
-        self._settle(entry)
-        if reason_code >= ReasonCode.UNSPECIFIED_ERROR:
-            del self.inflight[packet_id]  # refused by the client: done [MQTT-4.3.3-?]
-            self.drain()
-            return True
-        entry.released = True
-        return True
-
-    def on_pubcomp(self, packet_id: int) -> None:
-        entry = self.inflight.get(packet_id)
-        if entry is not None and entry.released:
-            del self.inflight[packet_id]
-            self.drain()
-
-    # -- back-pressure ---------------------------------------------------------------------
-
-    @property
-    def congested(self) -> bool:
-        connection = self.connection
-        return connection is not None and connection.writing_paused
-
-    def on_writable(self) -> None:
-        held, self.held_acks = self.held_acks, []
-        for delivery in held:
-            delivery.ack()
-        self.release_publishers()
-        for group in self.groups:
-            if group.backlog:
-                group.refill()
-
-    def release_publishers(self) -> None:
-        blocked, self.blocked_publishers = self.blocked_publishers, set()
-        for publisher in blocked:
-            publisher.unblock(self)
-
-    # -- state -----------------------------------------------------------------------------
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "expiry": self.expiry_interval,
-            "subs": [sub.to_json() for sub in self.subscriptions.values()],
-            "qos2": sorted(self.inbound_qos2),
-            "released": sorted(pid for pid, entry in self.inflight.items() if entry.released),
-            "disconnected_ms": self.disconnected_ms,
-        }
 
 
 # ---------------------------------------------------------------------------------------------
@@ -503,8 +178,7 @@ class Connection:
         self.alias_out_max = 0
         # The client's QoS 1/2 publishes: acknowledgements and the server's Receive Maximum.
         self.inbound = InboundFlow(self, hub.options.receive_maximum)
-        self.writing_paused = False
-        self.blocked_on: set[Session] = set()
+        self.writing_paused = False  # the outgoing buffer is over its bound
         self.connected_at = time.monotonic()
 
     def __repr__(self) -> str:
@@ -587,11 +261,9 @@ class Connection:
             self._go_away()
 
     def _go_away(self) -> None:
+        mqtt_connection_closed(self)
         was_connected = self.state is State.CONNECTED
         self.state = State.CLOSED
-        for blocked in list(self.blocked_on):
-            blocked.blocked_publishers.discard(self)
-        self.blocked_on.clear()
         session = self.session
         if was_connected and session is not None:
             will = None if self.normal_disconnect else self.will
@@ -667,19 +339,6 @@ class Connection:
         if not paused and self.session is not None and self.session.connection is self:
             self.session.on_writable()
 
-    def block_on(self, session: Session) -> None:
-        """A session this connection published to cannot take more: stop reading until it can
-        (TCP back-pressure on the publisher, RabbitMQ's credit flow in miniature)."""
-        if session not in self.blocked_on:
-            self.blocked_on.add(session)
-            session.blocked_publishers.add(self)
-            self.link.pause_reading("subscriber")
-
-    def unblock(self, session: Session) -> None:
-        self.blocked_on.discard(session)
-        if not self.blocked_on:
-            self.link.resume_reading("subscriber")
-
     # -- CONNECT ---------------------------------------------------------------------------
 
     def _on_connect(self, packet: Connect) -> Awaitable[None] | None:
@@ -688,6 +347,9 @@ class Connection:
         self.version = version = packet.protocol_level
         v5 = version == MQTT_5
         props = packet.properties
+        if not hub.api.may_accept_connection():  # near the descriptor limit
+            self._refuse(ReasonCode.SERVER_BUSY, "server busy: near the descriptor limit")
+            return None
         if v5 and props.authentication_method is not None:
             # Enhanced authentication (AUTH) is not offered.
             self._refuse(ReasonCode.BAD_AUTHENTICATION_METHOD, "no enhanced authentication")
@@ -738,6 +400,9 @@ class Connection:
 
     def _accept(self, packet: Connect, user: str) -> None:
         hub = self.hub
+        link = self.link
+        if isinstance(link, GatewayTransport):  # the TCP listener (WebSocket: its own marks)
+            link.bound_outgoing(*hub.api.outgoing_buffer_limits(self.context))
         options = hub.options
         version = self.version
         v5 = version == MQTT_5
@@ -764,6 +429,21 @@ class Connection:
             granted_expiry = options.max_session_expiry
         self.client_id = client_id
         self.context = context = replace(self.context, user=user, client_id=client_id)
+        refusal = hub.api.connection_limit_refusal(context)
+        if refusal is not None:  # 3.1.1: 0x03 Server unavailable (reason_codes.py)
+            self._refuse(ReasonCode.QUOTA_EXCEEDED, refusal.text)
+            return
+        if granted_expiry > 0:
+            # [limits] max_mqtt_sessions counts persistent sessions, connected or not; one that
+            # exists already (resumed, or replaced by Clean Start) adds none.
+            existing = hub.sessions.get(client_id)
+            if existing is None or not existing.persistent:
+                refusal = hub.api.session_limit_refusal(
+                    context, lambda: sum(1 for s in hub.sessions.values() if s.persistent)
+                )
+                if refusal is not None:  # 3.1.1: 0x03 Server unavailable
+                    self._refuse(ReasonCode.QUOTA_EXCEEDED, refusal.text)
+                    return
         self.access = access = Access(hub.api, context)
         will = packet.will
         if will is not None and not hub.may_publish_will(access, will):
@@ -793,6 +473,7 @@ class Connection:
         if keep_alive:
             self.link.start_keep_alive(keep_alive)
         session.attach(self, present)
+        mqtt_connection_opened(self)  # shown in /api/connections from now on
 
     def _refuse(self, reason_code: int, reason: str) -> None:
         """CONNACK with an error, then close [MQTT-3.2.2-7]."""
@@ -829,6 +510,9 @@ class Connection:
             if inbound.in_flight >= inbound.limit:
                 raise inbound.exceeded()  # [MQTT-3.3.4-9]: flow.py says what counts
         hub = self.hub
+        if self.version == MQTT_5 and hub.api.disk_alarm():
+            self._refuse_for_disk_alarm(packet)
+            return None
         if hub.api.publishing_blocked():
             return self._publish_when_unblocked(packet, topic)
         outcome = hub.publish_packet(self.context, self, topic, packet)
@@ -839,6 +523,15 @@ class Connection:
         if qos:
             self._acknowledge(packet, outcome)
         return None
+
+    def _refuse_for_disk_alarm(self, packet: Publish) -> None:
+        """The disk alarm (issue 21 item 2), MQTT 5: PUBACK / PUBREC 0x97 Quota exceeded for
+        QoS 1/2, so the client knows it was not taken and may send it again; QoS 0 has no
+        answer and is dropped (counted), since not reading would hold the refusals behind it.
+        3.1.1 has no such code: its publishers are not read while the alarm lasts."""
+        self.metrics["publishes_refused_disk_alarm"] += 1
+        if packet.qos:
+            self._acknowledge(packet, (ReasonCode.QUOTA_EXCEEDED, 0, ""))
 
     def _denied(self, topic: str) -> None:
         """A publish without permission (the core wrote the audit line): 5.0 answers PUBACK
@@ -929,7 +622,7 @@ class Connection:
             if name == TAG_FILTER_PROPERTY:
                 tag_filter = TagFilter.parse(value)
         results = [
-            self.hub.subscribe(session, subscription, identifier, tag_filter)
+            self._subscribe_one(session, subscription, identifier, tag_filter)
             for subscription in packet.subscriptions
         ]
         codes = tuple(code for code, _, _ in results)
@@ -942,6 +635,31 @@ class Connection:
             if sub.retain_handling == 2 or (sub.retain_handling == 1 and not is_new):
                 continue
             self.hub.send_retained(session, sub)
+
+    def _subscribe_one(
+        self,
+        session: Session,
+        subscription: SubscribeEntry,
+        identifier: int,
+        tag_filter: TagFilter | None,
+    ) -> tuple[int, Sub | None, bool]:
+        """One SUBSCRIBE entry; a new filter past ``[limits] max_subscriptions_per_client``
+        is refused 0x97 Quota exceeded (3.1.1: 0x80), as EMQX's ``max_subscriptions``; one
+        that replaces a subscription of the session is not a new one."""
+        if subscription.topic_filter not in session.subscriptions:
+            refusal = self.hub.api.subscription_limit_refusal(
+                self.context, len(session.subscriptions)
+            )
+            if refusal is not None:
+                log.info(
+                    "mqtt %r from %s: subscription %r refused: %s",
+                    session.client_id,
+                    self.context.peer or "?",
+                    subscription.topic_filter,
+                    refusal.text,
+                )
+                return ReasonCode.QUOTA_EXCEEDED, None, False
+        return self.hub.subscribe(session, subscription, identifier, tag_filter)
 
     def _on_unsubscribe(self, packet: Unsubscribe) -> None:
         session = self.session

@@ -46,12 +46,12 @@ from gateway.mqtt.messages import OutMessage, out_message_of
 from gateway.mqtt.options import HASH_CLIENTID, RANDOM, ROUND_ROBIN, STICKY
 
 if TYPE_CHECKING:
+    from gateway.mqtt.client_session import Session
     from gateway.mqtt.hub import MqttHub
-    from gateway.mqtt.session import Session
     from gateway.mqtt.subscriptions import Sub
 
 # Records the group's consumer holds at most (in flight at members plus the backlog), as a
-# persistent session's own consumer (session.py: CONSUMER_PREFETCH).
+# persistent session's own consumer (client_session.py: CONSUMER_PREFETCH).
 GROUP_PREFETCH: Final = 1000
 
 

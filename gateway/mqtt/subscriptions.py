@@ -14,7 +14,7 @@ from core.api import PROTOCOL_KAFKA, Delivery, Message, TagFilter, tags_from_hea
 from gateway.mqtt.messages import OutMessage
 
 if TYPE_CHECKING:
-    from gateway.mqtt.session import Session
+    from gateway.mqtt.client_session import Session
     from gateway.mqtt.shared import SharedGroup
 
 NO_IDS: tuple[int, ...] = ()  # no Subscription Identifier: one shared empty tuple

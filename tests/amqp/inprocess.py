@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from core.api import BrokerAPI
+from core.api import BrokerAPI, Clock
 from core.broker import Broker
 from gateway.amqp.server import AMQPServer
 from gateway.amqp.session import SessionSettings
@@ -13,6 +13,8 @@ class ServerUnderTest(AMQPServer):
     and drive (flow control, records stored, transactions): only gateway code is held to the
     API."""
 
-    def __init__(self, broker: Broker, settings: SessionSettings | None = None) -> None:
-        super().__init__(BrokerAPI(broker), settings)
+    def __init__(
+        self, broker: Broker, settings: SessionSettings | None = None, clock: Clock | None = None
+    ) -> None:
+        super().__init__(BrokerAPI(broker), settings, clock=clock)
         self.broker = broker

@@ -334,7 +334,7 @@ def test_a_data_dir_serves_one_broker(tmp_path, brokers):
     second = start_broker(tmp_path, wait=False)
     brokers.append(second)
     assert second.process.wait(30) == 1
-    assert f"in use by another braid process (pid {first.process.pid})" in second.stderr
+    assert f"in use by another braid process (pid {first.process.pid}" in second.stderr
     assert http_get(first.http_url + "/health")[0] == 200
     assert first.stop() == 0
     # Once the first one is gone, the directory is free again.

@@ -599,7 +599,7 @@ def test_kafka_python_accepts_the_fallback_and_retries_with_our_max() -> None:
         (ApiKey.PRODUCE, 2),  # below our minimum: legacy message format
         (ApiKey.FETCH, 13),  # topic ids
         (ApiKey.METADATA, 10),
-        (21, 0),  # DeleteRecords: a Kafka API we do not serve
+        (34, 0),  # AlterReplicaLogDirs: a Kafka API we do not serve (one log dir per node)
         (999, 0),  # no such API
     ],
 )

@@ -326,9 +326,10 @@ async def test_expired_transaction_is_aborted_and_its_producer_fenced(
         await producer.stop()
     store = broker_of(kafka_server).store
     entries = store.read("expiring", 0, 0)
-    # Only the ABORT marker is in the partition; the data stayed a half message.
-    assert len(entries) == 1
-    assert rec.FLAGS.unpack_from(entries[0].frame, rec.FLAGS_OFFSET)[0] & rec.FLAG_TXN_CONTROL
+    # The data batch (stored when produced, as with Kafka), then the ABORT marker.
+    assert len(entries) == 2
+    assert not rec.FLAGS.unpack_from(entries[0].frame, rec.FLAGS_OFFSET)[0] & rec.FLAG_TXN_CONTROL
+    assert rec.FLAGS.unpack_from(entries[1].frame, rec.FLAGS_OFFSET)[0] & rec.FLAG_TXN_CONTROL
 
 
 @pytest.mark.parametrize("after_await", [False, True])

@@ -6,6 +6,7 @@ from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
+from core.clock import ManualClock
 from core.log import DURABILITY_ASYNC, LogConfig, LogStore
 from core.log.names import TIMERS_TOPIC
 from core.timers import FIRED_QUEUE, SCHEDULED_QUEUE, TimerService
@@ -37,13 +38,14 @@ def open_timers(store: LogStore, **overrides: object) -> TimerService:
     return TimerService(store, **settings)  # type: ignore[arg-type]
 
 
-class FakeClock:
-    """Wall time in ms that tests move by hand (starts at the real time)."""
+class FakeClock(ManualClock):
+    """Wall time in ms that tests move by hand (starts at the real time): ``now``."""
 
     def __init__(self, now: int | None = None) -> None:
+        super().__init__()
         self.now = int(time.time() * 1000) if now is None else now
 
-    def __call__(self) -> int:
+    def wall_ms(self) -> int:
         return self.now
 
 

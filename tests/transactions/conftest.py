@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from core.groups.clock import ManualClock
+from core.clock import ManualClock
 from core.log import LogConfig, LogReader, LogStore, names
 from core.transactions import TransactionService
 

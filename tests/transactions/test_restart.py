@@ -8,8 +8,6 @@ import pytest
 from core.log import LogStore, Record
 from core.log import record as rec
 from core.transactions import COMMITTED, OPEN, ROLLED_BACK, TransactionService
-from core.transactions.decisions import DecisionWriter
-from core.transactions.layout import OP_COMMIT
 
 from .conftest import SMALL_SEGMENT, TIMEOUT_MS, Harness, bodies, crash, small_config
 
@@ -79,19 +77,6 @@ async def test_check_back_after_restart_commits(harness: Harness):
     assert bodies(store, "payments") == [b"b"]
 
 
-def write_old_format_commit(
-    store: LogStore, service: TransactionService, txn_id: str, *, link: bool
-) -> None:
-    """Commit ``txn_id`` as the previous on-disk format did: a plain op record, then (``link``)
-    a separate LINK. ``link=False`` is a crash between the two appends."""
-    halves = service._open[txn_id].halves
-    service._append_op(
-        OP_COMMIT, txn_id, "shop", None, None, rec.encode_link_body(halves), service._mark()
-    )
-    if link:
-        store.link([position for position, _ in halves])
-
-
 def commit_records(store: LogStore) -> list[rec.Record]:
     return [
         record
@@ -155,69 +140,6 @@ async def test_commit_that_never_reached_the_log_leaves_the_transaction_open(
         crash(store)
 
 
-async def test_old_format_commit_without_its_link_is_linked_on_restart(harness: Harness):
-    store, service = harness.open()
-    txn = service.begin("shop")
-    await service.add(txn, "orders", 0, b"a", destinations=[("orders", 0), ("audit", 0)])
-    await service.add(txn, "payments", 0, b"b")
-    write_old_format_commit(store, service, txn, link=False)
-    assert bodies(store, "orders") == []
-    crash(store)
-
-    for reopen in range(2):
-        store, service = harness.open()
-        assert service.metrics["relinked"] == (1 if reopen == 0 else 0)
-        assert service.pending() == []
-        assert service.txn_state(txn) == COMMITTED
-        assert bodies(store, "orders") == [b"a"]
-        assert bodies(store, "audit") == [b"a"]
-        assert bodies(store, "payments") == [b"b"]
-        crash(store)
-
-
-async def test_old_format_commit_with_its_link_is_not_linked_again(harness: Harness):
-    store, service = harness.open()
-    txn = service.begin("shop")
-    await service.add(txn, "orders", 0, b"a")
-    write_old_format_commit(store, service, txn, link=True)
-    crash(store)
-    store, service = harness.open()
-    assert service.metrics["relinked"] == 0
-    assert service.txn_state(txn) == COMMITTED
-    assert bodies(store, "orders") == [b"a"]
-
-
-async def test_crash_while_recovery_links_again_still_links_once(
-    harness: Harness, monkeypatch: pytest.MonkeyPatch
-):
-    store, service = harness.open()
-    txn = service.begin("shop")
-    await service.add(txn, "orders", 0, b"a")
-    await service.add(txn, "payments", 0, b"b")
-    write_old_format_commit(store, service, txn, link=False)
-    crash(store)
-
-    def die(*args: object, **kwargs: object) -> None:
-        raise SimulatedCrash
-
-    # Restart dies too, before its commit frame.
-    store = LogStore(small_config(harness.data_dir))
-    with monkeypatch.context() as patch:
-        patch.setattr(DecisionWriter, "append", die)
-        with pytest.raises(SimulatedCrash):
-            TransactionService(store)
-    crash(store)
-
-    store, service = harness.open()
-    assert service.metrics["relinked"] == 1
-    assert bodies(store, "orders") == [b"a"]
-    assert bodies(store, "payments") == [b"b"]
-    crash(store)
-    store, service = harness.open()
-    assert service.metrics["relinked"] == 0
-    assert bodies(store, "orders") == [b"a"]
-
-
 async def test_crash_right_after_the_commit_does_not_link_twice(harness: Harness):
     store, service = harness.open()
     txn = service.begin("shop")
@@ -228,7 +150,6 @@ async def test_crash_right_after_the_commit_does_not_link_twice(harness: Harness
 
     for _ in range(2):
         store, service = harness.open()
-        assert service.metrics["relinked"] == 0
         assert service.pending() == []
         assert service.txn_state(txn) == COMMITTED
         assert bodies(store, "orders") == [b"a"]
@@ -264,28 +185,6 @@ async def test_torn_commit_at_the_tail_leaves_the_transaction_open(harness: Harn
     store, service = harness.open()
     assert service.txn_state(txn) == ROLLED_BACK
     assert bodies(store, "orders") == []
-
-
-async def test_torn_old_format_link_at_the_tail_is_written_again(harness: Harness):
-    store, service = harness.open()
-    txn = service.begin("shop")
-    await service.add(txn, "orders", 0, b"a")
-    await service.add(txn, "payments", 0, b"b")
-    write_old_format_commit(store, service, txn, link=True)
-    (link,) = [r for r in store.scan() if r.flags & rec.FLAG_LINK]
-    tear(store, link)
-    crash(store)
-
-    store, service = harness.open()
-    assert store.recovery.truncated_bytes > 0
-    assert service.metrics["relinked"] == 1
-    assert service.txn_state(txn) == COMMITTED
-    assert bodies(store, "orders") == [b"a"]
-    assert bodies(store, "payments") == [b"b"]
-    await harness.close(store, service)
-    store, service = harness.open()
-    assert service.metrics["relinked"] == 0
-    assert bodies(store, "orders") == [b"a"]
 
 
 async def test_decided_transactions_are_not_replayed(harness: Harness):

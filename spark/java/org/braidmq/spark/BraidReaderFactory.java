@@ -20,12 +20,19 @@ final class BraidReaderFactory implements PartitionReaderFactory {
   private final int[] columns;
   private final boolean verifyChecksums;
   private final boolean dedupe;
+  private final boolean includeAborted;
 
-  BraidReaderFactory(String path, int[] columns, boolean verifyChecksums, boolean dedupe) {
+  BraidReaderFactory(
+      String path,
+      int[] columns,
+      boolean verifyChecksums,
+      boolean dedupe,
+      boolean includeAborted) {
     this.path = path;
     this.columns = columns;
     this.verifyChecksums = verifyChecksums;
     this.dedupe = dedupe;
+    this.includeAborted = includeAborted;
   }
 
   @Override
@@ -46,7 +53,12 @@ final class BraidReaderFactory implements PartitionReaderFactory {
   private RangeDecoder decoder(InputPartition partition) {
     try {
       return new RangeDecoder(
-          new LogDir(path), ((BraidPartition) partition).slices, columns, verifyChecksums, dedupe);
+          new LogDir(path),
+          ((BraidPartition) partition).slices,
+          columns,
+          verifyChecksums,
+          dedupe,
+          includeAborted);
     } catch (IOException error) {
       throw new java.io.UncheckedIOException(error);
     }

@@ -70,7 +70,9 @@ final class BraidScan implements Scan, Batch {
     ReadOptions read = ReadOptions.parse(options.asCaseSensitiveMap(), false, defaultParallelism());
     try {
       LogDir log = new LogDir(read.path);
-      List<Slice> slices = read.batchSlices(log, pruning);
+      TxnIndex transactions = new TxnIndex();
+      transactions.refresh(log); // after the queues were read: see TxnIndex.lastStableOffset
+      List<Slice> slices = read.batchSlices(log, pruning, transactions);
       return partitions(
           ReadOptions.packSlices(slices, read.maxRecordsPerPartition, read.minPartitions));
     } catch (IOException error) {
@@ -89,7 +91,8 @@ final class BraidScan implements Scan, Batch {
   @Override
   public PartitionReaderFactory createReaderFactory() {
     ReadOptions read = ReadOptions.parse(options.asCaseSensitiveMap(), false, null);
-    return new BraidReaderFactory(read.path, columns, read.verifyChecksums, read.dedupe);
+    return new BraidReaderFactory(
+        read.path, columns, read.verifyChecksums, read.dedupe, read.includeAborted);
   }
 
   @Override

@@ -26,6 +26,7 @@ import org.apache.spark.sql.connector.read.streaming.SupportsTriggerAvailableNow
 final class BraidStream implements MicroBatchStream, SupportsTriggerAvailableNow {
   private final ReadOptions options;
   private final int[] columns;
+  private final TxnIndex transactions = new TxnIndex();
   private BraidOffset target;
 
   BraidStream(ReadOptions options, int[] columns) {
@@ -41,15 +42,25 @@ final class BraidStream implements MicroBatchStream, SupportsTriggerAvailableNow
     }
   }
 
+  /**
+   * The Kafka transactions' outcomes, kept between triggers (only what was indexed since is
+   * read), brought up to date after {@code log} read its queues (TxnIndex.lastStableOffset).
+   */
+  private TxnIndex transactions(LogDir log) throws IOException {
+    transactions.refresh(log);
+    return transactions;
+  }
+
   @Override
   public Offset initialOffset() {
     LogDir log = open();
     TreeMap<String, TreeMap<Integer, Long>> offsets = BraidOffset.empty();
     try {
+      TxnIndex known = transactions(log);
       for (LogDir.QueueKey key : options.selectedQueues(log, Pruning.NONE)) {
         offsets
             .computeIfAbsent(key.topic, topic -> new TreeMap<>())
-            .put(key.queue, options.startOffset(log, key.topic, key.queue));
+            .put(key.queue, options.startOffset(log, key.topic, key.queue, known));
       }
     } catch (IOException error) {
       throw new UncheckedIOException(error);
@@ -57,14 +68,19 @@ final class BraidStream implements MicroBatchStream, SupportsTriggerAvailableNow
     return new BraidOffset(offsets);
   }
 
+  /**
+   * Where each queue's readable records end now: its Last Stable Offset, so a micro-batch never
+   * passes a Kafka transaction still open (ReadOptions.bounds).
+   */
   private BraidOffset available() {
     LogDir log = open();
     TreeMap<String, TreeMap<Integer, Long>> offsets = BraidOffset.empty();
     try {
+      TxnIndex known = transactions(log);
       for (LogDir.QueueKey key : options.selectedQueues(log, Pruning.NONE)) {
         offsets
             .computeIfAbsent(key.topic, topic -> new TreeMap<>())
-            .put(key.queue, log.queueBounds(key.topic, key.queue)[1]);
+            .put(key.queue, options.bounds(log, key.topic, key.queue, known)[1]);
       }
     } catch (IOException error) {
       throw new UncheckedIOException(error);
@@ -235,7 +251,8 @@ final class BraidStream implements MicroBatchStream, SupportsTriggerAvailableNow
 
   @Override
   public PartitionReaderFactory createReaderFactory() {
-    return new BraidReaderFactory(options.path, columns, options.verifyChecksums, options.dedupe);
+    return new BraidReaderFactory(
+        options.path, columns, options.verifyChecksums, options.dedupe, options.includeAborted);
   }
 
   @Override

@@ -50,6 +50,9 @@ final class RangeDecoder {
   private final int[] columns;
   private final boolean verifyChecksums;
   private final boolean dedupe;
+  private final boolean includeAborted;
+  // The Kafka transactions' outcomes: read when the first transactional batch is met.
+  private TxnIndex transactions;
   private final KafkaBatch kafka = new KafkaBatch();
   private final ArrayDeque<BatchBuilder> ready = new ArrayDeque<>();
   // Builders whose batch Spark is done with (it asked for the next one): their arrays are
@@ -79,12 +82,19 @@ final class RangeDecoder {
   private long[] storeMs = new long[0];
   private long[] firstOffsets = new long[0];
 
-  RangeDecoder(LogDir log, Slice[] slices, int[] columns, boolean verify, boolean dedupe) {
+  RangeDecoder(
+      LogDir log,
+      Slice[] slices,
+      int[] columns,
+      boolean verify,
+      boolean dedupe,
+      boolean includeAborted) {
     this.log = log;
     this.slices = slices;
     this.columns = columns;
     this.verifyChecksums = verify;
     this.dedupe = dedupe;
+    this.includeAborted = includeAborted;
     this.builder = new BatchBuilder(columns);
   }
 
@@ -523,6 +533,9 @@ final class RangeDecoder {
     if ((flags & Layout.FLAG_TXN_CONTROL) != 0 || f.bodyLength < 0) {
       return; // a Kafka transaction marker is no record
     }
+    if (followLinks && !transactionShows(frame, at, f, position)) {
+      return;
+    }
     int[] selected = batchSelection(frame, f);
     kafka.decode(frame, f.body, f.bodyLength, position);
     KafkaBatch records = kafka;
@@ -564,6 +577,38 @@ final class RangeDecoder {
       }
       common(row, frame, at, f, k, offset, records.timestamps[r], position);
     }
+  }
+
+  /**
+   * Whether a Kafka batch's records are rows: not a control batch; a transactional one once
+   * committed (aborted too with includeAborted), never while open. The outcomes are read when
+   * the first transactional batch is met, and again once when a batch's transaction looks open
+   * (the planner saw the log later than this task may have): decode._transaction_shows.
+   */
+  private boolean transactionShows(byte[] frame, int at, Fields f, long position)
+      throws IOException {
+    TxnIndex.BatchTxn info = TxnIndex.batchTxn(frame, f.body, f.bodyLength);
+    if (info == null) {
+      return true;
+    }
+    if (info.control) {
+      return false;
+    }
+    String topic = new String(frame, f.topic, f.topicLength, StandardCharsets.UTF_8);
+    long queue = Layout.u32(frame, at + Layout.QUEUE);
+    TxnIndex.Outcome state = TxnIndex.Outcome.OPEN;
+    if (transactions != null) {
+      state = transactions.outcome(topic, queue, info.producerId, position);
+    }
+    if (state == TxnIndex.Outcome.OPEN) {
+      if (transactions == null) {
+        transactions = new TxnIndex();
+      }
+      transactions.refresh(log);
+      state = transactions.outcome(topic, queue, info.producerId, position);
+    }
+    return state == TxnIndex.Outcome.COMMITTED
+        || (includeAborted && state == TxnIndex.Outcome.ABORTED);
   }
 
   /** The frame's headers, into {@code overlay}, a name already there kept (outer LINK wins). */

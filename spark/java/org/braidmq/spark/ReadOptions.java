@@ -54,6 +54,7 @@ final class ReadOptions implements Serializable {
   final Long maxRecordsPerTrigger;
   final boolean verifyChecksums;
   final boolean dedupe;
+  final boolean includeAborted;
 
   private ReadOptions(Map<String, String> lowered, boolean streaming, Integer defaultMinPartitions) {
     String givenPath = get(lowered, "path");
@@ -134,6 +135,7 @@ final class ReadOptions implements Serializable {
     maxRecordsPerTrigger = parsePositive(get(lowered, "maxRecordsPerTrigger"), "maxRecordsPerTrigger");
     verifyChecksums = parseBool(get(lowered, "verifyChecksums"), true, "verifyChecksums");
     dedupe = parseBool(get(lowered, "dedupe"), false, "dedupe");
+    includeAborted = parseBool(get(lowered, "includeAborted"), false, "includeAborted");
   }
 
   /** Options as Spark passes them (keys case-insensitive there and here). */
@@ -187,8 +189,24 @@ final class ReadOptions implements Serializable {
 
   // -- offset ranges -----------------------------------------------------------------------
 
-  long startOffset(LogDir log, String topic, int queue) throws IOException {
+  /**
+   * {@code {first offset, readable end}} of a queue. With {@code transactions} (a read of
+   * committed data), the end of a user topic's queue is its Last Stable Offset: nothing at or
+   * past the first record of a Kafka transaction still open is read, as Kafka's read_committed
+   * consumers. System topics are read as stored (options.ReadOptions.bounds).
+   */
+  long[] bounds(LogDir log, String topic, int queue, TxnIndex transactions) throws IOException {
     long[] bounds = log.queueBounds(topic, queue);
+    if (transactions != null && !Layout.isSystemTopic(topic)) {
+      long stable = transactions.lastStableOffset(log, topic, queue);
+      bounds = new long[] {bounds[0], Math.max(bounds[0], Math.min(bounds[1], stable))};
+    }
+    return bounds;
+  }
+
+  long startOffset(LogDir log, String topic, int queue, TxnIndex transactions)
+      throws IOException {
+    long[] bounds = bounds(log, topic, queue, transactions);
     long offset = starting.resolve(topic, queue, bounds[0], bounds[1], EARLIEST);
     if (startTimeMs != null) {
       offset = Math.max(offset, log.offsetForTime(topic, queue, startTimeMs));
@@ -196,8 +214,8 @@ final class ReadOptions implements Serializable {
     return Math.max(bounds[0], Math.min(offset, bounds[1]));
   }
 
-  long endOffset(LogDir log, String topic, int queue) throws IOException {
-    long[] bounds = log.queueBounds(topic, queue);
+  long endOffset(LogDir log, String topic, int queue, TxnIndex transactions) throws IOException {
+    long[] bounds = bounds(log, topic, queue, transactions);
     long offset = ending.resolve(topic, queue, bounds[0], bounds[1], LATEST);
     if (endTimeMs != null) {
       offset = Math.min(offset, log.offsetForTime(topic, queue, endTimeMs));
@@ -205,12 +223,16 @@ final class ReadOptions implements Serializable {
     return Math.max(bounds[0], Math.min(offset, bounds[1]));
   }
 
-  /** The non-empty slices a batch read covers, one per selected queue, narrowed by filters. */
-  List<Slice> batchSlices(LogDir log, Pruning pruning) throws IOException {
+  /**
+   * The non-empty slices a batch read covers, one per selected queue, narrowed by filters, each
+   * ending at its Last Stable Offset with {@code transactions} (see {@link #bounds}).
+   */
+  List<Slice> batchSlices(LogDir log, Pruning pruning, TxnIndex transactions) throws IOException {
     List<Slice> out = new ArrayList<>();
     for (LogDir.QueueKey key : selectedQueues(log, pruning)) {
-      long start = pruning.narrowStart(log, key, startOffset(log, key.topic, key.queue));
-      long end = pruning.narrowEnd(log, key, endOffset(log, key.topic, key.queue));
+      long start =
+          pruning.narrowStart(log, key, startOffset(log, key.topic, key.queue, transactions));
+      long end = pruning.narrowEnd(log, key, endOffset(log, key.topic, key.queue, transactions));
       if (end > start) {
         out.add(new Slice(key.topic, key.queue, start, end));
       }

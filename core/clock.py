@@ -1,13 +1,18 @@
-"""Time for the group coordinator: a monotonic clock in milliseconds and one-shot timers.
+"""The one clock of the process: monotonic time, wall time and one-shot timers, injected.
 
-The coordinator needs three kinds of timers, all one-shot: the join deadline of a rebalance
-(rebalance timeout, or group.initial.rebalance.delay for an Empty group), the sync deadline after
-a join completes, and one session-expiry timer per member and per KIP-394 pending member.
-:class:`LoopClock` runs them on the running asyncio loop; :class:`ManualClock` runs them only when
-a test calls :meth:`ManualClock.advance`, so timeout tests take no wall time (uvicorn's
-``MockLoop.run_later`` is the model).
+Everything that measures a timeout takes a :class:`Clock` instead of reading
+``loop.time()`` or ``time.monotonic()`` itself: the gateways' keep-alive, heartbeat,
+handshake and idle checks and the close timeout of a transport, the group coordinator's
+join, sync and session deadlines, the transaction sweeper, the timer service's notion of
+"now". :class:`LoopClock` runs timers on the running asyncio loop; :class:`ManualClock` runs
+them only when a test calls :meth:`ManualClock.advance`, so timeout tests take no wall time
+(uvicorn's ``MockLoop.run_later`` is the model).
 
-Thread-safety: none; both clocks belong to the event-loop thread.
+Times are milliseconds: ``now_ms`` is monotonic (intervals, deadlines), ``wall_ms`` is the
+Unix epoch (what is written to the log: a delayed record's due time survives a restart, a
+monotonic reading does not).
+
+Thread-safety: none; a clock belongs to the event-loop thread.
 """
 
 from __future__ import annotations
@@ -17,9 +22,16 @@ import heapq
 import itertools
 import time
 from collections.abc import Callable
-from typing import Protocol
+from typing import Final, Protocol
+
+__all__ = ["Clock", "LoopClock", "ManualClock", "Timer"]
 
 _monotonic = time.monotonic
+_time_ns = time.time_ns
+
+# ManualClock's wall time at its monotonic zero: 2026-01-01T00:00:00Z, so wall-clock values in
+# tests look like real ones (a due time in the past of 1970 would be mistaken for "now").
+MANUAL_WALL_EPOCH_MS: Final = 1_767_225_600_000
 
 
 class Timer(Protocol):
@@ -29,22 +41,27 @@ class Timer(Protocol):
 
 
 class Clock(Protocol):
-    """Monotonic time in milliseconds and one-shot timers."""
+    """Monotonic and wall time in milliseconds, and one-shot timers."""
 
     def now_ms(self) -> float: ...
+
+    def wall_ms(self) -> int: ...
 
     def call_later(self, delay_ms: float, callback: Callable[[], None]) -> Timer: ...
 
 
 class LoopClock:
     """The monotonic clock asyncio's loop reads, with timers on the running loop. Looks the
-    loop up for each timer, so it can be built before the loop runs (the coordinator is created
-    at configuration time)."""
+    loop up for each timer, so it can be built before the loop runs (the group coordinator
+    and the listeners are created at configuration time)."""
 
     def now_ms(self) -> float:
         # asyncio's loop.time() is time.monotonic(); reading it directly saves looking up the
         # loop, which a transaction does twice (begin and each half set its deadline).
         return _monotonic() * 1000.0
+
+    def wall_ms(self) -> int:
+        return _time_ns() // 1_000_000
 
     def call_later(self, delay_ms: float, callback: Callable[[], None]) -> Timer:
         return asyncio.get_running_loop().call_later(max(delay_ms, 0.0) / 1000.0, callback)
@@ -65,16 +82,21 @@ class _ManualTimer:
 class ManualClock:
     """A clock that moves only when told to: for tests, and for anything replaying time.
 
-    Timers due at the same instant fire in the order they were scheduled.
+    Timers due at the same instant fire in the order they were scheduled. Wall time moves with
+    monotonic time, from ``MANUAL_WALL_EPOCH_MS`` at ``start_ms``.
     """
 
     def __init__(self, start_ms: float = 0.0) -> None:
         self._now_ms = start_ms
+        self._wall_offset_ms = MANUAL_WALL_EPOCH_MS - start_ms
         self._heap: list[tuple[float, int, _ManualTimer]] = []
         self._sequence = itertools.count()
 
     def now_ms(self) -> float:
         return self._now_ms
+
+    def wall_ms(self) -> int:
+        return int(self._now_ms + self._wall_offset_ms)
 
     def call_later(self, delay_ms: float, callback: Callable[[], None]) -> Timer:
         timer = _ManualTimer(self._now_ms + max(delay_ms, 0.0), callback)

@@ -1,0 +1,108 @@
+"""LimitsStore: RabbitMQ's per-user and per-vhost limits, durable in the log.
+
+RabbitMQ keeps user limits (``max-connections``, ``max-channels``) in the user record and vhost
+limits (``max-connections``, ``max-queues``) as the vhost's ``vhost-limits`` runtime parameter;
+both are set with ``PUT /api/user-limits/{user}/{name}`` and ``PUT /api/vhost-limits/{vhost}/
+{name}`` ``{"value": N}``. Here both live in the system topic ``__limits`` (a
+:class:`~core.state.table.DurableTable`: one record per change, replayed on start). Keys are
+JSON arrays ``["user", name]`` and ``["vhost", name]``; values are JSON objects
+``{"max-connections": N, ...}``. A negative value means no limit and ``0`` refuses every
+connection or queue, as RabbitMQ (``rabbit_vhost_limit:is_over_connection_limit``).
+
+Not thread-safe: the event loop's thread, like the log store.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Final
+
+from core.log import LogStore
+from core.state.table import DurableTable
+
+LIMITS_TOPIC: Final = "__limits"  # a system topic ("__": reserved, core/log/names.py)
+MAX_CONNECTIONS: Final = "max-connections"
+MAX_CHANNELS: Final = "max-channels"
+MAX_QUEUES: Final = "max-queues"
+# The names each kind accepts (rabbit_auth_backend_internal:user_limit_validation,
+# rabbit_vhost_limit:vhost_limit_validation).
+USER_LIMIT_NAMES: Final = (MAX_CONNECTIONS, MAX_CHANNELS)
+VHOST_LIMIT_NAMES: Final = (MAX_CONNECTIONS, MAX_QUEUES)
+USER: Final = "user"
+VHOST: Final = "vhost"
+_NAMES: Final = {USER: USER_LIMIT_NAMES, VHOST: VHOST_LIMIT_NAMES}
+
+
+class LimitError(ValueError):
+    """A limit that cannot be set; the message is RabbitMQ's (a 400 ``bad_request``)."""
+
+
+def _key(kind: str, name: str) -> str:
+    return json.dumps([kind, name])
+
+
+class LimitsStore:
+    def __init__(self, store: LogStore) -> None:
+        self.table = DurableTable(store, LIMITS_TOPIC)
+        store.retention_guards.append(self._segment_is_owed)
+        self._limits: dict[tuple[str, str], dict[str, int]] = {}
+        for key, value in self.table.items():
+            kind, name = json.loads(key)
+            self._limits[(kind, name)] = dict(json.loads(value))
+        self._last_end = 0
+
+    @property
+    def durable_end(self) -> int:
+        """Log position after the last change: wait for it to make every change durable."""
+        return self._last_end
+
+    def limits(self, kind: str) -> dict[str, dict[str, int]]:
+        """``{user or vhost: {limit name: value}}`` of every one that has limits."""
+        return {name: dict(values) for (k, name), values in self._limits.items() if k == kind}
+
+    def limit(self, kind: str, name: str, limit: str) -> int | None:
+        """The limit's value, or None when there is none (not set, or negative)."""
+        value = self._limits.get((kind, name), {}).get(limit)
+        return None if value is None or value < 0 else value
+
+    def set_limit(self, kind: str, name: str, limit: str, value: object) -> int:
+        """Set one limit (RabbitMQ's update_limit); returns the log position to wait for."""
+        allowed = _NAMES[kind]
+        if limit not in allowed:
+            # rabbit_parameter_validation:proplist's text for a key it does not know.
+            raise LimitError(f'Unrecognised terms [{{<<"{limit}">>,{value}}}] in {kind}-limits')
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise LimitError(f"{limit} should be a number, actually was {value!r}")
+        values = dict(self._limits.get((kind, name), {}))
+        values[limit] = value
+        return self._write(kind, name, values)
+
+    def clear_limit(self, kind: str, name: str, limit: str) -> int:
+        """Remove one limit (``DELETE``; ``all`` removes every one of a user, as RabbitMQ)."""
+        values = dict(self._limits.get((kind, name), {}))
+        if limit == "all":
+            values.clear()
+        values.pop(limit, None)
+        return self._write(kind, name, values)
+
+    def forget(self, kind: str, name: str) -> None:
+        """The user or vhost was deleted: its limits go with it."""
+        if (kind, name) in self._limits:
+            self._write(kind, name, {})
+
+    def _write(self, kind: str, name: str, values: Mapping[str, int]) -> int:
+        key = _key(kind, name)
+        if values:
+            appended = self.table.put(key, json.dumps(dict(values), sort_keys=True).encode())
+            self._limits[(kind, name)] = dict(values)
+            self._last_end = appended.end
+        else:
+            self._limits.pop((kind, name), None)
+            deleted = self.table.delete(key)
+            if deleted is not None:
+                self._last_end = deleted.end
+        return self._last_end
+
+    def _segment_is_owed(self, start: int, end: int) -> bool:
+        return self.table.needs_segment_before(end)
