@@ -19,6 +19,9 @@ frames our bytes.
   is handed on once the frame is complete (continuations included), its pieces joined once. A
   message larger than ``max_message`` closes with 1009. Ping gets pong; close gets close.
 - Ours: one unmasked binary frame per write (the MQTT side writes once per loop iteration).
+- Every violation -- a refused handshake, a handshake that never came, a bad frame -- is logged
+  with the peer's address and the answer it got (issue 21 item 8: they used to go unlogged),
+  and only that connection closes.
 
 Why wsproto and a fast path (issue 16), measured with ``python -m bench mqtt_ws`` on 100 B QoS 0
 publishes over WebSocket (2026-11-26, two alternating pairs): wsproto alone cost the broker
@@ -41,6 +44,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import hashlib
+import logging
 import struct
 from typing import Any, Final, NamedTuple, Protocol
 
@@ -48,6 +52,8 @@ from wsproto.connection import Connection, ConnectionState, ConnectionType
 from wsproto.events import BytesMessage, CloseConnection, Ping, TextMessage
 
 from core.api import Clock, Timer
+
+log = logging.getLogger(__name__)
 
 
 class MqttStream(Protocol):
@@ -122,10 +128,18 @@ class Close(NamedTuple):
 
 
 class WebSocketError(Exception):
-    def __init__(self, code: int, reason: str) -> None:
+    """The peer broke the protocol: ``code`` is the close code sent (0 before the handshake,
+    when ``status`` is the HTTP status sent instead), ``reason`` says what was wrong."""
+
+    def __init__(self, code: int, reason: str, status: str = "") -> None:
         super().__init__(reason)
         self.code = code
         self.reason = reason
+        self.status = status
+
+    @property
+    def answer(self) -> str:
+        return f"HTTP {self.status}" if self.status else f"close {self.code}"
 
 
 def accept_key(key: str) -> str:
@@ -195,7 +209,10 @@ class WebSocketCodec:
             end = request.find(b"\r\n\r\n")
             if end < 0:
                 if len(request) > MAX_HANDSHAKE_BYTES:
-                    self._http_error("431 Request Header Fields Too Large")
+                    self._http_error(
+                        "431 Request Header Fields Too Large",
+                        f"handshake over {MAX_HANDSHAKE_BYTES} bytes",
+                    )
                 self._request = request
                 return events
             self._request = b""
@@ -319,7 +336,7 @@ class WebSocketCodec:
         lines = request.split("\r\n")
         parts = lines[0].split(" ")
         if len(parts) != 3 or parts[0] != "GET" or not parts[2].startswith("HTTP/1."):
-            self._http_error("400 Bad Request")
+            self._http_error("400 Bad Request", f"not a GET request line: {lines[0][:80]!r}")
         headers: dict[str, str] = {}
         for line in lines[1:]:
             name, colon, value = line.partition(":")
@@ -329,13 +346,19 @@ class WebSocketCodec:
                 headers[key] = f"{headers[key]}, {value}" if key in headers else value
         path = parts[1].split("?", 1)[0]
         if path != WS_PATH:
-            self._http_error("404 Not Found")
+            self._http_error("404 Not Found", f"path {path[:80]!r} is not {WS_PATH}")
         connection = {token.strip().lower() for token in headers.get("connection", "").split(",")}
         key = headers.get("sec-websocket-key", "")
         if headers.get("upgrade", "").lower() != "websocket" or "upgrade" not in connection:
-            self._http_error("426 Upgrade Required", [("Upgrade", "websocket")])
+            self._http_error(
+                "426 Upgrade Required", "no Upgrade: websocket", [("Upgrade", "websocket")]
+            )
         if headers.get("sec-websocket-version") != "13" or not key:
-            self._http_error("400 Bad Request", [("Sec-WebSocket-Version", "13")])
+            self._http_error(
+                "400 Bad Request",
+                "no Sec-WebSocket-Key or version not 13",
+                [("Sec-WebSocket-Version", "13")],
+            )
         offered = [p.strip() for p in headers.get("sec-websocket-protocol", "").split(",")]
         chosen = next((p for p in offered if p in SUBPROTOCOLS), None)
         response = [
@@ -349,10 +372,12 @@ class WebSocketCodec:
         self.open = True
         return Handshake(path, chosen)
 
-    def _http_error(self, status: str, headers: list[tuple[str, str]] | None = None) -> None:
+    def _http_error(
+        self, status: str, why: str, headers: list[tuple[str, str]] | None = None
+    ) -> None:
         self.outgoing.append(_http_response(status, [*(headers or []), ("Content-Length", "0")]))
         self.closed = True
-        raise WebSocketError(0, status)
+        raise WebSocketError(0, f"bad handshake: {why}", status)
 
     def _fail(self, code: int, reason: str) -> None:
         self.outgoing.append(self.close_frame(code, reason))
@@ -420,9 +445,20 @@ class WebSocketProtocol(asyncio.Protocol):
             self.inner.connect_timeout_s * 1000, self._handshake_timeout
         )
 
+    def _peer(self) -> str:
+        peer = self.transport.get_extra_info("peername") if self.transport is not None else None
+        if isinstance(peer, tuple) and len(peer) >= 2:
+            return f"{peer[0]}:{peer[1]}"
+        return "?"
+
     def _handshake_timeout(self) -> None:
         self.timer = None
         if not self.started and self.transport is not None:
+            log.info(
+                "mqtt-ws from %s: no handshake within %.3g s: closed",
+                self._peer(),
+                self.inner.connect_timeout_s,
+            )
             self.transport.abort()
 
     def data_received(self, data: bytes) -> None:
@@ -430,7 +466,8 @@ class WebSocketProtocol(asyncio.Protocol):
         codec = self.codec
         try:
             events = codec.receive(data)
-        except WebSocketError:
+        except WebSocketError as error:
+            log.info("mqtt-ws from %s: %s: answered %s", self._peer(), error.reason, error.answer)
             self._send_outgoing()
             self.transport.close()
             if self.started:
