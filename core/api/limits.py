@@ -176,6 +176,12 @@ class LimitCalls(ConnectionCalls):
         config = self._limits().config
         return config.max_outgoing_buffer_bytes, config.stalled_client_timeout_s
 
+    def kafka_connections_max_idle_ms(self, context: ClientContext) -> int:
+        """``[limits] kafka_connections_max_idle_ms``: how long a Kafka connection may go
+        without a request or a response before it is closed (Kafka's
+        ``connections.max.idle.ms``; docs/limits.md, "Idle connections")."""
+        return self._limits().config.kafka_connections_max_idle_ms
+
     # -- RabbitMQ's user and vhost limits (management API) -----------------------------------
 
     def user_limits(self, context: ClientContext) -> dict[str, dict[str, int]]:

@@ -47,6 +47,11 @@ MIN_OUTGOING_BUFFER_BYTES: Final = 64 * 1024
 # socket write has been blocked that long. Mosquitto has none; EMQX's force_shutdown policy kills
 # a client whose mailbox grows past max_mailbox_size instead.
 DEFAULT_STALLED_CLIENT_TIMEOUT_S: Final = 15.0
+# Milliseconds a Kafka connection may go without a request or a response before it is closed
+# with a log line: Kafka's connections.max.idle.ms (600,000 ms, 10 minutes), enforced by its
+# Selector. Clients reconnect when they next need the broker (the Java client, kafka-python and
+# aiokafka close theirs after 540,000 ms themselves, just under it; librdkafka keeps them).
+DEFAULT_KAFKA_CONNECTIONS_MAX_IDLE_MS: Final = 600_000
 
 
 @dataclass(frozen=True)
@@ -75,6 +80,8 @@ class LimitsConfig:
     max_outgoing_buffer_bytes: int = DEFAULT_MAX_OUTGOING_BUFFER_BYTES
     # A connection whose outgoing buffer stays over that bound this long is disconnected.
     stalled_client_timeout_s: float = DEFAULT_STALLED_CLIENT_TIMEOUT_S
+    # A Kafka connection idle this long (no request, nothing sent) is closed.
+    kafka_connections_max_idle_ms: int = DEFAULT_KAFKA_CONNECTIONS_MAX_IDLE_MS
 
     def __post_init__(self) -> None:
         if self.kafka_max_request_bytes_before_login < 64:
@@ -95,6 +102,11 @@ class LimitsConfig:
         if not self.stalled_client_timeout_s > 0:
             raise ValueError(
                 f"stalled_client_timeout_s must be above 0, not {self.stalled_client_timeout_s}"
+            )
+        if self.kafka_connections_max_idle_ms < 1:
+            raise ValueError(
+                "kafka_connections_max_idle_ms must be at least 1, "
+                f"not {self.kafka_connections_max_idle_ms}"
             )
         if not 1 <= self.max_message_size <= MAX_MESSAGE_SIZE_CEILING:
             raise ValueError(

@@ -21,6 +21,10 @@ requests still owed a response hold more than ``MAX_PENDING_BYTES`` or number mo
 ``MAX_PENDING_REQUESTS``, or while the transport's write buffer is above its high-water mark
 (``pause_writing``); it resumes once they are back under half of that.
 
+Idle connections: a connection with no read and no write for ``[limits]
+kafka_connections_max_idle_ms`` that owes no response is closed with a log line, as Kafka's
+Selector closes one idle for ``connections.max.idle.ms`` (one lazily re-armed timer each).
+
 Errors: a frame with a bad size prefix or a request that does not parse, or a request for an API
 or version we do not speak (other than ApiVersions, answered per KIP-511), closes that
 connection, with a log line, as the Kafka broker does; nothing else is affected. A handler that
@@ -45,6 +49,7 @@ from core.api import (
     Clock,
     LoopClock,
     RestOfCoroutine,
+    Timer,
     run_until_first_wait,
 )
 from gateway.kafka import access, acls, admin, fetch, groups, produce, txn_handlers
@@ -74,6 +79,10 @@ from gateway.kafka.transactions import TransactionCoordinator
 from gateway.transport import GatewayTransport, TransportLimits
 
 log = logging.getLogger(__name__)
+
+# Kafka's connections.max.idle.ms default (10 minutes); the listener reads the [limits] setting
+# (core/limits/config.py) at start.
+DEFAULT_KAFKA_CONNECTIONS_MAX_IDLE_MS: Final = 600_000
 
 # High-water marks of the requests a connection may have in flight (owed a response). librdkafka
 # keeps up to 1,000,000 requests in flight (5 per partition when idempotent) and Kafka reads on
@@ -122,6 +131,7 @@ METRICS: Final = (
     "committed",
     "aborted",
     "expired",
+    "idle_disconnects",
 )
 
 
@@ -163,6 +173,11 @@ class KafkaConnection(GatewayTransport):
         self.pending_bytes = 0  # frame sizes of the requests owed a response
         self.tasks: set[asyncio.Task[Any]] = set()
         self.counted_user = ""  # whom the connection counts for (its login, once logged in)
+        # [limits] kafka_connections_max_idle_ms: checked by one timer, re-armed lazily from
+        # the last read (``last_read_ms``) or write (the transport's ``last_write_ms``).
+        self.idle_timeout_ms = server.connections_max_idle_ms
+        self.last_read_ms = self.clock.now_ms()
+        self._idle_timer: Timer | None = None
 
     # -- connection lifecycle ----------------------------------------------------------------
 
@@ -193,12 +208,16 @@ class KafkaConnection(GatewayTransport):
             return
         self.server.connections.add(self)
         kafka_connection_opened(self.context.api, self)  # shown in /api/connections
+        self._idle_timer = self.clock.call_later(self.idle_timeout_ms, self._check_idle)
         self.metrics["connections_opened"] += 1
         if not self.context.api.may_accept_connection():  # near the descriptor limit
             self.abort()
 
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
+            self._idle_timer = None
         self.server.connections.discard(self)
         kafka_connection_closed(self.context.api, self)
         self.metrics["connections_closed"] += 1
@@ -230,6 +249,32 @@ class KafkaConnection(GatewayTransport):
         kafka_connection_opened(self.context.api, self)  # again: now as that user
         return True
 
+    def _check_idle(self) -> None:
+        """Close the connection once it has gone ``idle_timeout_ms`` without a read or a write
+        and owes no response, as Kafka's Selector closes a channel idle for
+        ``connections.max.idle.ms`` (a long-poll fetch or a commit waiting for its fsync owes
+        one; the client is then waiting on us, not idle)."""
+        self._idle_timer = None
+        if self.closed:
+            return
+        now = self.clock.now_ms()
+        if self.pending:
+            self.last_read_ms = now  # idle from when the last response goes, at the earliest
+        due = max(self.last_read_ms, self.last_write_ms) + self.idle_timeout_ms
+        if now < due:
+            self._idle_timer = self.clock.call_later(due - now, self._check_idle)
+            return
+        self.metrics["idle_disconnects"] += 1
+        log.info(
+            "kafka: %s (client %r): no request for %d ms ([limits] "
+            "kafka_connections_max_idle_ms, Kafka's connections.max.idle.ms); closing the "
+            "idle connection",
+            self.connection.peer,
+            self.connection.client_id,
+            now - max(self.last_read_ms, self.last_write_ms),
+        )
+        self.close()
+
     def _update_reading(self) -> None:
         """Pause reading while the requests owed a response are too many or too large; resume
         once they are back under half of that."""
@@ -246,6 +291,7 @@ class KafkaConnection(GatewayTransport):
         if self.closed:
             return
         self.metrics["request_bytes"] += len(data)
+        self.last_read_ms = self.clock.now_ms()
         decoder = self.decoder
         completed = False
         try:
@@ -446,6 +492,8 @@ class KafkaServer:
         # at start (the limits service is configured by then).
         self.max_request_size_before_login = max_request_size
         self.incomplete_request_timeout_s: float | None = None
+        # [limits] kafka_connections_max_idle_ms, read at start.
+        self.connections_max_idle_ms: float = DEFAULT_KAFKA_CONNECTIONS_MAX_IDLE_MS
         self.limits = limits
         self.clock: Clock = clock if clock is not None else LoopClock()
         self.metrics: dict[str, int] = dict.fromkeys(METRICS, 0)
@@ -476,6 +524,9 @@ class KafkaServer:
         )
         self.max_request_size_before_login = before_login
         self.incomplete_request_timeout_s = incomplete_timeout_s
+        self.connections_max_idle_ms = api.kafka_connections_max_idle_ms(
+            ClientContext(PROTOCOL_KAFKA, connection_id="kafka-listener")
+        )
         table = MetadataTable(api)
         producer_ids = ProducerIdAllocator(table)
         transactions = TransactionCoordinator(api, table, producer_ids, metrics=self.metrics)
