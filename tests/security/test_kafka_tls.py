@@ -432,9 +432,11 @@ def test_kafka_python_refusals(
         options = kafka_python_sasl(braid, pki, "SCRAM-SHA-512", user, password)
     else:
         options = kafka_python_ssl(braid, pki, certificate)
-    # kafka-python retries a refused bootstrap connection until its request timeout, then
-    # raises; the refusal itself is in its log. The refusal comes at once: a short timeout.
+    # kafka-python 3 retries a refused bootstrap connection until its bootstrap timeout (30 s
+    # by default), then raises; the refusal itself is in its log. The refusal comes at once: a
+    # short timeout.
     options["request_timeout_ms"] = 5000
+    options["bootstrap_timeout_ms"] = 5000
     with caplog.at_level(logging.WARNING, logger="kafka"), pytest.raises(KafkaTimeoutError):
         KafkaProducer(**options)
     reasons = " ".join(record.getMessage() for record in caplog.records)
