@@ -25,7 +25,6 @@ import contextlib
 import datetime
 import os
 import platform
-import pwd
 import shutil
 import signal
 import socket
@@ -45,6 +44,8 @@ from pamqp import commands
 from pamqp import frame as pamqp_frame
 from pamqp.base import Frame
 
+from bench.rabbitmq import launch_rabbitmq, rabbitmq_version, stop_rabbitmq
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SIZES = (100, 1024)
 MESSAGES = 20_000
@@ -54,7 +55,6 @@ WINDOW = 1000  # unconfirmed publishes in flight
 READY_TIMEOUT_S = 60.0
 RUN_TIMEOUT_S = 60.0
 FRAME_MAX = 131072
-RABBITMQ_SERVER = "/usr/lib/rabbitmq/bin/rabbitmq-server"
 
 # --- a minimal AMQP 0-9-1 client --------------------------------------------------------------
 
@@ -363,41 +363,16 @@ def braid_server(root: Path) -> Iterator[tuple[int, list[int]]]:
 
 @contextlib.contextmanager
 def rabbitmq_server(root: Path) -> Iterator[tuple[int, list[int]]]:
-    if not Path(RABBITMQ_SERVER).exists():
-        raise RuntimeError("rabbitmq-server is not installed (apt-get install -y rabbitmq-server)")
-    user = pwd.getpwnam("rabbitmq")
-    base = root / "rabbitmq"
-    for sub in ("", "mnesia", "log", "home"):
-        (base / sub).mkdir(exist_ok=True)
-        os.chown(base / sub, user.pw_uid, user.pw_gid)
-    os.chmod(root, 0o755)
     port = free_port()
-    env = {
-        "HOME": str(base / "home"),
-        "RABBITMQ_NODE_IP_ADDRESS": "127.0.0.1",
-        "RABBITMQ_NODE_PORT": str(port),
-        "RABBITMQ_DIST_PORT": str(free_port()),
-        "RABBITMQ_NODENAME": f"braidbench{os.getpid()}@localhost",
-        "RABBITMQ_MNESIA_BASE": str(base / "mnesia"),
-        "RABBITMQ_LOG_BASE": str(base / "log"),
-        "RABBITMQ_ENABLED_PLUGINS_FILE": str(base / "enabled_plugins"),
-    }
-    (base / "enabled_plugins").write_text("[].\n")
-    os.chown(base / "enabled_plugins", user.pw_uid, user.pw_gid)
-    command = ["runuser", "-u", "rabbitmq", "--", "env", *(f"{k}={v}" for k, v in env.items())]
-    with (root / "rabbitmq.out").open("w") as log_file:
-        process = subprocess.Popen(
-            [*command, RABBITMQ_SERVER],
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            cwd=base,
-        )
+    os.chmod(root, 0o755)  # the node's user must reach root/rabbitmq
+    process = launch_rabbitmq(
+        root / "rabbitmq", node=f"braidbench{os.getpid()}", amqp_port=port, dist_port=free_port()
+    )
     try:
         wait_for_port(port, process, "rabbitmq-server")
         yield port, [pid for pid in tree_pids(process) if pid != process.pid]
     finally:
-        stop_group(process)
+        stop_rabbitmq(process)
 
 
 # --- main --------------------------------------------------------------------------------------
@@ -412,18 +387,6 @@ def machine() -> str:
                 break
     memory = psutil.virtual_memory().total / 2**30
     return f"{os.cpu_count()} vCPU {cpu}, {memory:.0f} GiB RAM, Linux {platform.release()}"
-
-
-def rabbitmq_version() -> str:
-    with contextlib.suppress(Exception):
-        out = subprocess.run(
-            ["dpkg-query", "-W", "-f=${Version}", "rabbitmq-server"],
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        return out.stdout.strip() or "?"
-    return "?"
 
 
 def table(results: list[RunResult]) -> str:

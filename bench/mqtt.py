@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench.rabbitmq import launch_rabbitmq, rabbitmq_missing, rabbitmq_version, stop_rabbitmq
 from gateway.mqtt.codec import (
     Connack,
     Connect,
@@ -196,99 +197,56 @@ class Mosquitto(BrokerProcess):
         self.version = (out.stdout.splitlines() or [""])[0].replace("mosquitto version ", "")
 
 
-RABBITMQ_SERVER = "/usr/lib/rabbitmq/bin/rabbitmq-server"
-
-
 class RabbitMQ(BrokerProcess):
-    """rabbitmq-server with rabbitmq_mqtt, as user ``rabbitmq``, in directories it owns."""
-
-    def available(self) -> str | None:
-        if not Path(RABBITMQ_SERVER).exists():
-            return "rabbitmq-server not installed (apt-get install rabbitmq-server)"
-        if os.geteuid() != 0 or not shutil.which("runuser"):
-            return "needs root to run rabbitmq-server as user rabbitmq"
-        return None
-
-    def start(self) -> None:
-        import pwd
-
-        # Its own directory under the system temp dir: the run's work dir is private to us.
-        base = self.base = Path(tempfile.mkdtemp(prefix="bench-mqtt-rabbitmq-"))
-        for sub in ("mnesia", "log", "home"):
-            (base / sub).mkdir(parents=True, exist_ok=True)
-        amqp_port, dist_port = free_port(), free_port()
-        (base / "rabbitmq.conf").write_text(
-            f"listeners.tcp.default = 127.0.0.1:{amqp_port}\n"
-            f"mqtt.listeners.tcp.default = 127.0.0.1:{self.port}\n"
-            "mqtt.allow_anonymous = true\n"
-            "loopback_users = none\n"
-        )
-        (base / "enabled_plugins").write_text("[rabbitmq_mqtt].\n")
-        user = pwd.getpwnam("rabbitmq")
-        for path in [base, *base.rglob("*")]:
-            os.chown(path, user.pw_uid, user.pw_gid)
-        env = {
-            "HOME": str(base / "home"),
-            "RABBITMQ_NODENAME": f"braidbench{os.getpid()}@localhost",
-            "RABBITMQ_NODE_IP_ADDRESS": "127.0.0.1",
-            "RABBITMQ_NODE_PORT": str(amqp_port),
-            "RABBITMQ_DIST_PORT": str(dist_port),
-            "RABBITMQ_MNESIA_BASE": str(base / "mnesia"),
-            "RABBITMQ_LOG_BASE": str(base / "log"),
-            "RABBITMQ_CONFIG_FILE": str(base / "rabbitmq.conf"),
-            "RABBITMQ_ENABLED_PLUGINS_FILE": str(base / "enabled_plugins"),
-            "RABBITMQ_PID_FILE": str(base / "rabbitmq.pid"),
-        }
-        self.process = subprocess.Popen(
-            [
-                "runuser",
-                "-u",
-                "rabbitmq",
-                "--",
-                "env",
-                *(f"{k}={v}" for k, v in env.items()),
-                RABBITMQ_SERVER,
-            ],
-            stdout=(base / "rabbitmq.log").open("w"),
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        wait_for_port(self.port, START_TIMEOUT_S, self.process)
-        self.version = _rabbitmq_version()
+    """rabbitmq-server with rabbitmq_mqtt (bench/rabbitmq.py starts and stops it)."""
 
     base: Path | None = None
+    plugins: tuple[str, ...] = ("rabbitmq_mqtt",)
+
+    def available(self) -> str | None:
+        return rabbitmq_missing()
+
+    def config(self, node_dir: Path) -> list[str]:
+        """The node's rabbitmq.conf lines besides its AMQP listener (files it needs may be put
+        in ``node_dir``, which becomes the node's)."""
+        return [
+            f"mqtt.listeners.tcp.default = 127.0.0.1:{self.port}",
+            "mqtt.allow_anonymous = true",
+            "loopback_users = none",
+        ]
+
+    def amqp_port(self) -> int:
+        return free_port()
+
+    def ports(self) -> list[int]:
+        """The ports to wait for before the node counts as started."""
+        return [self.port]
+
+    def start(self) -> None:
+        # Its own directory under the system temp dir: the run's work dir is private to us.
+        base = self.base = Path(tempfile.mkdtemp(prefix="bench-rabbitmq-"))
+        os.chmod(base, 0o755)
+        node_dir = base / "node"
+        node_dir.mkdir()
+        self.process = launch_rabbitmq(
+            node_dir,
+            node=f"braidbench{os.getpid()}",
+            amqp_port=self.amqp_port(),
+            dist_port=free_port(),
+            config=self.config(node_dir),
+            plugins=self.plugins,
+        )
+        for port in self.ports():
+            wait_for_port(port, START_TIMEOUT_S, self.process)
+        self.version = rabbitmq_version()
 
     def stop(self) -> None:
         try:
-            self._stop()
+            if self.process is not None:
+                stop_rabbitmq(self.process)
         finally:
             if self.base is not None:
                 shutil.rmtree(self.base, ignore_errors=True)
-
-    def _stop(self) -> None:
-        if self.process is None or self.process.poll() is not None:
-            return
-        import psutil
-
-        for pid in reversed(self.pids()):
-            with contextlib.suppress(psutil.Error):
-                proc = psutil.Process(pid)
-                if proc.name() in ("beam.smp", "erl_child_setup", "sh", "runuser"):
-                    proc.terminate()
-        try:
-            self.process.wait(20)
-        except subprocess.TimeoutExpired:
-            for pid in self.pids():
-                with contextlib.suppress(psutil.Error):
-                    psutil.Process(pid).kill()
-            self.process.wait(5)
-
-
-def _rabbitmq_version() -> str:
-    plugins = Path("/usr/lib/rabbitmq/lib")
-    for entry in sorted(plugins.glob("rabbitmq_server-*")):
-        return entry.name.split("-", 1)[1]
-    return "?"
 
 
 AMQTT_SCRIPT = """
@@ -368,8 +326,7 @@ class _Peer(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         decoder = self.decoder
         if decoder is not None:  # setup: CONNACK / SUBACK
-            decoder.feed(data)
-            for packet in decoder.read_packets():
+            for packet in decoder.feed(data):
                 future = self.run.replies.pop(type(packet), None)
                 if future is not None and not future.done():
                     future.set_result(packet)

@@ -40,7 +40,6 @@ import asyncio
 import contextlib
 import datetime
 import os
-import pwd
 import shutil
 import socket
 import ssl
@@ -210,59 +209,35 @@ def braid(root: Path, certificates: Certificates) -> Iterator[Broker]:
 
 
 class RabbitTls(mqtt_bench.RabbitMQ):
-    """rabbitmq-server with a plain and a TLS AMQP listener (bench/mqtt.py's start and stop,
-    its config written for AMQPS instead of MQTT)."""
+    """rabbitmq-server with a plain and a TLS AMQP listener (bench/mqtt.py's node, its config
+    written for AMQPS instead of MQTT)."""
 
     certificates: Certificates
     amqps_port: int
+    plugins = ()
 
-    def start(self) -> None:
-        base = self.base = Path(tempfile.mkdtemp(prefix="bench-tls-rabbitmq-"))
-        for sub in ("mnesia", "log", "home"):
-            (base / sub).mkdir(parents=True, exist_ok=True)
+    def amqp_port(self) -> int:
+        return self.port
+
+    def config(self, node_dir: Path) -> list[str]:
+        (self.amqps_port,) = free_ports(1)
         for name, source in (
             ("ca.pem", self.certificates.ca),
             ("server.pem", self.certificates.cert),
             ("server.key", self.certificates.key),
         ):
-            shutil.copy(source, base / name)
-        dist_port, self.amqps_port = free_ports(2)
-        (base / "rabbitmq.conf").write_text(
-            f"listeners.tcp.default = 127.0.0.1:{self.port}\n"
-            f"listeners.ssl.default = 127.0.0.1:{self.amqps_port}\n"
-            f"ssl_options.cacertfile = {base / 'ca.pem'}\n"
-            f"ssl_options.certfile = {base / 'server.pem'}\n"
-            f"ssl_options.keyfile = {base / 'server.key'}\n"
-            "ssl_options.verify = verify_none\n"
-            "ssl_options.fail_if_no_peer_cert = false\n"
-        )
-        (base / "enabled_plugins").write_text("[].\n")
-        user = pwd.getpwnam("rabbitmq")
-        for path in [base, *base.rglob("*")]:
-            os.chown(path, user.pw_uid, user.pw_gid)
-        env = {
-            "HOME": str(base / "home"),
-            "RABBITMQ_NODENAME": f"braidbenchtls{os.getpid()}@localhost",
-            "RABBITMQ_NODE_IP_ADDRESS": "127.0.0.1",
-            "RABBITMQ_NODE_PORT": str(self.port),
-            "RABBITMQ_DIST_PORT": str(dist_port),
-            "RABBITMQ_MNESIA_BASE": str(base / "mnesia"),
-            "RABBITMQ_LOG_BASE": str(base / "log"),
-            "RABBITMQ_CONFIG_FILE": str(base / "rabbitmq.conf"),
-            "RABBITMQ_ENABLED_PLUGINS_FILE": str(base / "enabled_plugins"),
-            "RABBITMQ_PID_FILE": str(base / "rabbitmq.pid"),
-        }
-        command = ["runuser", "-u", "rabbitmq", "--", "env"]
-        command += [f"{key}={value}" for key, value in env.items()]
-        self.process = subprocess.Popen(
-            [*command, mqtt_bench.RABBITMQ_SERVER],
-            stdout=(base / "rabbitmq.log").open("w"),
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        for port in (self.port, self.amqps_port):
-            wait_for_port(port, self.process, "rabbitmq-server")
-        self.version = mqtt_bench._rabbitmq_version()
+            shutil.copy(source, node_dir / name)
+        return [
+            f"listeners.ssl.default = 127.0.0.1:{self.amqps_port}",
+            f"ssl_options.cacertfile = {node_dir / 'ca.pem'}",
+            f"ssl_options.certfile = {node_dir / 'server.pem'}",
+            f"ssl_options.keyfile = {node_dir / 'server.key'}",
+            "ssl_options.verify = verify_none",
+            "ssl_options.fail_if_no_peer_cert = false",
+        ]
+
+    def ports(self) -> list[int]:
+        return [self.port, self.amqps_port]
 
     def broker_pids(self) -> list[int]:
         """The Erlang VM and its helpers, without the runuser wrapper."""
