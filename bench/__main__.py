@@ -26,6 +26,7 @@ BENCHMARKS: dict[str, str] = {
     "compare": "bench.compare",
     "mgmt": "bench.management",
     "tls": "bench.tls",
+    "soak": "bench.soak",
 }
 
 
