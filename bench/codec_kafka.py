@@ -138,9 +138,7 @@ def _count_records(batch: bytes) -> int:
 
 def _decode_all(stream: bytes, frames: int) -> Callable[[], int]:
     def run() -> int:
-        decoder = KafkaDecoder()
-        decoder.feed(stream)
-        count = sum(1 for _ in decoder.events())
+        count = len(KafkaDecoder().feed(stream))
         assert count == frames
         return count
 

@@ -21,9 +21,13 @@ tagged fields) follows a flexible response, v0 (correlation_id) a non-flexible o
 that ApiVersions responses always use v0 (KIP-511: a client that does not know the broker's
 versions must be able to read the header).
 
-Usage, as h11: ``decoder.feed(data)``, then ``decoder.next_event()`` until it returns ``None``
-(or iterate ``decoder.events()``); each complete frame gives a ``Request`` or, for an API or
-version outside ``SUPPORTED_APIS``, an ``UnsupportedRequest``. Responses are built with
+Usage, as the AMQP codec (docs/architecture.md, "One event convention"): ``events =
+decoder.feed(data)``, the events of every complete frame, in wire order; each complete frame
+gives a ``Request`` or, for an API or version outside ``SUPPORTED_APIS``, an
+``UnsupportedRequest``. The list may end early, the rest staying buffered for the next call
+(``feed(b"")`` included): at a frame over ``max_request_size`` after other events, since those
+(ApiVersions, a SASL login) may raise the limit; at a bad frame after other events, whose
+error the next call raises. Responses are built with
 ``encode_response(request, body)`` and, for ``UnsupportedRequest``,
 ``encode_unsupported_response`` (``None`` means: close the connection, as Kafka does).
 
@@ -42,7 +46,7 @@ from __future__ import annotations
 
 import io
 import struct
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Final, NamedTuple, Protocol, TypeAlias
 
@@ -220,9 +224,10 @@ class KafkaDecoder:
     prefix are in) before it is refused, and may raise ``max_request_size`` to let it in (the
     server lifts its before-login cap this way, gateway/kafka/server.py).
 
-    ``next_event`` raises ``KafkaFrameError`` (bad size prefix) or ``MalformedRequestError``
-    (header or body does not parse); after either the stream is unusable and every later call
-    raises the same error. The server closes the connection.
+    ``feed`` raises ``KafkaFrameError`` (bad size prefix) or ``MalformedRequestError`` (header
+    or body does not parse), at once when no event comes before the bad frame, else at the next
+    call; after either the stream is unusable and every later call raises the same error. The
+    server closes the connection.
 
     Buffering: received chunks are kept as a list of ``bytes`` and joined only once a whole
     frame is there, so a large frame arriving in many reads is copied once, and a read that
@@ -253,21 +258,29 @@ class KafkaDecoder:
         """Bytes received and not yet returned as events (for a read high-water mark)."""
         return len(self._buffer) - self._pos + self._chunks_len
 
-    def feed(self, data: bytes | bytearray | memoryview) -> None:
-        """Append received bytes (copied unless ``bytes``). Parsing happens in ``next_event``."""
+    def feed(self, data: bytes | bytearray | memoryview) -> list[Event]:
+        """Take received bytes (copied unless ``bytes``); return the events of every complete
+        frame buffered, in order (see the class docstring for where the list ends early)."""
         if self._error is not None:
             raise self._error
         if data:
             self._chunks.append(data if type(data) is bytes else bytes(data))
             self._chunks_len += len(data)
+        events: list[Event] = []
+        try:
+            while (event := self._next_event(bool(events))) is not None:
+                events.append(event)
+        except (KafkaFrameError, MalformedRequestError):
+            if not events:
+                raise
+            # The events before the bad frame are the client's requests: they are handled
+            # (as Kafka handles the requests read before one that does not parse), then the
+            # next call raises the stored error.
+        return events
 
-    def events(self) -> Iterator[Event]:
-        """Every complete frame buffered so far, in order."""
-        while (event := self.next_event()) is not None:
-            yield event
-
-    def next_event(self) -> Event | None:
-        """The next complete frame as an event, or ``None`` when more bytes are needed."""
+    def _next_event(self, after_events: bool) -> Event | None:
+        """The next complete frame as an event, or ``None`` when more bytes are needed (or, with
+        ``after_events``, at a frame over ``max_request_size``: decided at the next call)."""
         if self._error is not None:
             raise self._error
         buffer = self._buffer
@@ -278,6 +291,8 @@ class KafkaDecoder:
             buffer = self._buffer
             pos = 0
         (size,) = _SIZE.unpack_from(buffer, pos)
+        if size > self.max_request_size and after_events:
+            return None
         if size > self.max_request_size and self.oversize is not None:
             if not self._have(SIZE_PREFIX_LEN + _API_KEY.size):
                 return None

@@ -51,7 +51,15 @@ from typing import TYPE_CHECKING, Final
 
 from kio.schema.errors import ErrorCode
 
-from core.api import PROTOCOL_KAFKA, ClientContext, TopicError, now_ms
+from core.api import (
+    PROTOCOL_KAFKA,
+    ClientContext,
+    Clock,
+    LoopClock,
+    Timer,
+    TopicError,
+    now_ms,
+)
 from gateway.kafka.producers import KeyValueTable, ProducerIdAllocator
 from gateway.kafka.records import ControlType, build_control_batch
 
@@ -95,7 +103,7 @@ class Transaction:
     offsets: dict[str, dict[tuple[str, int], StagedOffset]] = field(default_factory=dict)
     service_id: str | None = None  # the open service transaction holding the halves
     started_ms: int = -1  # when it went ONGOING (DescribeTransactions); -1 when not ongoing
-    timer: asyncio.TimerHandle | None = None
+    timer: Timer | None = None
 
     def to_json(self, state: TxnState | None = None) -> bytes:
         """The durable record; ``state`` only around a commit's markers (PrepareCommit, then
@@ -120,8 +128,12 @@ class TransactionCoordinator:
         producer_ids: ProducerIdAllocator,
         *,
         metrics: dict[str, int] | None = None,
+        clock: Clock | None = None,
     ) -> None:
         self.api = api
+        # The transaction timeouts' timers (core/clock.py): a test moves a ManualClock instead
+        # of sleeping for a timeout.
+        self.clock: Clock = clock if clock is not None else LoopClock()
         self.table = table
         self.producer_ids = producer_ids
         self._by_id: dict[str, Transaction] = {}
@@ -287,9 +299,8 @@ class TransactionCoordinator:
         txn.started_ms = now_ms()
         # What Produce names the transaction by (its batches carry the producer id).
         txn.service_id = txn.transactional_id
-        txn.timer = asyncio.get_running_loop().call_later(
-            txn.timeout_ms / 1000, self._expire, txn, txn.producer_epoch
-        )
+        epoch = txn.producer_epoch
+        txn.timer = self.clock.call_later(txn.timeout_ms, lambda: self._expire(txn, epoch))
 
     # -- AddPartitionsToTxn / AddOffsetsToTxn / TxnOffsetCommit ------------------------------
 

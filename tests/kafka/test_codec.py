@@ -386,9 +386,9 @@ def _assert_case(event: object, case: Case) -> None:
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_whole_frame(case: Case) -> None:
     decoder = KafkaDecoder()
-    decoder.feed(case.frame)
-    _assert_case(decoder.next_event(), case)
-    assert decoder.next_event() is None
+    (event,) = decoder.feed(case.frame)
+    _assert_case(event, case)
+    assert decoder.feed(b"") == []
     assert decoder.buffered == 0
 
 
@@ -396,30 +396,28 @@ def test_whole_frame(case: Case) -> None:
 def test_byte_by_byte(case: Case) -> None:
     decoder = KafkaDecoder()
     for byte in case.frame[:-1]:
-        decoder.feed(bytes([byte]))
-        assert decoder.next_event() is None
-    decoder.feed(case.frame[-1:])
-    _assert_case(decoder.next_event(), case)
-    assert decoder.next_event() is None
+        assert decoder.feed(bytes([byte])) == []
+    (event,) = decoder.feed(case.frame[-1:])
+    _assert_case(event, case)
+    assert decoder.feed(b"") == []
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_trailing_bytes_are_kept_for_the_next_frame(case: Case) -> None:
     decoder = KafkaDecoder()
-    decoder.feed(memoryview(case.frame + TRAILING))
-    _assert_case(decoder.next_event(), case)
-    assert decoder.next_event() is None
+    (event,) = decoder.feed(memoryview(case.frame + TRAILING))
+    _assert_case(event, case)
+    assert decoder.feed(b"") == []
     assert decoder.buffered == len(TRAILING)
-    decoder.feed(CASES[0].frame[len(TRAILING) :])
-    _assert_case(decoder.next_event(), CASES[0])
+    (event,) = decoder.feed(CASES[0].frame[len(TRAILING) :])
+    _assert_case(event, CASES[0])
 
 
 def test_all_frames_in_one_buffer_and_in_odd_chunks() -> None:
     stream = b"".join(c.frame for c in CASES) * 3
     expected = CASES * 3
     decoder = KafkaDecoder()
-    decoder.feed(stream)
-    events = list(decoder.events())
+    events = decoder.feed(stream)
     assert len(events) == len(expected)
     for event, case in zip(events, expected, strict=True):
         _assert_case(event, case)
@@ -429,8 +427,7 @@ def test_all_frames_in_one_buffer_and_in_odd_chunks() -> None:
     chunk = bytearray()
     for start in range(0, len(stream), 37):
         chunk[:] = stream[start : start + 37]
-        decoder.feed(chunk)
-        events.extend(decoder.events())
+        events.extend(decoder.feed(chunk))
     assert [(e.api_key, e.correlation_id) for e in events] == [
         (c.api_key, c.correlation_id) for c in expected
     ]
@@ -442,10 +439,8 @@ def test_many_small_frames_split_across_reads() -> None:
     decoder = KafkaDecoder()
     count = 0
     for _ in range(200):
-        decoder.feed(frame * 499 + frame[:5])
-        count += sum(1 for _ in decoder.events())
-        decoder.feed(frame[5:])
-    count += sum(1 for _ in decoder.events())
+        count += len(decoder.feed(frame * 499 + frame[:5]))
+        count += len(decoder.feed(frame[5:]))
     assert count == 200 * 500
     assert decoder.buffered == 0
 
@@ -466,17 +461,14 @@ def test_large_frame_in_many_reads_is_joined_once_complete() -> None:
     decoder = KafkaDecoder()
     received = 0
     for start in range(0, len(frame) - 1000, 1000):
-        decoder.feed(memoryview(frame)[start : start + 1000])
+        assert decoder.feed(memoryview(frame)[start : start + 1000]) == []
         received += 1000
-        assert decoder.next_event() is None
         assert decoder.buffered == received
-    decoder.feed(frame[received:] + CASES[1].frame)
-    event = decoder.next_event()
+    event, after = decoder.feed(frame[received:] + CASES[1].frame)
     assert isinstance(event, Request)
     body: Any = event.body
     assert body.topic_data[0].partition_data[0].records == big
-    assert decoder.buffered == len(CASES[1].frame)
-    _assert_case(decoder.next_event(), CASES[1])
+    _assert_case(after, CASES[1])
     assert decoder.buffered == 0
 
 
@@ -488,8 +480,7 @@ def test_every_supported_version_parses_byte_exact() -> None:
             request = KP[api_key](version=version)
             frame = kafka_python_frame(request, correlation_id=version + 100)
             decoder = KafkaDecoder()
-            decoder.feed(frame)
-            event = decoder.next_event()
+            (event,) = decoder.feed(frame)
             assert isinstance(event, Request), (api_key, version, event)
             assert (event.api_key, event.api_version) == (api_key, version)
             out = io.BytesIO()
@@ -504,8 +495,7 @@ def test_expects_response_is_false_only_for_produce_acks_0() -> None:
         correlation_id=1,
     )
     decoder = KafkaDecoder()
-    decoder.feed(frame + CASES[0].frame)
-    produce, api_versions = decoder.events()
+    produce, api_versions = decoder.feed(frame + CASES[0].frame)
     assert isinstance(produce, Request)
     assert not produce.expects_response
     assert isinstance(api_versions, Request)
@@ -525,8 +515,7 @@ def test_future_api_versions_request_gets_v0_error_35_response() -> None:
     # know. The body is not read; the answer lists our ApiVersions range.
     frame = _raw_frame(18, 9, 77, b"\x00\x03cli\x00" + b"\xde\xad\xbe\xef")
     decoder = KafkaDecoder()
-    decoder.feed(frame)
-    event = decoder.next_event()
+    (event,) = decoder.feed(frame)
     assert event == UnsupportedRequest(18, 9, 77, "cli", len(frame) - 4)
     assert not event.close_connection
     response = encode_unsupported_response(event)
@@ -538,14 +527,13 @@ def test_future_api_versions_request_gets_v0_error_35_response() -> None:
         + struct.pack(">i", 1)  # api_keys: int32 length (v0 is not flexible)
         + struct.pack(">hhh", 18, low, high)
     )
-    assert decoder.next_event() is None
+    assert decoder.feed(b"") == []
 
 
 def test_future_api_versions_request_with_unreadable_header_is_still_answered() -> None:
     frame = _raw_frame(18, 9, 78, b"\x7f\xff")  # client id length beyond the frame
     decoder = KafkaDecoder()
-    decoder.feed(frame)
-    event = decoder.next_event()
+    (event,) = decoder.feed(frame)
     assert isinstance(event, UnsupportedRequest)
     assert (event.correlation_id, event.client_id) == (78, None)
     assert encode_unsupported_response(event) is not None
@@ -562,8 +550,7 @@ def test_kafka_python_accepts_the_fallback_and_retries_with_our_max() -> None:
         correlation_id=5,
     )
     decoder = KafkaDecoder(supported=capped)
-    decoder.feed(client.send_bytes())
-    event = decoder.next_event()
+    (event,) = decoder.feed(client.send_bytes())
     assert isinstance(event, UnsupportedRequest)
     assert (event.api_key, event.api_version, event.correlation_id) == (18, 4, 5)
     response = encode_unsupported_response(event, capped)
@@ -582,8 +569,7 @@ def test_kafka_python_accepts_the_fallback_and_retries_with_our_max() -> None:
         ),
         correlation_id=6,
     )
-    decoder.feed(client.send_bytes())
-    retry = decoder.next_event()
+    (retry,) = decoder.feed(client.send_bytes())
     assert isinstance(retry, Request)
     assert retry.api_version == 3
     [(_, full)] = client.receive_bytes(
@@ -605,8 +591,7 @@ def test_kafka_python_accepts_the_fallback_and_retries_with_our_max() -> None:
 )
 def test_other_unsupported_requests_close_the_connection(api_key: int, version: int) -> None:
     decoder = KafkaDecoder()
-    decoder.feed(_raw_frame(api_key, version, 3, b"\x00\x01c" + b"\x00" * 16))
-    event = decoder.next_event()
+    (event,) = decoder.feed(_raw_frame(api_key, version, 3, b"\x00\x01c" + b"\x00" * 16))
     assert isinstance(event, UnsupportedRequest)
     assert event.close_connection
     assert event.client_id == "c"
@@ -623,62 +608,91 @@ def test_max_request_size_is_kafkas_socket_request_max_bytes() -> None:
 
 def test_oversize_frame_fails_on_its_size_prefix() -> None:
     decoder = KafkaDecoder(max_request_size=1000)
-    decoder.feed(struct.pack(">i", 1000) + b"\x00" * 10)
-    assert decoder.next_event() is None  # exactly the limit: waits for the body
+    assert decoder.feed(struct.pack(">i", 1000) + b"\x00" * 10) == []  # exactly the limit
     decoder = KafkaDecoder(max_request_size=1000)
-    decoder.feed(struct.pack(">i", 1001) + b"\x00" * 10)
     with pytest.raises(KafkaFrameError) as caught:
-        decoder.next_event()
+        decoder.feed(struct.pack(">i", 1001) + b"\x00" * 10)
     assert caught.value.size == 1001
     assert caught.value.error_code == ErrorCode.invalid_request
     # The decoder is dead: it never buffers the rest of the frame.
     with pytest.raises(KafkaFrameError):
         decoder.feed(b"\x00" * 1000)
+    assert decoder.buffered == 14
     with pytest.raises(KafkaFrameError):
-        decoder.next_event()
+        decoder.feed(b"")
 
 
 def test_default_limit_rejects_a_frame_above_100_mib_after_4_bytes() -> None:
     decoder = KafkaDecoder()
-    decoder.feed(struct.pack(">i", MAX_REQUEST_SIZE + 1))
     with pytest.raises(KafkaFrameError):
-        decoder.next_event()
+        decoder.feed(struct.pack(">i", MAX_REQUEST_SIZE + 1))
 
 
 @pytest.mark.parametrize("size", [-1, -(2**31), 0, 7])
 def test_negative_or_too_small_size_is_a_frame_error(size: int) -> None:
     decoder = KafkaDecoder()
-    decoder.feed(struct.pack(">i", size) + b"\x00" * 8)
     with pytest.raises(KafkaFrameError):
-        decoder.next_event()
+        decoder.feed(struct.pack(">i", size) + b"\x00" * 8)
 
 
 def test_truncated_body_is_malformed_and_kills_the_decoder() -> None:
     frame = CASES[4].frame  # Produce v9
     payload = frame[4:-3]
     decoder = KafkaDecoder()
-    decoder.feed(struct.pack(">i", len(payload)) + payload + CASES[0].frame)
     with pytest.raises(MalformedRequestError) as caught:
-        decoder.next_event()
+        decoder.feed(struct.pack(">i", len(payload)) + payload + CASES[0].frame)
     assert (caught.value.api_key, caught.value.api_version) == (0, 9)
     assert caught.value.correlation_id == CASES[4].correlation_id
     with pytest.raises(MalformedRequestError):
-        decoder.next_event()
+        decoder.feed(b"")
+
+
+def test_the_requests_before_a_bad_frame_come_out_and_the_next_call_raises() -> None:
+    # As Kafka handles the requests read before one that does not parse, then closes.
+    frame = CASES[4].frame  # Produce v9
+    payload = frame[4:-3]
+    decoder = KafkaDecoder()
+    events = decoder.feed(CASES[0].frame + struct.pack(">i", len(payload)) + payload)
+    assert [(e.api_key, e.correlation_id) for e in events] == [
+        (CASES[0].api_key, CASES[0].correlation_id)
+    ]
+    with pytest.raises(MalformedRequestError):
+        decoder.feed(b"")
+
+
+def test_a_frame_over_the_cap_after_other_requests_waits_for_the_next_call() -> None:
+    # The requests before it (ApiVersions, a SASL login) may lift the cap: the server raises
+    # max_request_size (or its oversize hook does) before the frame is judged.
+    big = CASES[4].frame  # Produce v9
+    decoder = KafkaDecoder(max_request_size=64)
+    asked: list[int] = []
+    decoder.oversize = asked.append
+    (first,) = decoder.feed(CASES[1].frame + big)
+    _assert_case(first, CASES[1])
+    assert asked == []  # not judged yet
+    assert decoder.buffered == len(big)
+    decoder.max_request_size = len(big)
+    (produce,) = decoder.feed(b"")
+    _assert_case(produce, CASES[4])
+    decoder = KafkaDecoder(max_request_size=64)
+    decoder.oversize = asked.append
+    decoder.feed(CASES[1].frame + big)
+    with pytest.raises(KafkaFrameError):
+        decoder.feed(b"")  # still over it: refused now, after the hook was asked
+    assert asked == [ApiKey.PRODUCE]
 
 
 def test_bad_client_id_is_malformed() -> None:
     decoder = KafkaDecoder()
-    decoder.feed(_raw_frame(3, 5, 1, b"\x00\x10ab"))  # 16-byte client id, 2 bytes present
     with pytest.raises(MalformedRequestError):
-        decoder.next_event()
+        decoder.feed(_raw_frame(3, 5, 1, b"\x00\x10ab"))  # 16-byte client id, 2 present
 
 
 def test_header_tagged_fields_are_skipped() -> None:
     body = CASES[2].frame[4 + 8 + 2 + len("kafka-python") + 1 :]  # Metadata v9 body
     header_rest = b"\x00\x01c" + b"\x02" + b"\x05\x02hi" + b"\x07\x00"  # two unknown tags
     decoder = KafkaDecoder()
-    decoder.feed(_raw_frame(3, 9, 42, header_rest + body))
-    event = decoder.next_event()
+    (event,) = decoder.feed(_raw_frame(3, 9, 42, header_rest + body))
     assert isinstance(event, Request)
     assert event.client_id == "c"
     _check_metadata_orders_pay(event.body)
@@ -688,8 +702,7 @@ def test_trailing_bytes_inside_a_frame_are_ignored_as_kafka_does() -> None:
     frame = CASES[1].frame
     payload = frame[4:] + b"junk"
     decoder = KafkaDecoder()
-    decoder.feed(struct.pack(">i", len(payload)) + payload)
-    event = decoder.next_event()
+    (event,) = decoder.feed(struct.pack(">i", len(payload)) + payload)
     assert isinstance(event, Request)
     assert event.api_key == ApiKey.API_VERSIONS
 
@@ -719,8 +732,7 @@ def _roundtrip_through_kafka_python(request: Any, body: Any) -> Any:
     client = KafkaProtocol(client_id="kp")
     client.send_request(request, correlation_id=321)
     decoder = KafkaDecoder()
-    decoder.feed(client.send_bytes())
-    event = decoder.next_event()
+    (event,) = decoder.feed(client.send_bytes())
     assert isinstance(event, Request)
     [(correlation_id, parsed)] = client.receive_bytes(encode_response(event, body))
     assert correlation_id == 321

@@ -73,6 +73,5 @@ def test_null_for_a_non_nullable_array_closes_only_that_connection(
 def test_the_decoder_refuses_null_for_a_non_nullable_array() -> None:
     for frame in (PRODUCE_NULL_TOPICS, PRODUCE_NULL_PARTITIONS, CREATE_TOPICS_NULL):
         decoder = KafkaDecoder()
-        decoder.feed(frame)
         with pytest.raises(MalformedRequestError, match="was serialized as null"):
-            decoder.next_event()
+            decoder.feed(frame)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import time
+from pathlib import Path
 
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
@@ -23,11 +24,12 @@ from kio.schema.list_offsets.v7.request import (
 from kio.schema.metadata.v9.request import MetadataRequest, MetadataRequestTopic
 from kio.schema.produce.v9.request import PartitionProduceData, ProduceRequest, TopicProduceData
 
+from core.api import ManualClock
 from core.log import record as rec
 from gateway.kafka import server as server_module
 from gateway.kafka.records import build_batch, iter_records, read_batch_header, split_batches
 from gateway.kafka.server import KafkaServer
-from tests.kafka.conftest import bootstrap, broker_of
+from tests.kafka.conftest import api_of, bootstrap, broker_of, open_broker
 from tests.kafka.raw import AsyncRawClient
 
 T0 = 1_700_000_000_000
@@ -306,30 +308,46 @@ async def test_list_offsets_by_the_timestamps_of_records_of_every_protocol(
         await consumer.stop()
 
 
-async def test_expired_transaction_is_aborted_and_its_producer_fenced(
-    kafka_server: KafkaServer,
-) -> None:
+async def test_expired_transaction_is_aborted_and_its_producer_fenced(tmp_path: Path) -> None:
+    # The transaction timeout runs on the listener's injected clock: a ManualClock moved past
+    # it, instead of sleeping for it.
+    clock = ManualClock()
+    broker = open_broker(tmp_path / "data")
+    await broker.store.start()
+    await broker.start()
+    kafka_server = KafkaServer(api_of(broker), clock=clock)
+    await kafka_server.start("127.0.0.1", 0)
     producer = AIOKafkaProducer(
         bootstrap_servers=bootstrap(kafka_server),
         transactional_id="slow",
-        transaction_timeout_ms=200,
+        transaction_timeout_ms=60_000,
     )
-    await producer.start()
     try:
+        await producer.start()
         await producer.begin_transaction()
         await producer.send_and_wait("expiring", b"never visible")
-        await asyncio.sleep(0.5)
+        clock.advance(59_999)
+        assert kafka_server.metrics["expired"] == 0
+        clock.advance(1)
         assert kafka_server.metrics["expired"] == 1
+        store = broker.store
+        # The abort (its marker written, the epoch bumped) finishes in a task.
+        for _ in range(3000):  # a 30 s deadline against a hang
+            if len(store.read("expiring", 0, 0)) == 2:
+                break
+            await asyncio.sleep(0.01)
         with pytest.raises(KafkaError):
             await producer.commit_transaction()
     finally:
         await producer.stop()
-    store = broker_of(kafka_server).store
+        await kafka_server.close()
     entries = store.read("expiring", 0, 0)
     # The data batch (stored when produced, as with Kafka), then the ABORT marker.
     assert len(entries) == 2
     assert not rec.FLAGS.unpack_from(entries[0].frame, rec.FLAGS_OFFSET)[0] & rec.FLAG_TXN_CONTROL
     assert rec.FLAGS.unpack_from(entries[1].frame, rec.FLAGS_OFFSET)[0] & rec.FLAG_TXN_CONTROL
+    await broker.close()
+    await broker.store.aclose()
 
 
 @pytest.mark.parametrize("after_await", [False, True])
