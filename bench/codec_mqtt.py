@@ -7,7 +7,7 @@ record them; nothing here asserts a speed. Cases, each with a 100-byte payload b
 
 - ``decode_64k_*``: ``MqttDecoder`` fed ``batch`` packets in 64 KiB reads (about 450 packets in
   each), the way a transport delivers a busy connection's bytes; all packets of a read are
-  decoded by one ``read_packets()`` call.
+  decoded by the one ``feed()`` call that takes it.
 - ``decode_one_buffer_*``: the same ``batch`` packets in one buffer and one call. Slower per
   packet than 64 KiB reads: the 20,000 live packet objects make the garbage collector's
   generations grow, which a transport handling packets read by read does not see.
@@ -47,8 +47,7 @@ def _best_rate(run: Callable[[], object], count: int, repeats: int) -> float:
 def _decode_all(data: bytes, version: int) -> Callable[[], object]:
     def run() -> object:
         decoder = MqttDecoder(version)
-        decoder.feed(data)
-        return decoder.read_packets()
+        return decoder.feed(data)
 
     return run
 
@@ -60,8 +59,7 @@ def _decode_in_reads(data: bytes, version: int) -> Callable[[], object]:
         decoder = MqttDecoder(version)
         count = 0
         for chunk in reads:
-            decoder.feed(chunk)
-            count += len(decoder.read_packets())
+            count += len(decoder.feed(chunk))
         return count
 
     return run

@@ -131,8 +131,7 @@ async def open_mqtt(port: int, client_id: str, *, ws: bool) -> tuple[Any, Any, M
     data = await reader.read(4096)
     if ws:
         data = data[2:]  # the CONNACK's frame head (4 bytes of payload: a short frame)
-    decoder.feed(data)
-    packets = decoder.read_packets()
+    packets = decoder.feed(data)
     if not packets or not isinstance(packets[0], Connack):
         raise RuntimeError(f"no CONNACK: {packets}")
     return reader, writer, decoder
@@ -145,8 +144,8 @@ async def publish_run(
     topic = f"bench/ws/{time.monotonic_ns()}"
     sub_reader, sub_writer, sub_decoder = await open_mqtt(broker.mqtt_port, topic + "s", ws=False)
     sub_writer.write(encode(Subscribe(1, (Subscription(topic, 0),)), 4))
-    while not any(isinstance(p, Suback) for p in sub_decoder.read_packets()):
-        sub_decoder.feed(await sub_reader.read(4096))
+    while not any(isinstance(p, Suback) for p in sub_decoder.feed(await sub_reader.read(4096))):
+        pass
     port = broker.ws_port if ws else broker.mqtt_port
     _, pub_writer, _ = await open_mqtt(port, topic + "p", ws=ws)
     packet = encode(Publish(topic, b"x" * size, 0), 4)
@@ -160,11 +159,9 @@ async def publish_run(
         if burst > 0:
             pub_writer.write(wire * burst)
             sent += burst
-        sub_decoder.feed(await sub_reader.read(1 << 20))
-        delivered += len(sub_decoder.read_packets())
+        delivered += len(sub_decoder.feed(await sub_reader.read(1 << 20)))
     while delivered < sent:
-        sub_decoder.feed(await asyncio.wait_for(sub_reader.read(1 << 20), 30))
-        delivered += len(sub_decoder.read_packets())
+        delivered += len(sub_decoder.feed(await asyncio.wait_for(sub_reader.read(1 << 20), 30)))
     wall = time.monotonic() - start
     cpu = broker.cpu_s() - cpu_start
     pub_writer.close()
@@ -178,8 +175,8 @@ async def big_frame_run(broker: Broker, mib: int, *, one_frame: bool) -> float:
     topic = f"bench/big/{time.monotonic_ns()}"
     sub_reader, sub_writer, sub_decoder = await open_mqtt(broker.mqtt_port, topic + "s", ws=False)
     sub_writer.write(encode(Subscribe(1, (Subscription(topic, 0),)), 4))
-    while not any(isinstance(p, Suback) for p in sub_decoder.read_packets()):
-        sub_decoder.feed(await sub_reader.read(4096))
+    while not any(isinstance(p, Suback) for p in sub_decoder.feed(await sub_reader.read(4096))):
+        pass
     _, pub_writer, _ = await open_mqtt(broker.ws_port, topic + "p", ws=True)
     packet = encode(Publish(topic, b"y" * (mib << 20), 0), 4)
     piece = 1024
@@ -194,8 +191,8 @@ async def big_frame_run(broker: Broker, mib: int, *, one_frame: bool) -> float:
     for at in range(0, len(wire), piece):
         pub_writer.write(wire[at : at + piece])
         await pub_writer.drain()
-    while not sub_decoder.read_packets():
-        sub_decoder.feed(await asyncio.wait_for(sub_reader.read(1 << 20), 120))
+    while not sub_decoder.feed(await asyncio.wait_for(sub_reader.read(1 << 20), 120)):
+        pass
     cpu = broker.cpu_s() - cpu_start
     pub_writer.close()
     sub_writer.close()

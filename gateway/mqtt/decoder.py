@@ -1,14 +1,16 @@
 """``MqttDecoder``: bytes in, packets out, for 3.1.1 and 5.0 (sans-IO, in the manner of h11).
 
     decoder = MqttDecoder()            # a server: the first packet must be CONNECT
-    decoder.feed(data)                 # whatever the socket read
-    for packet in decoder:             # every complete packet in the buffer, then stop
+    for packet in decoder.feed(data):  # whatever the socket read -> every packet it completes
         ...
-    # or: packet = decoder.next_packet()  -> one packet, or None when more bytes are needed
+
+One call per read, as ``AmqpDecoder.feed`` (docs/architecture.md, "One event convention for
+the three codecs"): an empty list means more bytes are needed.
 
 Buffering. The receive buffer is an immutable ``bytes`` plus a read offset; decoding a packet
 only moves the offset, so a read holding 500 packets costs no slicing of the buffer. ``feed``
-builds the next buffer from the unparsed tail (less than one packet) and the new data. A packet
+builds the next buffer from the unparsed tail (less than one packet) and the new data, then
+decodes. A packet
 larger than one read (its length is known from its fixed header) is collected as a list of
 chunks and joined once, when complete: linear, never quadratic. Because the buffer is never
 mutated, large PUBLISH payloads (``ZERO_COPY_PAYLOAD_MIN`` and up) are zero-copy ``memoryview``
@@ -26,15 +28,16 @@ counts it) is checked as soon as the fixed header is complete, before any of the
 buffered beyond that read; a larger packet raises 0x95 Packet Too Large.
 
 Errors. Malformed input raises ``MqttProtocolError`` carrying the 5.0 reason code to send. The
-packets before the bad one in the same buffer are returned first; the error is raised by the
-next call, and by every call after it (the connection is finished).
+packets before the bad one in the same read are returned first, and the error is kept in
+``error`` (the caller handles those packets, then the error); every later ``feed`` raises it
+(the connection is finished).
 
 Not thread-safe: one decoder per connection, used by one thread.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 from gateway.mqtt._frozen import frozen_builder, twin_class
@@ -195,21 +198,31 @@ class MqttDecoder:
         """Bytes received and not yet decoded (the start of an incomplete packet)."""
         return len(self._buf) - self._pos + self._chunks_size
 
-    def feed(self, data: bytes | bytearray | memoryview) -> None:
-        """Add received bytes. Decoding happens in ``next_packet`` / iteration."""
+    @property
+    def error(self) -> MqttProtocolError | None:
+        """The protocol error found after the packets ``feed`` returned (None: none yet)."""
+        return self._error
+
+    def feed(self, data: bytes | bytearray | memoryview) -> list[Packet]:
+        """Take received bytes; return every packet they complete, in order (possibly none).
+        Raises ``MqttProtocolError`` when the peer broke the protocol, unless packets came
+        before the bad one: those are returned, and the error is kept in ``error``."""
+        if self._error is not None:
+            raise self._error
         if not data:
-            return
+            return []
         size = len(data)
         chunks = self._chunks
         if chunks is not None:
             chunks.append(bytes(data))
             self._chunks_size += size
-            if self._chunks_size >= self._need:
-                self._buf = b"".join(chunks)
-                self._pos = 0
-                self._chunks = None
-                self._chunks_size = 0
-            return
+            if self._chunks_size < self._need:
+                return []
+            self._buf = b"".join(chunks)
+            self._pos = 0
+            self._chunks = None
+            self._chunks_size = 0
+            return self._decode()
         buf = self._buf
         pos = self._pos
         tail = len(buf) - pos
@@ -220,29 +233,15 @@ class MqttDecoder:
             self._chunks = [buf[pos:], bytes(data)]
             self._chunks_size = tail + size
             self._buf = b""
+            return []
         else:
             self._buf = buf[pos:] + data
         self._pos = 0
+        return self._decode()
 
-    def next_packet(self) -> Packet | None:
-        """The next complete packet, or None if more bytes are needed."""
-        packets = self._decode(True)
-        return packets[0] if packets else None
-
-    def read_packets(self) -> list[Packet]:
-        """Every complete packet in the buffer (possibly none)."""
-        return self._decode(False)
-
-    def __iter__(self) -> Iterator[Packet]:
-        return iter(self._decode(False))
-
-    def _decode(self, just_one: bool) -> list[Packet]:
+    def _decode(self) -> list[Packet]:
         """The decoding loop. PUBLISH and the plain PUBACK are decoded inline (no calls but the
         unavoidable ones): a broker receives them at rates where each call shows."""
-        if self._error is not None:
-            raise self._error
-        if self._chunks is not None:  # inside a large packet; ``_need`` says how far
-            return []
         buf = self._buf
         pos = self._pos
         size = len(buf)
@@ -356,8 +355,6 @@ class MqttDecoder:
                         publish_flags = _PUBLISH_FLAGS
                         plain_puback = _PUBACK_FIRST_BYTE
                 pos = end
-                if just_one:
-                    break
         except (MqttProtocolError, IndexError) as caught:
             # IndexError: see the topic length of PUBLISH.
             error = (
@@ -366,7 +363,7 @@ class MqttDecoder:
             self._error = error
             self._pos = pos
             if out:
-                return out  # the packets before the bad one; ``error`` comes with the next call
+                return out  # the packets before the bad one; then ``error``
             raise error from None
         self._pos = pos
         return out

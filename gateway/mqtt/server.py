@@ -141,12 +141,19 @@ class MqttProtocol(GatewayTransport):
             self.first_bytes = data[:SNIFF_BYTES]
         decoder = self.decoder
         before = decoder.buffered
-        decoder.feed(data)
-        if not self.handler_waiting:
-            self._process()
-            # (while a handler waits, reading is paused and the partial-request clock with it)
-            after = decoder.buffered
-            self.track_incomplete(after, after < before + len(data))
+        try:
+            packets = decoder.feed(data)
+        except MqttProtocolError:
+            packets = []  # (kept in ``decoder.error``: handled after the packets before it)
+        if packets:
+            self.metrics["packets_received"] += len(packets)
+        if self.park_more(packets):
+            # A handler waits (reading is paused, and the partial-request clock with it): these
+            # come after the parked ones.
+            return
+        self._process(packets, 0)
+        after = decoder.buffered
+        self.track_incomplete(after, after < before + len(data))
 
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)
@@ -170,36 +177,31 @@ class MqttProtocol(GatewayTransport):
 
     # -- packets -----------------------------------------------------------------------------
 
-    def _process(self, packets: list[Packet] | None = None, start: int = 0) -> None:
-        """Handle every decoded packet, in order, until one has to wait or none are left
-        (``packets[start:]``: the ones parked while a handler waited)."""
+    def _process(self, packets: list[Packet], start: int) -> None:
+        """Handle ``packets[start:]`` in order until one has to wait (the rest are parked)
+        or none are left; then the protocol error the decoder found after them, if any."""
         connection = self.connection
+        if self.closed:
+            return
         try:
-            while True:
-                if packets is None:
-                    if self.closed:
-                        return
-                    packets = self.decoder.read_packets()
-                    if not packets:
-                        break
-                    self.metrics["packets_received"] += len(packets)
-                    start = 0
-                connected = connection.state is State.CONNECTED
-                count = len(packets)
-                i = start
-                while i < count:
-                    packet = packets[i]
-                    i += 1
-                    if connected and type(packet) is Publish:  # the hot path, table skipped
-                        waiting = connection._on_publish(packet)
-                    else:
-                        waiting = connection.handle(packet)
-                        connected = connection.state is State.CONNECTED
-                    if waiting is not None:
-                        self.park(packets, i)
-                        self.wait_for(waiting, self._resume, self._handler_failed)
-                        return
-                packets = None
+            connected = connection.state is State.CONNECTED
+            count = len(packets)
+            i = start
+            while i < count:
+                packet = packets[i]
+                i += 1
+                if connected and type(packet) is Publish:  # the hot path, table skipped
+                    waiting = connection._on_publish(packet)
+                else:
+                    waiting = connection.handle(packet)
+                    connected = connection.state is State.CONNECTED
+                if waiting is not None:
+                    self.park(packets, i)
+                    self.wait_for(waiting, self._resume, self._handler_failed)
+                    return
+            error = self.decoder.error
+            if error is not None:
+                raise error
         except MqttProtocolError as error:
             detail = ""
             if connection.state is State.AWAIT_CONNECT:  # not an MQTT client at all, often
@@ -216,7 +218,7 @@ class MqttProtocol(GatewayTransport):
         if self.closed:
             return
         if parked is None:
-            self._process()
+            self._process([], 0)
         else:
             self._process(*parked)
 

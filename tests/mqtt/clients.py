@@ -267,8 +267,7 @@ class RawClient:
             if not data:
                 self.eof = True
                 continue
-            self.decoder.feed(data)
-            self.pending.extend(self.decoder.read_packets())
+            self.pending.extend(self.decoder.feed(data))
         return self.pending.pop(0)
 
     def closed_after(self, timeout: float = TIMEOUT) -> list[Packet]:

@@ -41,15 +41,12 @@ def test_large_packet_in_small_reads_is_joined_once():
     data = encode(Publish("big", payload, 1, packet_id=1), 5)
     pieces = [data[start : start + 1000] for start in range(0, len(data), 1000)]
     decoder = MqttDecoder(5, max_packet_size=2 << 20)
-    decoder.feed(pieces[0])
-    assert decoder.next_packet() is None  # fixed header seen: the packet's size is known
+    assert decoder.feed(pieces[0]) == []  # fixed header seen: the packet's size is known
     for piece in pieces[1:-1]:
-        decoder.feed(piece)
+        assert decoder.feed(piece) == []
         assert decoder._chunks is not None  # collected, not concatenated on every read
-        assert decoder.next_packet() is None
-    decoder.feed(pieces[-1])
     packet: Any
-    (packet,) = decoder.read_packets()
+    (packet,) = decoder.feed(pieces[-1])
     assert bytes(packet.payload) == payload
     assert decoder.buffered == 0
 
@@ -63,16 +60,16 @@ def test_many_packets_in_one_read():
     ]
     data = b"".join(encode(packet, 4) for packet in packets)
     decoder = MqttDecoder(4)
-    decoder.feed(data)
-    assert decoder.read_packets() == packets
+    assert decoder.feed(data) == packets
 
 
 def test_decoded_packets_are_frozen_and_hashable():
     decoder = MqttDecoder(5)
-    decoder.feed(encode(Publish("a", b"x", 1, packet_id=2), 5) + encode(Puback(2), 5))
     publish: Any
     puback: Any
-    publish, puback = decoder.read_packets()
+    publish, puback = decoder.feed(
+        encode(Publish("a", b"x", 1, packet_id=2), 5) + encode(Puback(2), 5)
+    )
     assert type(publish) is Publish
     assert type(puback) is Puback
     with pytest.raises(dataclasses.FrozenInstanceError):
@@ -87,8 +84,8 @@ def test_decoded_packets_are_frozen_and_hashable():
 def test_version_comes_from_connect():
     decoder = MqttDecoder()
     assert decoder.version is None
-    decoder.feed(encode(Connect("c", 4), 4) + encode(Publish("t", b"3.1.1 body"), 4))
-    assert decoder.read_packets()[1] == Publish("t", b"3.1.1 body")
+    packets = decoder.feed(encode(Connect("c", 4), 4) + encode(Publish("t", b"3.1.1 body"), 4))
+    assert packets[1] == Publish("t", b"3.1.1 body")
     assert decoder.version == 4
 
 
@@ -102,9 +99,8 @@ def test_decoder_arguments_are_checked():
 def test_max_packet_size_can_be_lowered_after_connect():
     decoder = MqttDecoder(5)
     decoder.max_packet_size = 10
-    decoder.feed(encode(Publish("t", bytes(20)), 5))
     with pytest.raises(Exception, match="maximum packet size 10"):
-        decoder.read_packets()
+        decoder.feed(encode(Publish("t", bytes(20)), 5))
 
 
 def test_3_1_1_encoding_leaves_out_what_3_1_1_lacks():
@@ -194,8 +190,7 @@ def test_encode_publish_fast_path_lengths():
     for size in (0, 120, 127 - 5, 16_383, 16_384, 2_097_152):
         data = encode_publish("t", bytes(size), 1, 2, False, False, b"", 5)
         decoder = MqttDecoder(5, max_packet_size=4 << 20)
-        decoder.feed(data)
-        assert decoder.read_packets() == [Publish("t", bytes(size), 1, packet_id=2)]
+        assert decoder.feed(data) == [Publish("t", bytes(size), 1, packet_id=2)]
 
 
 def test_encode_publish_with_per_subscriber_properties():
@@ -210,8 +205,7 @@ def test_encode_publish_with_per_subscriber_properties():
         encode_properties(shared) + encode_subscription_identifier(300),
     )
     decoder = MqttDecoder(5)
-    decoder.feed(data)
-    assert decoder.read_packets() == [
+    assert decoder.feed(data) == [
         Publish("t", b"x", properties=Properties(content_type="c", subscription_identifiers=(300,)))
     ]
 

@@ -70,8 +70,7 @@ class MiniBroker(threading.Thread):
             if not data:
                 return
             self.raw.append(data)
-            decoder.feed(data)
-            for packet in decoder:
+            for packet in decoder.feed(data):
                 self.received.append(packet)
                 reply = self.answer(packet, decoder.version or 4)
                 if reply:
@@ -265,8 +264,7 @@ def test_spec_3_1_1_connect_variable_header_example():
     payload = h("00 01 'c' 00 01 'w' 00 01 'm' 00 01 'u' 00 01 'p'")
     data = bytes((0x10, len(variable_header + payload))) + variable_header + payload
     decoder = MqttDecoder()
-    decoder.feed(data)
-    assert decoder.read_packets() == [
+    assert decoder.feed(data) == [
         Connect("c", 4, True, 10, "u", b"p", Will("w", b"m", qos=1, retain=False))
     ]
 
@@ -277,9 +275,8 @@ def test_spec_5_connect_variable_header_example():
     payload = h("00 01 'c' 00 01 'u' 00 01 'p'")
     data = bytes((0x10, len(variable_header + payload))) + variable_header + payload
     decoder = MqttDecoder()
-    decoder.feed(data)
     connect: Any
-    (connect,) = decoder.read_packets()
+    (connect,) = decoder.feed(data)
     assert connect == Connect(
         "c", 5, True, 10, "u", b"p", properties=Properties(session_expiry_interval=10)
     )
@@ -307,13 +304,12 @@ def test_mqtt5_wheel_packets_decode():
         subscription_id=11,
     )
     decoder = MqttDecoder(5)
-    decoder.feed(
+    got = decoder.feed(
         publish.write()
         + mqtt5.PubAckPacket(3).write()
         + subscribe.write()
         + mqtt5.PingReqPacket().write()
     )
-    got = decoder.read_packets()
     assert got[0] == Publish(
         "a/b",
         b"payload",

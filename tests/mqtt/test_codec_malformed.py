@@ -45,9 +45,8 @@ def connect_body(
 
 def decode_error(data: bytes, version: int | None) -> MqttProtocolError:
     decoder = MqttDecoder(version)
-    decoder.feed(data)
     with pytest.raises(MqttProtocolError) as info:
-        decoder.read_packets()
+        decoder.feed(data)
     return info.value
 
 
@@ -220,40 +219,39 @@ def test_malformed_input_one_byte_at_a_time(version, data, reason_code):
 def feed_one_byte_at_a_time(decoder: MqttDecoder, data: bytes) -> None:
     for index in range(len(data)):
         decoder.feed(data[index : index + 1])
-        decoder.read_packets()
 
 
 def test_second_connect_is_a_protocol_error():
     connect = encode(Connect("c", 5), 5)
     decoder = MqttDecoder()
-    decoder.feed(connect + connect)
-    assert decoder.read_packets() == [Connect("c", 5)]
-    with pytest.raises(MqttProtocolError) as info:
-        decoder.read_packets()
-    assert info.value.reason_code == PROTOCOL
-    assert "MQTT-3.1.0-2" in info.value.message
+    assert decoder.feed(connect + connect) == [Connect("c", 5)]
+    error = decoder.error
+    assert error is not None
+    assert error.reason_code == PROTOCOL
+    assert "MQTT-3.1.0-2" in error.message
 
 
 def test_good_packets_before_an_error_are_returned_first():
     decoder = MqttDecoder(4)
     good = encode(Publish("a", b"1"), 4)
-    decoder.feed(good + good + h("C1 00") + good)
-    assert decoder.read_packets() == [Publish("a", b"1"), Publish("a", b"1")]
-    with pytest.raises(MqttProtocolError) as first:
-        decoder.read_packets()
-    assert first.value.reason_code == MALFORMED
-    decoder.feed(encode(Pingreq(), 4))
+    assert decoder.error is None
+    assert decoder.feed(good + good + h("C1 00") + good) == [Publish("a", b"1")] * 2
+    first = decoder.error  # found after the two packets: kept for the caller
+    assert first is not None
+    assert first.reason_code == MALFORMED
     with pytest.raises(MqttProtocolError) as again:
-        decoder.next_packet()
-    assert again.value is first.value
+        decoder.feed(encode(Pingreq(), 4))  # and raised by every later call
+    assert again.value is first
+    with pytest.raises(MqttProtocolError) as empty:
+        decoder.feed(b"")
+    assert empty.value is first
 
 
 def test_packet_too_large_is_raised_from_the_fixed_header():
     """The limit is checked before the body is buffered: 3 bytes of header are enough."""
     decoder = MqttDecoder(5, max_packet_size=1000)
-    decoder.feed(h("30 E6 07"))  # remaining length 998 + 3 bytes of header = 1001
     with pytest.raises(MqttProtocolError) as info:
-        decoder.next_packet()
+        decoder.feed(h("30 E6 07"))  # remaining length 998 + 3 bytes of header = 1001
     assert info.value.reason_code == ReasonCode.PACKET_TOO_LARGE
 
 
@@ -262,25 +260,20 @@ def test_packet_at_the_size_limit_is_accepted():
     data = encode(packet, 5)
     assert len(data) == 1000
     decoder = MqttDecoder(5, max_packet_size=1000)
-    decoder.feed(data)
-    assert decoder.read_packets() == [packet]
+    assert decoder.feed(data) == [packet]
 
 
 def test_largest_remaining_length_is_too_large_by_default():
     decoder = MqttDecoder(4)
-    decoder.feed(h("30 FF FF FF 7F"))
     with pytest.raises(MqttProtocolError) as info:
-        decoder.read_packets()
+        decoder.feed(h("30 FF FF FF 7F"))
     assert info.value.reason_code == ReasonCode.PACKET_TOO_LARGE
 
 
 def test_incomplete_length_waits_for_more():
     decoder = MqttDecoder(4)
-    decoder.feed(h("30 FF FF"))
-    assert decoder.read_packets() == []
-    decoder.feed(h("FF"))
-    assert decoder.read_packets() == []
-    decoder.feed(h("FF"))
+    assert decoder.feed(h("30 FF FF")) == []
+    assert decoder.feed(h("FF")) == []
     with pytest.raises(MqttProtocolError) as info:
-        decoder.read_packets()
+        decoder.feed(h("FF"))
     assert info.value.reason_code == MALFORMED

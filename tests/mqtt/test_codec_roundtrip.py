@@ -3,6 +3,7 @@ fast paths agree with ``encode``; arbitrary bytes only ever raise ``MqttProtocol
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import pytest
@@ -33,8 +34,7 @@ SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[Heal
 
 def decode_one(data: bytes, version: int | None) -> Any:
     decoder = MqttDecoder(version)
-    decoder.feed(data)
-    decoded = decoder.read_packets()
+    decoded = decoder.feed(data)
     assert decoder.buffered == 0
     assert len(decoded) == 1
     return decoded[0]
@@ -69,8 +69,7 @@ def test_stream_split_anywhere(version, data):
     decoder = MqttDecoder()
     decoded = []
     for start, end in zip([0, *cuts], [*cuts, len(stream)], strict=True):
-        decoder.feed(stream[start:end])
-        decoded += decoder.read_packets()
+        decoded += decoder.feed(stream[start:end])
     assert decoded == [connect, *rest]
     assert decoder.buffered == 0
 
@@ -128,12 +127,8 @@ def test_encode_puback_fast_path_matches_encode(version, packet_id, reason):
 @given(garbage=st.binary(max_size=200))
 def test_arbitrary_bytes_only_raise_protocol_errors(version, garbage):
     decoder = MqttDecoder()
-    decoder.feed(encode(Connect("fuzz", version), version) + garbage)
-    try:
-        while decoder.next_packet() is not None:
-            pass
-    except MqttProtocolError:
-        pass
+    with contextlib.suppress(MqttProtocolError):
+        decoder.feed(encode(Connect("fuzz", version), version) + garbage)
 
 
 @VERSIONS
@@ -146,9 +141,8 @@ def test_corrupted_packets_only_raise_protocol_errors(version, data):
         for _ in range(data.draw(st.integers(1, 4))):
             stream[data.draw(st.integers(0, len(stream) - 1))] = data.draw(st.integers(0, 255))
     decoder = MqttDecoder(version)
-    decoder.feed(bytes(stream))
     try:
-        for packet in decoder.read_packets():
+        for packet in decoder.feed(bytes(stream)):
             encode(packet, version)  # what is decoded is valid enough to encode again
     except MqttProtocolError:
         pass

@@ -36,9 +36,7 @@ def test_encode(version, packet, data):
 @pytest.mark.parametrize(("version", "packet", "data"), ALL_CASES)
 def test_decode_whole(version, packet, data):
     decoder = decoder_for(packet, version)
-    decoder.feed(data)
-    assert decoder.next_packet() == packet
-    assert decoder.next_packet() is None
+    assert decoder.feed(data) == [packet]
     assert decoder.buffered == 0
     assert decoder.version == version
 
@@ -47,11 +45,9 @@ def test_decode_whole(version, packet, data):
 def test_decode_one_byte_at_a_time(version, packet, data):
     decoder = decoder_for(packet, version)
     for index in range(len(data) - 1):
-        decoder.feed(data[index : index + 1])
-        assert decoder.next_packet() is None
+        assert decoder.feed(data[index : index + 1]) == []
         assert decoder.buffered == index + 1
-    decoder.feed(data[-1:])
-    assert decoder.read_packets() == [packet]
+    assert decoder.feed(data[-1:]) == [packet]
     assert decoder.buffered == 0
 
 
@@ -60,19 +56,15 @@ def test_decode_with_trailing_bytes(version, packet, data):
     following = next_publish(version)
     for cut in (1, 2, 3, len(following) - 1):
         decoder = decoder_for(packet, version)
-        decoder.feed(data + following[:cut])
-        assert decoder.next_packet() == packet
-        assert decoder.next_packet() is None
+        assert decoder.feed(data + following[:cut]) == [packet]
         assert decoder.buffered == cut
-        decoder.feed(following[cut:])
-        assert decoder.read_packets() == [Publish("next", b"packet", 1, packet_id=9)]
+        assert decoder.feed(following[cut:]) == [Publish("next", b"packet", 1, packet_id=9)]
 
 
 @pytest.mark.parametrize(("version", "packet", "data"), ALL_CASES)
 def test_decode_followed_by_whole_packets(version, packet, data):
     decoder = decoder_for(packet, version)
-    decoder.feed(data + next_publish(version) + h("C0 00"))
-    packets = list(decoder)
+    packets = decoder.feed(data + next_publish(version) + h("C0 00"))
     assert packets[0] == packet
     assert packets[1:] == [Publish("next", b"packet", 1, packet_id=9), Pingreq()]
 
@@ -91,8 +83,7 @@ def test_whole_table_as_one_stream(version):
         decoder = MqttDecoder()
         got = []
         for start, end in zip([0, *cuts], [*cuts, len(stream)], strict=True):
-            decoder.feed(stream[start:end])
-            got += decoder.read_packets()
+            got += decoder.feed(stream[start:end])
         assert got == expected
         assert decoder.buffered == 0
 
@@ -101,14 +92,14 @@ def test_whole_table_as_one_stream(version):
 def test_large_payload_is_a_view_that_outlives_later_reads(version):
     big = bytes(range(256)) * 16  # 4 KiB: ZERO_COPY_PAYLOAD_MIN
     decoder = MqttDecoder(version)
-    decoder.feed(encode(Publish("t", big), version) + encode(Publish("t", b"small"), version)[:3])
     first: Any
-    (first,) = decoder.read_packets()
+    (first,) = decoder.feed(
+        encode(Publish("t", big), version) + encode(Publish("t", b"small"), version)[:3]
+    )
     assert isinstance(first.payload, memoryview)
     assert first.payload.readonly
-    decoder.feed(encode(Publish("t", b"small"), version)[3:])
     second: Any
-    (second,) = decoder.read_packets()
+    (second,) = decoder.feed(encode(Publish("t", b"small"), version)[3:])
     assert type(second.payload) is bytes  # small payloads are copied
     assert bytes(first.payload) == big
     assert second.payload == b"small"

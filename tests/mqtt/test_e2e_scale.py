@@ -12,7 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from gateway.mqtt.codec import Connect, MqttDecoder, Publish, Subscribe, Subscription, encode
+from gateway.mqtt.codec import (
+    Connect,
+    MqttDecoder,
+    Packet,
+    Publish,
+    Subscribe,
+    Subscription,
+    encode,
+)
 from tests.braid_process import BraidProcess
 
 from .clients import assert_clean_log, unique
@@ -47,21 +55,20 @@ def rss_kib(pid: int) -> int:
 
 
 class Device:
-    __slots__ = ("decoder", "reader", "writer")
+    __slots__ = ("decoder", "pending", "reader", "writer")
 
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.reader = reader
         self.writer = writer
         self.decoder = MqttDecoder(4)
+        self.pending: list[Packet] = []  # decoded, not yet taken by ``packet``
 
     async def packet(self, timeout: float) -> object:
-        while True:
-            packet = self.decoder.next_packet()
-            if packet is not None:
-                return packet
+        while not self.pending:
             data = await asyncio.wait_for(self.reader.read(4096), timeout)
             assert data, "connection closed"
-            self.decoder.feed(data)
+            self.pending += self.decoder.feed(data)
+        return self.pending.pop(0)
 
 
 async def connect_device(port: int, index: int, topic: str) -> Device:

@@ -24,6 +24,7 @@ from gateway.mqtt.addresses import session_queue_name
 from gateway.mqtt.codec import (
     Connack,
     Connect,
+    Disconnect,
     MqttDecoder,
     Packet,
     Properties,
@@ -34,6 +35,7 @@ from gateway.mqtt.codec import (
     encode,
 )
 from gateway.mqtt.hub import MqttOptions
+from gateway.mqtt.reason_codes import ReasonCode
 from gateway.mqtt.server import MQTTServer
 
 from .clients import unique
@@ -105,8 +107,7 @@ class AsyncRaw:
         while not self.pending:
             data = await asyncio.wait_for(self.reader.read(65536), timeout)
             assert data, "closed"
-            self.decoder.feed(data)
-            self.pending += self.decoder.read_packets()
+            self.pending += self.decoder.feed(data)
         return self.pending.pop(0)
 
     async def nothing(self, wait: float = 0.3) -> None:
@@ -228,7 +229,7 @@ async def test_wildcard_first_level_persistent_session(server: MQTTServer) -> No
 
 async def test_authentication(broker: Broker) -> None:
     # The broker's user store decides (no anonymous clients here, even from loopback).
-    security = SecurityService(broker.store, SecurityConfig(anonymous="never"))
+    security = SecurityService(broker.metadata, SecurityConfig(anonymous="never"))
     await security.put_user("dev", password="secret")
     server = MQTTServer(BrokerAPI(broker, security))
     await server.start("127.0.0.1", 0)
@@ -372,3 +373,31 @@ async def test_an_ended_persistent_session_leaves_no_queue_on_disk(
     queue = broker.ack_queue(queue_name)
     assert queue is not None
     assert broker.store.queue_bounds(queue_name, 0) == (0, 1)  # the new queue starts at 0
+
+
+async def test_packets_before_a_malformed_one_in_the_same_read_are_handled(
+    server: MQTTServer,
+) -> None:
+    """One read holding a PUBLISH and then a malformed packet: the decoder returns the PUBLISH
+    and keeps the error (``MqttDecoder.error``); the server handles the PUBLISH, then answers
+    the error with DISCONNECT 0x81 and closes."""
+    sub = await AsyncRaw.open(server)
+    await sub.connect()
+    await sub.subscribe("ordered/t")
+    pub = await AsyncRaw.open(server)
+    await pub.connect()
+    # A PINGREQ with fixed header flags 1: malformed [MQTT-2.1.3-1].
+    pub.writer.write(encode(Publish("ordered/t", b"first", 1, packet_id=1), 5) + b"\xc1\x00")
+    data = b""
+    while chunk := await asyncio.wait_for(pub.reader.read(65536), TIMEOUT):
+        data += chunk  # until the server closes
+    replies = pub.decoder.feed(data)
+    disconnect = replies[-1]
+    assert isinstance(disconnect, Disconnect), replies
+    assert disconnect.reason_code == ReasonCode.MALFORMED_PACKET
+    assert "MQTT-2.1.3-1" in (disconnect.properties.reason_string or "")
+    delivered = await sub.recv()
+    assert isinstance(delivered, Publish)
+    assert delivered.payload == b"first"
+    pub.close()
+    sub.close()

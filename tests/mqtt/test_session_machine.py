@@ -42,15 +42,17 @@ class FakeLink:
 
     def __init__(self, version: int = 5) -> None:
         self.decoder = MqttDecoder(version)
+        self.written: list[Packet] = []  # decoded, not yet taken by ``packets``
         self.closed = False
         self.paused: set[str] = set()
         self.keep_alive: int | None = None
 
     def write(self, data: bytes) -> None:
-        self.decoder.feed(data)
+        self.written += self.decoder.feed(data)
 
     def packets(self) -> list[Packet]:
-        return self.decoder.read_packets()
+        packets, self.written = self.written, []
+        return packets
 
     def close(self) -> None:
         self.closed = True

@@ -87,15 +87,14 @@ async def test_mqtt_keep_alive_expires_on_the_clock(api: BrokerAPI) -> None:
         reader, writer = await asyncio.open_connection(*server.address)
         writer.write(encode(Connect("keepalive-client", 5, keep_alive=10), 5))
         decoder = MqttDecoder(5)
-        while not decoder.read_packets():
-            decoder.feed(await asyncio.wait_for(reader.read(4096), DEADLINE_S))
+        while not decoder.feed(await asyncio.wait_for(reader.read(4096), DEADLINE_S)):
+            pass  # until the CONNACK
         # [MQTT-3.1.2-22]: one and a half times the Keep Alive without a packet.
         clock.advance(14_999)
         await asyncio.sleep(0)
         assert server.gauges()["connections"] == 1
         clock.advance(1)
-        decoder.feed(await eof(reader))
-        (disconnect,) = decoder.read_packets()
+        (disconnect,) = decoder.feed(await eof(reader))
         assert isinstance(disconnect, Disconnect)
         assert disconnect.reason_code == ReasonCode.KEEP_ALIVE_TIMEOUT
         assert server.metrics["keep_alive_timeouts"] == 1

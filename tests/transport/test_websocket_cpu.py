@@ -86,8 +86,11 @@ async def cpu_to_deliver(braid: BraidProcess, *, one_frame: bool) -> float:
     sub_writer.write(encode(Connect(topic + "/s", 4, keep_alive=0), 4))
     sub_writer.write(encode(Subscribe(1, (Subscription(topic, 0),)), 4))
     decoder = MqttDecoder(4, max_packet_size=16 << 20)
-    while not any(isinstance(packet, Suback) for packet in decoder.read_packets()):
-        decoder.feed(await asyncio.wait_for(sub_reader.read(4096), DEADLINE_S))
+    while not any(
+        isinstance(packet, Suback)
+        for packet in decoder.feed(await asyncio.wait_for(sub_reader.read(4096), DEADLINE_S))
+    ):
+        pass
 
     reader, writer = await asyncio.open_connection(braid.host, braid.mqtt_ws_port)
     key = base64.b64encode(os.urandom(16)).decode()
@@ -125,8 +128,7 @@ async def cpu_to_deliver(braid: BraidProcess, *, one_frame: bool) -> float:
         await asyncio.sleep(PACE_S)
     got = 0
     while not got:
-        decoder.feed(await asyncio.wait_for(sub_reader.read(1 << 20), DEADLINE_S))
-        got = len(decoder.read_packets())
+        got = len(decoder.feed(await asyncio.wait_for(sub_reader.read(1 << 20), DEADLINE_S)))
     spent = broker_cpu_s(pid) - before
     writer.close()
     sub_writer.close()
