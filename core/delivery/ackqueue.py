@@ -90,7 +90,12 @@ class Consumer:
         self.inflight = 0
 
     def has_capacity(self) -> bool:
-        return self.no_ack or not self.prefetch or self.inflight < self.prefetch
+        prefetch = self.prefetch
+        if self.no_ack:
+            # No in-flight limit (AMQP ignores a no-ack consumer's prefetch), but a paused one
+            # (NO_CREDIT, -1: its connection's outgoing buffer is full) takes nothing.
+            return prefetch >= 0
+        return not prefetch or self.inflight < prefetch
 
     def __repr__(self) -> str:
         return f"Consumer({self.tag}, inflight={self.inflight}/{self.prefetch})"

@@ -344,6 +344,8 @@ class Channel:
 
     def update_capacity(self, *, notify: bool) -> None:
         """Lend each consumer the limit the channel allows now (see the module docstring)."""
+        if self.session.deliveries_stopped:  # the outgoing bound: the session resumes them
+            return
         remaining = self.prefetch_global - len(self.unacked) if self.prefetch_global else 0
         for consumer in self.consumers.values():
             subscription = consumer.subscription
@@ -385,8 +387,9 @@ class Channel:
             self.write_method(commands.Basic.ConsumeOk(tag))
         consumer = ChannelConsumer(self, tag, queue, m.no_ack, m.exclusive, self.prefetch_consumer)
         self.consumers[tag] = consumer
+        prefetch = NO_CAPACITY if self.session.deliveries_stopped else consumer.prefetch
         consumer.subscription = self.api.consume(
-            self.context, queue.handle, tag, consumer.prefetch, consumer.deliver, no_ack=m.no_ack
+            self.context, queue.handle, tag, prefetch, consumer.deliver, no_ack=m.no_ack
         )
         self.vhost.consumer_added(queue, consumer)
         if self.limited:

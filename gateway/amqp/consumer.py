@@ -20,7 +20,14 @@ from gateway.amqp.vhost import QUEUE_TOPIC_PREFIX, Queue, VirtualHost
 if TYPE_CHECKING:
     from gateway.amqp.channel import Channel
 
-__all__ = ["ChannelConsumer", "delivered_address", "mqtt_compat_address", "properties_of"]
+__all__ = [
+    "ChannelConsumer",
+    "delivered_address",
+    "mqtt_compat_address",
+    "properties_of",
+    "resume_channel_deliveries",
+    "stop_channel_deliveries",
+]
 
 
 def properties_of(message: Message, vhost: VirtualHost) -> bytes:
@@ -106,21 +113,26 @@ class ChannelConsumer:
             topic, subject = mqtt_compat_address(channel.mqtt_exchange, message.address)
         elif topic.startswith(QUEUE_TOPIC_PREFIX):
             topic = ""
-        session.write(
-            encode_deliver(
-                channel.number,
-                self.tag_bytes,
-                tag,
-                delivery.redelivered,
-                topic,
-                subject,
-                properties,
-                message.body or b"",
-                session.frame_max,
-            )
+        frames = encode_deliver(
+            channel.number,
+            self.tag_bytes,
+            tag,
+            delivery.redelivered,
+            topic,
+            subject,
+            properties,
+            message.body or b"",
+            session.frame_max,
         )
+        session.write(frames)
         session.metrics["delivered"] += 1
-        if channel.limited:
+        # The outgoing bound: this loop iteration's writes leave in one flush after it, so a
+        # queue's pump (a whole backlog for a consumer without prefetch) stops here once the
+        # connection's buffer would pass it, rather than at the transport's pause_writing.
+        session.outgoing_room -= len(frames)
+        if session.outgoing_room <= 0:
+            session.stop_deliveries()
+        elif channel.limited:
             channel.update_capacity(notify=False)
 
     def deliver_direct(self, routing_key: str, properties_raw: bytes, body: bytes) -> None:
@@ -128,20 +140,21 @@ class ChannelConsumer:
         channel = self.channel
         tag = channel.delivery_tag = channel.delivery_tag + 1
         session = channel.session
-        session.write(
-            encode_deliver(
-                channel.number,
-                self.tag_bytes,
-                tag,
-                False,
-                "",
-                routing_key,
-                properties_raw,
-                body,
-                session.frame_max,
-            )
+        frames = encode_deliver(
+            channel.number,
+            self.tag_bytes,
+            tag,
+            False,
+            "",
+            routing_key,
+            properties_raw,
+            body,
+            session.frame_max,
         )
+        session.write(frames)
         session.metrics["delivered"] += 1
+        # Counted against the bound (stored consumers stop at it; a reply is never held back).
+        session.outgoing_room -= len(frames)
 
     def cancelled_by_server(self) -> None:
         """Its queue was deleted: consumer_cancel_notify clients get a Basic.Cancel."""
@@ -149,3 +162,25 @@ class ChannelConsumer:
 
     def __repr__(self) -> str:
         return f"ChannelConsumer({self.tag!r}, channel={self.channel.number})"
+
+
+def stop_channel_deliveries(channel: Channel) -> None:
+    """Its connection's outgoing buffer is full: the queues hand its consumers nothing more
+    (what is in flight stays settleable; the rest stays in the queues, never dropped)."""
+    for consumer in channel.consumers.values():
+        if consumer.subscription is not None:
+            consumer.subscription.pause()
+
+
+def resume_channel_deliveries(channel: Channel) -> None:
+    """The buffer drained: each consumer gets its own credit back (a channel with a global
+    prefetch or flow off lends it, ``Channel.update_capacity``; no-ack consumers have none)."""
+    if channel.closed:
+        return
+    limited = channel.limited
+    for consumer in channel.consumers.values():
+        subscription = consumer.subscription
+        if subscription is not None and (consumer.no_ack or not limited):
+            subscription.resume(consumer.prefetch)
+    if limited:
+        channel.update_capacity(notify=True)

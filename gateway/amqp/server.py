@@ -4,8 +4,13 @@ The transport only moves bytes: every read goes to the session, which parses eve
 before returning; whatever the session writes during one loop iteration (replies, deliveries
 from the queues' pumps, confirms) leaves in ONE ``transport.write`` at the end of the iteration.
 Reading pauses while the session waits for the broker (a flow-blocked publish, a tx.commit) and
-while the transport's write buffer is above ``WRITE_BUFFER_HIGH`` (a client that does not read
+while the transport's write buffer is above its high-water mark (a client that does not read
 its deliveries or replies does not get to send more).
+
+The outgoing bound (issue 21 item 4): ``[limits] max_outgoing_buffer_bytes`` lowers that mark
+where it is smaller (``GatewayTransport.bound_outgoing``); deliveries to the connection's
+consumers stop above it and resume when it drains (session.py), and a connection that stays
+above it for ``stalled_client_timeout_s`` is aborted with a log line (gateway/transport.py).
 
 ``AMQPServer(api, settings)``, over the Broker API (``core.api.BrokerAPI``): one ``VirtualHost``
 per name in ``settings.vhosts`` (a vhost's exchanges, queues and bindings are loaded from the
@@ -60,6 +65,7 @@ METRIC_NAMES: Final = (
     "logins_refused",
     "bytes_received",
     "bytes_sent",
+    "stalled_disconnects",  # clients over the outgoing bound past stalled_client_timeout_s
 )
 
 
@@ -71,6 +77,8 @@ class AmqpConnection(GatewayTransport):
         self.server = server
         self.session: Session | None = None
         self.incomplete_timeout_s = server.incomplete_request_timeout_s
+        if server.outgoing_limits is not None:
+            self.bound_outgoing(*server.outgoing_limits)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
@@ -82,6 +90,7 @@ class AmqpConnection(GatewayTransport):
             self.server.settings,
             self.server.metrics,
             blocked=self.server.blocked_reason,
+            outgoing_bound=self.limits.write_high_water,
         )
         if not self.server.api.may_accept_connection():  # near the descriptor limit
             self.abort()
@@ -98,6 +107,27 @@ class AmqpConnection(GatewayTransport):
 
     def eof_received(self) -> bool:
         return False  # close the transport
+
+    # The outgoing bound: the session stops and resumes its consumers' deliveries.
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if self.session is not None:
+            self.session.stop_deliveries()
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        self._drained()
+
+    def flush(self) -> None:
+        super().flush()
+        self._drained()
+
+    def _drained(self) -> None:
+        session = self.session
+        transport = self.transport
+        if session is not None and transport is not None and not self.closed:
+            session.outgoing_drained(transport.get_write_buffer_size(), self.writing_paused)
 
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)
@@ -135,6 +165,8 @@ class AMQPServer:
         self.connections: set[AmqpConnection] = set()
         # [limits] incomplete_request_timeout_s (a frame partly received), read at start.
         self.incomplete_request_timeout_s: float | None = None
+        # [limits] max_outgoing_buffer_bytes and stalled_client_timeout_s, read at start.
+        self.outgoing_limits: tuple[int, float] | None = None
         self._server: asyncio.AbstractServer | None = None
         self._all_closed: asyncio.Event | None = None  # set when the last connection goes
 
@@ -175,6 +207,7 @@ class AMQPServer:
             if pending.producer_group == AMQP_TX_GROUP:
                 await self.api.roll_back_transaction(self.context, pending.transaction_id)
         self.incomplete_request_timeout_s = self.api.incomplete_request_limits(self.context)[1]
+        self.outgoing_limits = self.api.outgoing_buffer_limits(self.context)
         self.api.add_flow_listener(self._flow_changed)
         loop = asyncio.get_running_loop()
         try:

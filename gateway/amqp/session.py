@@ -27,6 +27,13 @@ deliveries of other connections. Publisher confirms: the publishes of one slice 
 once, then one durability wait covers them all; confirms go out in order, ``multiple`` when
 several. At the end of a slice the queues it acked in are pumped, so the deliveries the acks made
 room for leave in the same write as the read's replies.
+
+A client that does not read (issue 21 item 4): deliveries to the connection's consumers stop
+(``stop_deliveries``: their subscriptions paused, whatever their prefetch or no-ack) once its
+buffered bytes reach ``outgoing_bound`` (``[limits] max_outgoing_buffer_bytes``): the transport's
+``pause_writing``, or the deliveries written in this loop iteration on top of the transport's
+buffer (a queue's pump would write a whole backlog in one iteration). The messages stay in their
+queues (AMQP drops nothing); deliveries resume when the buffer drains (``outgoing_drained``).
 """
 
 from __future__ import annotations
@@ -59,6 +66,7 @@ from gateway.amqp.constants import (
     NOT_ALLOWED,
     UNEXPECTED_FRAME,
 )
+from gateway.amqp.consumer import resume_channel_deliveries, stop_channel_deliveries
 from gateway.amqp.errors import AmqpChannelError, AmqpConnectionError, AmqpError
 from gateway.amqp.events import (
     Ack,
@@ -264,6 +272,7 @@ class Session:
         metrics: dict[str, int],
         *,
         blocked: Callable[[], str | None] = lambda: None,
+        outgoing_bound: int = 1 << 62,
     ) -> None:
         self.io = io
         self.write: Callable[[bytes], None] = io.write
@@ -310,6 +319,12 @@ class Session:
         # at the end of the read, so those deliveries leave with the read's replies (not a
         # loop iteration later).
         self.settlements = Settlements()
+        # The outgoing bound (module docstring): the bytes deliveries may still write before the
+        # next flush (the bound less the transport's buffer at the last one), and whether
+        # deliveries are stopped.
+        self.outgoing_bound = outgoing_bound
+        self.outgoing_room = outgoing_bound
+        self.deliveries_stopped = False
         self._confirms: dict[Channel, _ConfirmBatch] = {}
         self._confirm_end = 0
         self._confirm_groups: deque[_ConfirmGroup] = deque()
@@ -770,6 +785,24 @@ class Session:
             self.io.write(encode_method(0, commands.Connection.Unblocked()))
 
     # -- publisher confirms ------------------------------------------------------------------
+
+    def stop_deliveries(self) -> None:
+        """The outgoing buffer is full: pause every consumer of this connection."""
+        if self.deliveries_stopped:
+            return
+        self.deliveries_stopped = True
+        for channel in self.channels.values():
+            stop_channel_deliveries(channel)
+
+    def outgoing_drained(self, buffered: int, writing_paused: bool) -> None:
+        """After a flush (or ``resume_writing``) with ``buffered`` bytes left in the transport:
+        the room for the next loop iteration's deliveries; stopped ones resume unless the
+        transport is still over its high-water mark (its ``resume_writing`` will come)."""
+        self.outgoing_room = self.outgoing_bound - buffered
+        if self.deliveries_stopped and not writing_paused and self.state != CLOSED:
+            self.deliveries_stopped = False
+            for channel in list(self.channels.values()):
+                resume_channel_deliveries(channel)
 
     def confirm(self, channel: Channel, seq: int, end: int, nack: bool) -> None:
         """Publish ``seq`` on ``channel`` is stored up to log position ``end`` (0: nothing to
