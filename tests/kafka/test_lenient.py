@@ -22,8 +22,7 @@ LIBRDKAFKA_METADATA_V9 = bytes.fromhex(
 
 def test_librdkafka_metadata_with_an_unknown_tag_is_read() -> None:
     decoder = KafkaDecoder()
-    decoder.feed(LIBRDKAFKA_METADATA_V9)
-    event = decoder.next_event()
+    (event,) = decoder.feed(LIBRDKAFKA_METADATA_V9)
     assert isinstance(event, Request)
     assert event.body.topics is None  # type: ignore[union-attr]
     assert event.body.allow_auto_topic_creation is False  # type: ignore[union-attr]
