@@ -489,7 +489,7 @@ class BraidServer:
             self.metrics.register_counters("braid_timers_", lambda: broker.timers.metrics)
             self.metrics.register("process", process_collector)
             self.security = security = SecurityService(
-                self.store, self.settings.auth, vhosts=self.settings.amqp.vhosts
+                broker.metadata, self.settings.auth, vhosts=self.settings.amqp.vhosts
             )
             self.metrics.register("security", security_collector(security))
             config_users = self.settings.amqp.users
@@ -505,7 +505,7 @@ class BraidServer:
                     raise StartupError(str(error)) from None
             api = BrokerAPI(broker, security)
             # [limits] and RabbitMQ's user and vhost limits (__limits), for every protocol.
-            attach_limits(api, LimitsService(LimitsStore(self.store), self.settings.limits))
+            attach_limits(api, LimitsService(LimitsStore(broker.metadata), self.settings.limits))
             context = ServerContext(
                 self.settings,
                 self.broker,

@@ -47,7 +47,7 @@ class LimitCalls(ConnectionCalls):
     def _limits(self) -> LimitsService:
         service = self._limits_service
         if service is None:  # an API built without one (tests): the defaults over the same log
-            service = self._limits_service = LimitsService(LimitsStore(self._broker.store))
+            service = self._limits_service = LimitsService(LimitsStore(self._broker.metadata))
         return service
 
     # -- decisions -------------------------------------------------------------------------
@@ -196,16 +196,20 @@ class LimitCalls(ConnectionCalls):
         """Set a user's limit; raises :class:`~core.limits.LimitError` with RabbitMQ's text
         for an unknown name or a value that is not an integer. Returns the log position to
         wait for (:meth:`when_durable`)."""
-        return self._limits().store.set_limit(USER, user, name, value)
+        self._limits().store.set_limit(USER, user, name, value)
+        return self._broker.metadata.durable_mark
 
     def clear_user_limit(self, context: ClientContext, user: str, name: str) -> int:
-        return self._limits().store.clear_limit(USER, user, name)
+        self._limits().store.clear_limit(USER, user, name)
+        return self._broker.metadata.durable_mark
 
     def set_vhost_limit(self, context: ClientContext, vhost: str, name: str, value: object) -> int:
-        return self._limits().store.set_limit(VHOST, vhost, name, value)
+        self._limits().store.set_limit(VHOST, vhost, name, value)
+        return self._broker.metadata.durable_mark
 
     def clear_vhost_limit(self, context: ClientContext, vhost: str, name: str) -> int:
-        return self._limits().store.clear_limit(VHOST, vhost, name)
+        self._limits().store.clear_limit(VHOST, vhost, name)
+        return self._broker.metadata.durable_mark
 
 
 def attach_limits(api: LimitCalls, service: LimitsService) -> None:

@@ -35,6 +35,7 @@ from core.broker.broker import (
 )
 from core.broker.eager import Pending, run_eagerly
 from core.broker.topics import TopicError, TopicInfo, TopicRegistry
+from core.cluster.metadata import KIND_SETTING, Change
 from core.groups.results import GroupDescription, GroupListing, JoinResult, LeaveResult, SyncResult
 from core.groups.state import GroupState
 from core.kafka_values import OffsetCommit, OpenTransaction, StorageSettings
@@ -618,20 +619,27 @@ class PartitionCalls(BrokerCalls):
         """Discard every half of the transaction; returns once durable."""
         await self._broker.transactions.rollback(transaction_id)
 
-    # The broker's metadata table (``__meta``): small durable settings a gateway keeps.
+    # The broker's metadata (kind ``setting``; ``__meta`` on a single node): small durable
+    # settings a gateway keeps.
 
     def metadata_items(self, context: ClientContext, prefix: str) -> list[tuple[str, bytes]]:
         """Every ``(key, value)`` whose key starts with ``prefix``."""
-        return [item for item in self._broker.topics.table.items() if item[0].startswith(prefix)]
+        settings = self._broker.metadata.items(KIND_SETTING)
+        return [item for item in settings if item[0].startswith(prefix)]
 
     def metadata_value(self, context: ClientContext, key: str) -> bytes | None:
-        return self._broker.topics.table.get(key)
+        return self._broker.metadata.get(KIND_SETTING, key)
 
     def put_metadata(self, context: ClientContext, key: str, value: bytes) -> int:
         """Store ``key``; returns the durable mark to wait for (:meth:`when_durable`)."""
-        return self._broker.topics.table.put(key, value).end
+        metadata = self._broker.metadata
+        metadata.apply([Change(KIND_SETTING, key, value)])
+        return metadata.durable_mark
 
     def delete_metadata(self, context: ClientContext, key: str) -> int | None:
         """Delete ``key``; the durable mark to wait for, None if there was no such key."""
-        deleted = self._broker.topics.table.delete(key)
-        return deleted.end if deleted is not None else None
+        metadata = self._broker.metadata
+        if metadata.get(KIND_SETTING, key) is None:
+            return None
+        metadata.apply([Change(KIND_SETTING, key, None)])
+        return metadata.durable_mark

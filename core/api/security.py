@@ -56,7 +56,7 @@ class SecurityCalls(BrokerCalls):
     def _security(self) -> SecurityService:
         service = self._security_service_given
         if service is None:  # an API built without one (tests): defaults over the same log
-            service = self._security_service_given = SecurityService(self._broker.store)
+            service = self._security_service_given = SecurityService(self._broker.metadata)
         return service
 
     # -- logins ----------------------------------------------------------------------------

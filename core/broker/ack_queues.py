@@ -18,6 +18,7 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from core.cluster.metadata import KIND_QUEUE, Change, MetadataStore
 from core.deadletter.policy import (
     DEAD_LETTER_REASON_HEADER,
     DEAD_LETTER_SUBJECT_HEADER,
@@ -46,9 +47,6 @@ if TYPE_CHECKING:  # (annotations only: broker.py imports this module)
     from core.broker.topics import TopicInfo, TopicRegistry
 
 log = logging.getLogger("core.broker.broker")
-
-# The topic table's key prefix of a declared ack queue.
-ACK_QUEUE_KEY = "ackq:"
 
 
 def ack_queue_config_to_json(config: AckQueueConfig) -> dict[str, Any]:
@@ -81,6 +79,7 @@ class AckQueues:
 
     # The broker's, set in its constructor.
     store: LogStore
+    metadata: MetadataStore
     topics: TopicRegistry
     bindings: BindingTable[Destination]
     ack_queues: dict[Destination, AckQueue]
@@ -199,12 +198,9 @@ class AckQueues:
             return existing, False
         config = config or AckQueueConfig()
         created = self._open_ack_queue(destination, config)
-        self.topics.table.put(
-            ACK_QUEUE_KEY + self._ack_state_key(destination),
-            json.dumps(
-                {"topic": topic, "queue": queue, "config": ack_queue_config_to_json(config)}
-            ).encode(),
-        )
+        value = {"topic": topic, "queue": queue, "config": ack_queue_config_to_json(config)}
+        key = self._ack_state_key(destination)
+        self.metadata.apply([Change(KIND_QUEUE, key, json.dumps(value).encode())])
         return created, True
 
     def ack_queue(self, topic: str, queue: int = 0) -> AckQueue | None:
@@ -220,7 +216,7 @@ class AckQueues:
             removed.remove_consumer(consumer)
         self.bindings.remove_destination(destination)
         self._persist_bindings_of(topic)
-        self.topics.table.delete(ACK_QUEUE_KEY + self._ack_state_key(destination))
+        self.metadata.apply([Change(KIND_QUEUE, self._ack_state_key(destination), None)])
         self._ack_states.delete(self._ack_state_key(destination))
         return removed
 

@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from core.broker.ack_queues import ACK_QUEUE_KEY, AckQueues, ack_queue_config_from_json
+from core.broker.ack_queues import AckQueues, ack_queue_config_from_json
 from core.broker.flow import FlowControl
 from core.broker.partitioner import murmur2_partition
 from core.broker.topics import (
@@ -34,6 +34,7 @@ from core.broker.topics import (
     TopicLimits,
     TopicRegistry,
 )
+from core.cluster import KIND_BINDING, KIND_QUEUE, Change, LocalMetadata
 from core.delivery.ackqueue import (
     AckQueue,
     DeadLetterHook,
@@ -84,7 +85,6 @@ Destination = tuple[str, int]
 # ``address`` is the publisher's own name of the target (the MQTT topic name for an MQTT publish).
 RouteHook = Callable[[str, str, bytes | None, int, str], Sequence[Destination]]
 EXCHANGE_QUEUE = -1  # (name, -1): the topic ``name`` as a routing source
-_BINDING_KEY = "binding:"
 # Ack state of dirty queues is written this often (batched, never per ack).
 ACK_STATE_FLUSH_INTERVAL_S = 0.05
 FLOW_CHECK_INTERVAL_S = 0.25
@@ -205,8 +205,11 @@ class Broker(AckQueues):
     def __init__(self, store: LogStore, config: BrokerConfig | None = None) -> None:
         self.store = store
         self.config = config or BrokerConfig()
+        # Cluster-wide definitions (topics, bindings, queues, security, limits): on a single
+        # node the __meta/__security/__limits tables of this log (docs/cluster.md section 4).
+        self.metadata: LocalMetadata = LocalMetadata(store)
         self.topics = TopicRegistry(
-            store,
+            self.metadata,
             TopicLimits(
                 self.config.max_topics,
                 self.config.max_partitions_per_topic,
@@ -254,21 +257,19 @@ class Broker(AckQueues):
     # -- startup / shutdown ----------------------------------------------------------------
 
     def _load_bindings_and_queues(self) -> None:
-        table = self.topics.table
-        for key, value in table.items():
-            if key.startswith(_BINDING_KEY):
-                raw = json.loads(value)
-                self.bindings.add(
-                    raw["source"],
-                    raw["kind"],
-                    raw["pattern"],
-                    (raw["destination"][0], int(raw["destination"][1])),
-                    raw.get("arguments"),
-                )
-            elif key.startswith(ACK_QUEUE_KEY):
-                raw = json.loads(value)
-                destination = (raw["topic"], int(raw["queue"]))
-                self._open_ack_queue(destination, ack_queue_config_from_json(raw["config"]))
+        for _key, value in self.metadata.items(KIND_BINDING):
+            raw = json.loads(value)
+            self.bindings.add(
+                raw["source"],
+                raw["kind"],
+                raw["pattern"],
+                (raw["destination"][0], int(raw["destination"][1])),
+                raw.get("arguments"),
+            )
+        for _key, value in self.metadata.items(KIND_QUEUE):
+            raw = json.loads(value)
+            destination = (raw["topic"], int(raw["queue"]))
+            self._open_ack_queue(destination, ack_queue_config_from_json(raw["config"]))
 
     async def start(self) -> None:
         await self.timers.start()
@@ -340,7 +341,7 @@ class Broker(AckQueues):
         source: str, kind: str, pattern: str, destination: Destination, arguments: Any
     ) -> str:
         identity = [source, kind, pattern, list(destination), arguments]
-        return _BINDING_KEY + json.dumps(identity, sort_keys=True, default=str)
+        return json.dumps(identity, sort_keys=True, default=str)
 
     def bind(
         self,
@@ -355,19 +356,18 @@ class Broker(AckQueues):
         if added:
             kind_name = MatchKind(kind).value
             args = dict(arguments) if arguments else None
-            self.topics.table.put(
-                self._binding_key(source, kind_name, pattern, destination, args),
-                json.dumps(
-                    {
-                        "source": source,
-                        "kind": kind_name,
-                        "pattern": pattern,
-                        "destination": list(destination),
-                        "arguments": args,
-                    },
-                    default=str,
-                ).encode(),
-            )
+            value = json.dumps(
+                {
+                    "source": source,
+                    "kind": kind_name,
+                    "pattern": pattern,
+                    "destination": list(destination),
+                    "arguments": args,
+                },
+                default=str,
+            ).encode()
+            key = self._binding_key(source, kind_name, pattern, destination, args)
+            self.metadata.apply([Change(KIND_BINDING, key, value)])
         return added
 
     def unbind(
@@ -381,9 +381,8 @@ class Broker(AckQueues):
         removed = self.bindings.remove(source, kind, pattern, destination, arguments)
         if removed:
             args = dict(arguments) if arguments else None
-            self.topics.table.delete(
-                self._binding_key(source, MatchKind(kind).value, pattern, destination, args)
-            )
+            key = self._binding_key(source, MatchKind(kind).value, pattern, destination, args)
+            self.metadata.apply([Change(KIND_BINDING, key, None)])
         return removed
 
     def _persist_bindings_of(self, name: str) -> None:
@@ -398,9 +397,9 @@ class Broker(AckQueues):
             )
             for b in self.bindings.bindings()
         }
-        for key, _ in self.topics.table.items():
-            if key.startswith(_BINDING_KEY) and key not in live:
-                self.topics.table.delete(key)
+        gone = [key for key, _ in self.metadata.items(KIND_BINDING) if key not in live]
+        if gone:
+            self.metadata.apply([Change(KIND_BINDING, key, None) for key in gone])
 
     def route(
         self, topic: str, subject: str, headers: Mapping[str, Any] | None = None
@@ -775,12 +774,12 @@ class Broker(AckQueues):
 
     def _segment_is_owed(self, start: int, end: int) -> bool:
         """Retention guard: a segment holding a record an ack queue still owes, or that a
-        durable table's replay needs, is kept."""
+        durable table's replay needs, is kept (the metadata guards its own tables)."""
         for ack_queue in self.ack_queues.values():
             owed = ack_queue.owed_from_position()
             if owed is not None and owed < end:
                 return True
-        for table in (self.topics.table, self.offsets.table, self._ack_states):
+        for table in (self.offsets.table, self._ack_states):
             needed = table.oldest_needed_position()
             if needed is not None and needed < end:
                 # Rewrite the table's live keys at the log's end so the old segment is free.

@@ -1,5 +1,7 @@
 """Topic definitions: a topic is a named stream of N queues (Kafka partitions; an AMQP exchange
-or queue has one). Durable as records of the ``__meta`` system topic through a DurableTable.
+or queue has one). Durable as definitions of kind ``topic`` of the node's
+:class:`~core.cluster.metadata.MetadataStore` (on a single node: the ``__meta`` system topic);
+lookups are this registry's in-memory dict.
 """
 
 from __future__ import annotations
@@ -9,12 +11,10 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from core.cluster.metadata import KIND_TOPIC, Change, MetadataStore
 from core.errors import TopicError as TopicError  # re-exported: its importers name it here
-from core.log import LogStore
-from core.log.names import META_TOPIC, is_system_topic
-from core.state import DurableTable
+from core.log.names import is_system_topic
 
-_TOPIC_KEY = "topic:"
 # Kafka's limit on topic names is 249 characters; AMQP's shortstr allows 255 bytes.
 MAX_TOPIC_NAME_BYTES = 255
 _CONTROL = re.compile(r"[\x00-\x1f]")
@@ -74,22 +74,20 @@ def validate_topic_name(name: str, *, allow_system: bool = False) -> None:
 
 
 class TopicRegistry:
-    def __init__(self, store: LogStore, limits: TopicLimits | None = None) -> None:
-        self.table = DurableTable(store, META_TOPIC)
+    def __init__(self, metadata: MetadataStore, limits: TopicLimits | None = None) -> None:
+        self.metadata = metadata
         self.limits = limits or TopicLimits()
         self._topics: dict[str, TopicInfo] = {}
         # Topics and queues the caps count: every topic but the broker's own ``__`` ones
         # (which the caps never refuse: the broker needs them to start).
         self.user_topics = 0
         self.total_queues = 0
-        for key, value in self.table.items():
-            if key.startswith(_TOPIC_KEY):
-                raw = json.loads(value)
-                name = key[len(_TOPIC_KEY) :]
-                self._topics[name] = TopicInfo(name, int(raw["queues"]), raw.get("config", {}))
-                if not is_system_topic(name):
-                    self.user_topics += 1
-                    self.total_queues += self._topics[name].queues
+        for name, value in metadata.items(KIND_TOPIC):
+            raw = json.loads(value)
+            self._topics[name] = TopicInfo(name, int(raw["queues"]), raw.get("config", {}))
+            if not is_system_topic(name):
+                self.user_topics += 1
+                self.total_queues += self._topics[name].queues
 
     def check_new_queues(self, name: str, queues: int, added: int) -> None:
         """Raise :class:`TopicError` when topic ``name`` may not have ``queues`` queues, of
@@ -153,7 +151,7 @@ class TopicRegistry:
             self.total_queues += queues
         info = TopicInfo(name, queues, dict(config or {}))
         self._topics[name] = info
-        self.table.put(_TOPIC_KEY + name, info.to_json())
+        self.metadata.apply([Change(KIND_TOPIC, name, info.to_json())])
         return info, True
 
     def update(self, info: TopicInfo) -> None:
@@ -162,7 +160,7 @@ class TopicRegistry:
             self.user_topics += previous is None
             self.total_queues += info.queues - (previous.queues if previous is not None else 0)
         self._topics[info.name] = info
-        self.table.put(_TOPIC_KEY + info.name, info.to_json())
+        self.metadata.apply([Change(KIND_TOPIC, info.name, info.to_json())])
 
     def add_queues(self, name: str, total: int) -> TopicInfo:
         info = self._topics.get(name)
@@ -186,5 +184,5 @@ class TopicRegistry:
         if not is_system_topic(name):
             self.user_topics -= 1
             self.total_queues -= info.queues
-        self.table.delete(_TOPIC_KEY + name)
+        self.metadata.apply([Change(KIND_TOPIC, name, None)])
         return True

@@ -18,8 +18,9 @@ with does not apply again (RabbitMQ drops a dead letter's ``expiration``). Recor
 **Nothing lost or duplicated on a crash in the middle.** The log is one append-only file kept
 as a prefix after any crash, so a redrive is three kinds of appends in this order:
 
-1. an *intent* in the broker's ``__meta`` table: the dead-letter queue, the offsets taken, and
-   for each target queue its end offset before the move;
+1. an *intent* in the broker's metadata (kind ``redrive``: the ``__meta`` table of the same
+   log): the dead-letter queue, the offsets taken, and for each target queue its end offset
+   before the move;
 2. the LINKs, each carrying ``x-braid-redriven-from: <dead-letter queue> <offset>``;
 3. the dead-letter queue's acks (its ack-state record, written at once), then the intent's
    deletion.
@@ -43,6 +44,7 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from core.broker.broker import EXCHANGE_QUEUE, Broker
+from core.cluster.metadata import KIND_REDRIVE, Change
 from core.deadletter.policy import (
     DEAD_LETTER_SUBJECT_HEADER,
     DEAD_LETTER_TOPIC_HEADER,
@@ -56,8 +58,6 @@ log = logging.getLogger(__name__)
 
 # "<dead-letter queue topic> <offset>" on each LINK a redrive appends (the crash check reads it).
 REDRIVEN_FROM_HEADER: Final = "x-braid-redriven-from"
-# The broker's __meta table key of an interrupted redrive's intent, + the dead-letter queue.
-INTENT_KEY: Final = "redrive:"
 # Records one redrive moves when no count is given (RabbitMQ's shovel moves all; a bound keeps
 # one HTTP call's work, and the event loop's pause, short: ~10 us per record measured).
 DEFAULT_REDRIVE_COUNT: Final = 10_000
@@ -232,13 +232,13 @@ def _move(
     subject_of: SubjectOf | None,
     result: RedriveResult,
 ) -> None:
-    key = INTENT_KEY + ack.topic
+    key = ack.topic  # an intent's key: its dead-letter queue
     targets = sorted({origin for _delivery, origin in moves})
     intent = {
         "offsets": [delivery.offset for delivery, _origin in moves],
         "targets": {target: broker.store.queue_bounds(target, 0)[1] for target in targets},
     }
-    broker.topics.table.put(key, json.dumps(intent).encode())  # 1. the intent
+    broker.metadata.apply([Change(KIND_REDRIVE, key, json.dumps(intent).encode())])  # 1. intent
     linked: list[Delivery] = []
     try:
         for delivery, origin in moves:  # 2. the LINKs
@@ -265,12 +265,12 @@ def _move(
             if delivery.offset not in done:
                 ack.nack(delivery.offset, requeue=True)
         broker.flush_ack_states()
-        broker.topics.table.delete(key)
+        broker.metadata.apply([Change(KIND_REDRIVE, key, None)])
         raise
     for delivery in linked:  # 3. the acks, persisted now, then the intent is done
         ack.ack(delivery.offset)
     broker.flush_ack_states()
-    broker.topics.table.delete(key)
+    broker.metadata.apply([Change(KIND_REDRIVE, key, None)])
     log.info(
         "redrive: %d record(s) of %s moved back to %s",
         result.moved_total,
@@ -282,10 +282,8 @@ def _move(
 def settle_interrupted(broker: Broker) -> int:
     """Finish every redrive a crash interrupted (module docstring): ack in its dead-letter
     queue what reached its target, leave the rest. Returns the records acked."""
-    table = broker.topics.table
     settled = 0
-    for key, value in [(k, v) for k, v in table.items() if k.startswith(INTENT_KEY)]:
-        dead_letter_queue = key[len(INTENT_KEY) :]
+    for dead_letter_queue, value in broker.metadata.items(KIND_REDRIVE):
         intent = json.loads(value)
         taken = {int(offset) for offset in intent["offsets"]}
         arrived: set[int] = set()
@@ -295,7 +293,7 @@ def settle_interrupted(broker: Broker) -> int:
         if ack is not None and arrived:
             settled += _ack_offsets(ack, arrived)
             broker.flush_ack_states()
-        table.delete(key)
+        broker.metadata.apply([Change(KIND_REDRIVE, dead_letter_queue, None)])
         log.warning(
             "redrive of %s was interrupted: %d of %d record(s) had reached their queue and "
             "were acked in the dead-letter queue now; the others stay there",

@@ -1,10 +1,11 @@
-"""LimitsStore: RabbitMQ's per-user and per-vhost limits, durable in the log.
+"""LimitsStore: RabbitMQ's per-user and per-vhost limits, durable metadata.
 
 RabbitMQ keeps user limits (``max-connections``, ``max-channels``) in the user record and vhost
 limits (``max-connections``, ``max-queues``) as the vhost's ``vhost-limits`` runtime parameter;
 both are set with ``PUT /api/user-limits/{user}/{name}`` and ``PUT /api/vhost-limits/{vhost}/
-{name}`` ``{"value": N}``. Here both live in the system topic ``__limits`` (a
-:class:`~core.state.table.DurableTable`: one record per change, replayed on start). Keys are
+{name}`` ``{"value": N}``. Here both are metadata of kind ``limit`` (a
+:class:`~core.cluster.metadata.MetadataStore`; on a single node the system topic ``__limits``:
+one record per change, replayed on start). Keys are
 JSON arrays ``["user", name]`` and ``["vhost", name]``; values are JSON objects
 ``{"max-connections": N, ...}``. A negative value means no limit and ``0`` refuses every
 connection or queue, as RabbitMQ (``rabbit_vhost_limit:is_over_connection_limit``).
@@ -18,10 +19,9 @@ import json
 from collections.abc import Mapping
 from typing import Final
 
-from core.log import LogStore
-from core.state.table import DurableTable
+from core.cluster.local import LIMITS_TOPIC as LIMITS_TOPIC  # re-exported: named here
+from core.cluster.metadata import KIND_LIMIT, Change, MetadataStore
 
-LIMITS_TOPIC: Final = "__limits"  # a system topic ("__": reserved, core/log/names.py)
 MAX_CONNECTIONS: Final = "max-connections"
 MAX_CHANNELS: Final = "max-channels"
 MAX_QUEUES: Final = "max-queues"
@@ -43,19 +43,19 @@ def _key(kind: str, name: str) -> str:
 
 
 class LimitsStore:
-    def __init__(self, store: LogStore) -> None:
-        self.table = DurableTable(store, LIMITS_TOPIC)
-        store.retention_guards.append(self._segment_is_owed)
+    def __init__(self, metadata: MetadataStore) -> None:
+        self.metadata = metadata
         self._limits: dict[tuple[str, str], dict[str, int]] = {}
-        for key, value in self.table.items():
+        for key, value in metadata.items(KIND_LIMIT):
             kind, name = json.loads(key)
             self._limits[(kind, name)] = dict(json.loads(value))
-        self._last_end = 0
+        self._last_version = 0
 
     @property
-    def durable_end(self) -> int:
-        """Log position after the last change: wait for it to make every change durable."""
-        return self._last_end
+    def last_version(self) -> int:
+        """The metadata version of the last change: wait for it (``metadata.wait_durable``)
+        to make every change durable."""
+        return self._last_version
 
     def limits(self, kind: str) -> dict[str, dict[str, int]]:
         """``{user or vhost: {limit name: value}}`` of every one that has limits."""
@@ -67,7 +67,7 @@ class LimitsStore:
         return None if value is None or value < 0 else value
 
     def set_limit(self, kind: str, name: str, limit: str, value: object) -> int:
-        """Set one limit (RabbitMQ's update_limit); returns the log position to wait for."""
+        """Set one limit (RabbitMQ's update_limit); returns the metadata version to wait for."""
         allowed = _NAMES[kind]
         if limit not in allowed:
             # rabbit_parameter_validation:proplist's text for a key it does not know.
@@ -94,15 +94,11 @@ class LimitsStore:
     def _write(self, kind: str, name: str, values: Mapping[str, int]) -> int:
         key = _key(kind, name)
         if values:
-            appended = self.table.put(key, json.dumps(dict(values), sort_keys=True).encode())
+            raw = json.dumps(dict(values), sort_keys=True).encode()
             self._limits[(kind, name)] = dict(values)
-            self._last_end = appended.end
+            self._last_version = self.metadata.apply([Change(KIND_LIMIT, key, raw)])
         else:
             self._limits.pop((kind, name), None)
-            deleted = self.table.delete(key)
-            if deleted is not None:
-                self._last_end = deleted.end
-        return self._last_end
-
-    def _segment_is_owed(self, start: int, end: int) -> bool:
-        return self.table.needs_segment_before(end)
+            # Deleting an absent key changes nothing and keeps the version (apply's rule).
+            self._last_version = self.metadata.apply([Change(KIND_LIMIT, key, None)])
+        return self._last_version

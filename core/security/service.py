@@ -39,7 +39,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from core.log import LogStore
+from core.cluster.metadata import MetadataStore
 from core.security.audit import Audit
 from core.security.authorizer import Authorizer, Decision, expression_error
 from core.security.config import ANONYMOUS_ALWAYS, ANONYMOUS_LOOPBACK, SecurityConfig
@@ -226,13 +226,13 @@ def _client_final_as_kafka(server: Any, mechanism: str, client_final: bytes) -> 
 class SecurityService:
     def __init__(
         self,
-        store: LogStore,
+        metadata: MetadataStore,
         config: SecurityConfig | None = None,
         vhosts: Sequence[str] = ("/",),
     ) -> None:
         self.config = config = config or SecurityConfig()
         self.vhosts = tuple(vhosts)
-        self.store = SecurityStore(store)
+        self.store = SecurityStore(metadata)
         self.authorizer = Authorizer(self.store, config.anonymous_user or None)
         self.throttle = LoginThrottle(
             failures_before_delay=config.login_failures_before_delay,
@@ -389,7 +389,7 @@ class SecurityService:
     # -- management (HTTP API, Kafka admin requests) ---------------------------------------
 
     async def _durable(self) -> None:
-        await self.store.log.wait_durable(self.store.durable_end)
+        await self.store.metadata.wait_durable(self.store.last_version)
 
     async def put_user(
         self,

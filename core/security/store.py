@@ -1,19 +1,20 @@
-"""SecurityStore: users, vhost permissions, topic permissions and Kafka ACLs, durable in the log.
+"""SecurityStore: users, vhost permissions, topic permissions and Kafka ACLs, durable metadata.
 
-Everything lives in the system topic ``__security`` (a :class:`~core.state.table.DurableTable`:
-one record per change, replayed on start, compacted by snapshots), so that a restart keeps it,
-``braid log dump`` and Spark can audit its history, and the cluster work can share it later.
-Keys are JSON arrays (``["user", name]``, ``["permission", vhost, user]``,
-``["topic-permission", vhost, user, exchange]``, ``["acl", ...]``, ``["initialized"]``); values
-are the JSON of :mod:`core.security.model`. No value holds a password: hashes and SCRAM keys only.
+Everything is metadata of kind ``security`` (a :class:`~core.cluster.metadata.MetadataStore`;
+on a single node the system topic ``__security``: one record per change, replayed on start,
+compacted by snapshots), so that a restart keeps it, ``braid log dump`` and Spark can audit its
+history, and a cluster can share it (docs/cluster.md section 4). Keys are JSON arrays
+(``["user", name]``, ``["permission", vhost, user]``, ``["topic-permission", vhost, user,
+exchange]``, ``["acl", ...]``, ``["initialized"]``); values are the JSON of
+:mod:`core.security.model`. No value holds a password: hashes and SCRAM keys only.
 
 A fresh store (no ``["initialized"]`` key) gets RabbitMQ's first-boot user: ``guest`` with the
 password ``guest``, tag ``administrator`` and ``.*`` permissions on ``/``, once; deleting it
 later is kept (RabbitMQ creates its default user only when its database is new).
 
-Each change returns the log position to wait for (:meth:`SecurityStore.durable_end`) and bumps
-:attr:`SecurityStore.generation`, which the authorizer's caches compare. Not thread-safe: the
-event loop's thread, like the log store.
+Each change returns the metadata version to wait for (:meth:`SecurityStore.last_version`, for
+:meth:`MetadataStore.wait_durable`) and bumps :attr:`SecurityStore.generation`, which the
+authorizer's caches compare. Not thread-safe: the event loop's thread, like the log store.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ import json
 from collections.abc import Callable, Iterator
 from typing import Final
 
-from core.log import LogStore
+from core.cluster.local import SECURITY_TOPIC as SECURITY_TOPIC  # re-exported: named here
+from core.cluster.metadata import KIND_SECURITY, Change, MetadataStore
 from core.security.model import (
     KafkaAcl,
     KafkaAclFilter,
@@ -33,9 +35,7 @@ from core.security.model import (
 )
 from core.security.passwords import PasswordHash, hash_password
 from core.security.scram import ScramCredential, credentials_from_password
-from core.state.table import DurableTable
 
-SECURITY_TOPIC: Final = "__security"  # a system topic ("__": reserved, core/log/names.py)
 DEFAULT_USER: Final = "guest"  # RabbitMQ's default_user / default_pass
 DEFAULT_PASSWORD: Final = "guest"
 DEFAULT_VHOST: Final = "/"
@@ -53,25 +53,23 @@ def _key(*parts: str) -> str:
 
 
 class SecurityStore:
-    def __init__(self, store: LogStore) -> None:
-        self.log = store
-        self.table = DurableTable(store, SECURITY_TOPIC)
-        store.retention_guards.append(self._segment_is_owed)
+    def __init__(self, metadata: MetadataStore) -> None:
+        self.metadata = metadata
         self.generation = 0
         self._listeners: list[Callable[[], None]] = []
         self._users: dict[str, User] = {}
         self._permissions: dict[tuple[str, str], VhostPermission] = {}
         self._topic_permissions: dict[tuple[str, str], dict[str, TopicPermission]] = {}
         self._acls: dict[str, KafkaAcl] = {}
-        self._last_end = 0
+        self._last_version = 0
         self._load()
-        if self.table.get(_key(_INITIALIZED)) is None:
+        if metadata.get(KIND_SECURITY, _key(_INITIALIZED)) is None:
             self._first_boot()
 
     # -- loading ---------------------------------------------------------------------------
 
     def _load(self) -> None:
-        for key, value in self.table.items():
+        for key, value in self.metadata.items(KIND_SECURITY):
             self._apply(key, value)
 
     def _apply(self, key: str, value: bytes | None) -> None:
@@ -128,24 +126,23 @@ class SecurityStore:
 
     def _put(self, key: str, value: object) -> int:
         raw = json.dumps(value, sort_keys=True).encode()
-        self._last_end = self.table.put(key, raw).end
+        self._last_version = self.metadata.apply([Change(KIND_SECURITY, key, raw)])
         self._apply(key, raw)
         self._changed()
-        return self._last_end
+        return self._last_version
 
     def _delete(self, key: str) -> bool:
-        appended = self.table.delete(key)
-        if appended is None:
+        if self.metadata.get(KIND_SECURITY, key) is None:
             return False
-        self._last_end = appended.end
+        self._last_version = self.metadata.apply([Change(KIND_SECURITY, key, None)])
         self._apply(key, None)
         self._changed()
         return True
 
     @property
-    def durable_end(self) -> int:
-        """Log position after the last change: wait for it to make every change durable."""
-        return self._last_end
+    def last_version(self) -> int:
+        """The metadata version of the last change: wait for it to make every change durable."""
+        return self._last_version
 
     # -- users -----------------------------------------------------------------------------
 
@@ -235,11 +232,6 @@ class SecurityStore:
         for acl in deleted:
             self._delete(_ACL_PREFIX + acl.key()[1:])
         return deleted
-
-    # -- retention -------------------------------------------------------------------------
-
-    def _segment_is_owed(self, start: int, end: int) -> bool:
-        return self.table.needs_segment_before(end)
 
 
 # An ACL's table key: ["acl", <its own key's fields>] (its key without the opening bracket).

@@ -15,6 +15,7 @@ import pytest
 from braid.metrics import MetricsRegistry
 from braid.web import WebServer, build_app
 from braid.web.server import ResponseCounter
+from core.cluster import LocalMetadata
 from core.log import LogConfig, LogStore
 from core.security import SecurityService
 from core.security.passwords import verify_password
@@ -23,7 +24,7 @@ from core.security.passwords import verify_password
 @pytest.fixture
 async def security(tmp_path):
     store = LogStore(LogConfig(tmp_path / "data", segment_size=256 * 1024, retention_ms=None))
-    yield SecurityService(store, vhosts=("/", "staging"))
+    yield SecurityService(LocalMetadata(store), vhosts=("/", "staging"))
     await store.aclose()
 
 

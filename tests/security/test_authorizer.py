@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from core.cluster import LocalMetadata
 from core.security.authorizer import ANONYMOUS_PRINCIPAL, Authorizer, expand_variables, matches
 from core.security.mapping import (
     ADMINISTRATOR,
@@ -65,7 +66,7 @@ def all_but(permission: str) -> VhostPermission:
 
 @pytest.fixture
 def security(stores):
-    store = SecurityStore(stores())
+    store = SecurityStore(LocalMetadata(stores()))
     store.put_user(User("alice"))
     return store
 

@@ -11,6 +11,7 @@ import scramp
 
 from core.api import PROTOCOL_KAFKA, PROTOCOL_MQTT, BrokerAPI, ClientContext
 from core.broker import Broker, BrokerConfig
+from core.cluster import LocalMetadata
 from core.security.config import SecurityConfig
 from core.security.model import VhostPermission
 from core.security.passwords import RABBIT_SHA256, PasswordHash
@@ -29,7 +30,7 @@ LOCAL = "127.0.0.1:40000"
 
 @pytest.fixture
 def service(stores):
-    return SecurityService(stores(), vhosts=("/", "staging"))
+    return SecurityService(LocalMetadata(stores()), vhosts=("/", "staging"))
 
 
 async def test_password_logins(service, caplog):
@@ -124,14 +125,15 @@ async def test_certificate_logins_need_an_existing_user(service):
     [("loopback", True, False), ("never", False, False), ("always", True, True)],
 )
 def test_anonymous_modes(stores, mode, local, remote):
-    service = SecurityService(stores(), SecurityConfig(anonymous=mode))
+    service = SecurityService(LocalMetadata(stores()), SecurityConfig(anonymous=mode))
     assert service.login_anonymous("mqtt", LOCAL).ok is local
     assert service.login_anonymous("mqtt", REMOTE).ok is remote
 
 
 async def test_failed_logins_slow_the_host_down(stores):
     service = SecurityService(
-        stores(), SecurityConfig(login_failures_before_delay=2, login_first_delay_ms=200)
+        LocalMetadata(stores()),
+        SecurityConfig(login_failures_before_delay=2, login_first_delay_ms=200),
     )
     for _ in range(2):
         assert not (await service.login_password("amqp", REMOTE, "guest", "x")).ok
@@ -150,7 +152,7 @@ async def test_failed_logins_slow_the_host_down(stores):
 
 async def test_a_refused_slot_is_answered_without_a_check(stores):
     service = SecurityService(
-        stores(),
+        LocalMetadata(stores()),
         SecurityConfig(
             login_failures_before_delay=1, login_first_delay_ms=100_000, login_max_delay_ms=100_000
         ),
@@ -211,7 +213,7 @@ def test_is_loopback(peer, expected):
 async def test_the_broker_api_decides_with_the_client_context(stores):
     store = stores()
     broker = Broker(store, BrokerConfig())
-    security = SecurityService(store)
+    security = SecurityService(broker.metadata)
     api = BrokerAPI(broker, security)
     await security.put_user("alice", password="pw")
     await security.set_permission("/", "alice", VhostPermission("", "^alice\\.", "^alice\\."))

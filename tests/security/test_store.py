@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from core.cluster import LocalMetadata
 from core.security.model import (
     KafkaAcl,
     KafkaAclFilter,
@@ -20,7 +21,7 @@ ACL = KafkaAcl("TOPIC", "payroll", "LITERAL", "User:bob", "*", "READ", "DENY")
 
 
 def test_a_fresh_store_has_guest_loopback_administrator(stores):
-    security = SecurityStore(stores())
+    security = SecurityStore(LocalMetadata(stores()))
     guest = security.user(DEFAULT_USER)
     assert guest is not None
     assert guest.tags == ("administrator",)
@@ -30,17 +31,17 @@ def test_a_fresh_store_has_guest_loopback_administrator(stores):
 
 
 def test_deleting_guest_survives_a_restart(stores):
-    security = SecurityStore(stores())
+    security = SecurityStore(LocalMetadata(stores()))
     assert security.delete_user(DEFAULT_USER)
     assert security.permission("/", DEFAULT_USER) is None
-    security.log.flush()
-    again = SecurityStore(stores())
+    security.metadata.store.flush()
+    again = SecurityStore(LocalMetadata(stores()))
     assert again.user(DEFAULT_USER) is None  # made once, on first boot only
     assert again.users() == []
 
 
 def test_restart_keeps_users_hashes_permissions_and_acls(stores, tmp_path: Path):
-    security = SecurityStore(stores())
+    security = SecurityStore(LocalMetadata(stores()))
     alice_hash = hash_password("alice-secret")
     security.put_user(
         User("alice", alice_hash, ("management",), credentials_from_password("alice-secret"))
@@ -53,10 +54,10 @@ def test_restart_keeps_users_hashes_permissions_and_acls(stores, tmp_path: Path)
         "/", "alice", TopicPermission("amq.topic", "^{username}\\.", ".*")
     )
     security.add_acl(ACL)
-    security.log.flush()
+    security.metadata.store.flush()
     generation = security.generation
 
-    again = SecurityStore(stores())
+    again = SecurityStore(LocalMetadata(stores()))
     alice = again.user("alice")
     assert alice is not None
     assert alice.password == alice_hash
@@ -80,7 +81,7 @@ def test_restart_keeps_users_hashes_permissions_and_acls(stores, tmp_path: Path)
 
 
 def test_deleting_a_user_deletes_its_permissions(stores):
-    security = SecurityStore(stores())
+    security = SecurityStore(LocalMetadata(stores()))
     security.put_user(User("alice"))
     security.set_permission("/", "alice", ALICE_PERMISSION)
     security.set_topic_permission("/", "alice", TopicPermission("x", ".*", ".*"))
@@ -88,14 +89,14 @@ def test_deleting_a_user_deletes_its_permissions(stores):
     assert not security.delete_user("alice")
     assert security.permission("/", "alice") is None
     assert security.topic_permissions_of("/", "alice") == {}
-    security.log.flush()
-    again = SecurityStore(stores())
+    security.metadata.store.flush()
+    again = SecurityStore(LocalMetadata(stores()))
     assert again.user("alice") is None
     assert [user for _, user, _ in again.permissions()] == [DEFAULT_USER]
 
 
 def test_acls_are_selected_and_deleted_by_filter(stores):
-    security = SecurityStore(stores())
+    security = SecurityStore(LocalMetadata(stores()))
     prefixed = KafkaAcl("TOPIC", "alice.", "PREFIXED", "User:alice", "*", "WRITE", "ALLOW")
     group = KafkaAcl("GROUP", "*", "LITERAL", "User:*", "*", "READ", "ALLOW")
     for acl in (ACL, prefixed, group):
@@ -115,25 +116,25 @@ def test_acls_are_selected_and_deleted_by_filter(stores):
     ]
     assert security.acls(KafkaAclFilter(resource_name="g1", pattern_type="MATCH")) == [group]
     assert security.delete_acls(KafkaAclFilter(principal="User:bob")) == [ACL]
-    security.log.flush()
-    again = SecurityStore(stores())
+    security.metadata.store.flush()
+    again = SecurityStore(LocalMetadata(stores()))
     assert sorted(again.acls(), key=lambda acl: acl.key()) == sorted(
         [prefixed, group], key=lambda acl: acl.key()
     )
 
 
 def test_every_change_is_a_record_of_the_system_topic(stores):
-    security = SecurityStore(stores())
-    _, before = security.log.queue_bounds(SECURITY_TOPIC, 0)
+    security = SecurityStore(LocalMetadata(stores()))
+    _, before = security.metadata.store.queue_bounds(SECURITY_TOPIC, 0)
     security.put_user(User("alice"))
     security.set_permission("/", "alice", ALICE_PERMISSION)
-    _, after = security.log.queue_bounds(SECURITY_TOPIC, 0)
+    _, after = security.metadata.store.queue_bounds(SECURITY_TOPIC, 0)
     assert after == before + 2
-    assert security.durable_end > 0
+    assert security.last_version > 0
 
 
 def test_listeners_hear_every_change(stores):
-    security = SecurityStore(stores())
+    security = SecurityStore(LocalMetadata(stores()))
     heard: list[int] = []
     security.add_listener(lambda: heard.append(security.generation))
     security.put_user(User("alice"))
