@@ -34,7 +34,7 @@ from typing import Any
 import pika
 import pytest
 import requests
-from pamqp import commands, heartbeat
+from pamqp import body, commands, heartbeat
 from pamqp import frame as pamqp_frame
 
 from tests.braid_process import BraidProcess
@@ -304,3 +304,33 @@ def test_a_stalled_no_ack_consumer_is_bounded_and_keeps_what_it_was_not_handed(
     left = ready_count(braid, "no-ack-stalled")
     assert delivered + left == total, (delivered, left)
     assert consume_all(braid, "no-ack-stalled", left) == list(range(delivered, total))
+
+
+def read_bodies(sock: socket.socket, count: int) -> list[int]:
+    """The numbers of the next ``count`` message bodies a raw consumer receives."""
+    numbers: list[int] = []
+    while len(numbers) < count:
+        head = recv_exactly(sock, 7)
+        _type, _channel, size = struct.unpack(">BHI", head)
+        _, _, frame = pamqp_frame.unmarshal(head + recv_exactly(sock, size + 1))
+        if isinstance(frame, body.ContentBody):
+            numbers.append(int(frame.value[:8]))
+    return numbers
+
+
+def test_a_consumer_that_reads_again_gets_everything_and_stays(braid: BraidProcess) -> None:
+    """Stopped deliveries resume when the buffer drains: a consumer that stops reading for
+    less than the stall timeout, then reads, gets the whole queue in order."""
+    queue = "resumed"
+    declare(braid, queue)
+    publish(braid, queue, 0, BACKLOG)
+    disconnects_before = amqp_counter(braid, "stalled_disconnects")
+    sock = stalled_consumer(braid, queue, no_ack=True)
+    try:
+        time.sleep(STALL_TIMEOUT_S / 3)  # over the bound, not for long enough to be dropped
+        assert read_bodies(sock, BACKLOG) == list(range(BACKLOG))
+        assert sent_to(braid, sock.getsockname()[1]) is not None  # still connected
+    finally:
+        sock.close()
+    assert amqp_counter(braid, "stalled_disconnects") == disconnects_before
+    assert ready_count(braid, queue) == 0
