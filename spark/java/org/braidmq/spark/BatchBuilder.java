@@ -18,6 +18,11 @@ final class BatchBuilder {
   private final int[] columns; // column ids, in the order of the batch
   final boolean[] wanted = new boolean[Schema.COUNT];
   int rows;
+  /**
+   * The decoder's count of builders started when this one was (re)started: batches are handed
+   * to Spark in this order, which tells when a chunk's copy is no longer pointed into.
+   */
+  long number;
   /** Bytes of keys and values added: a batch is cut at {@link RangeDecoder#BATCH_BYTES}. */
   long payloadBytes;
 

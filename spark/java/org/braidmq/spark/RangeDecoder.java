@@ -42,6 +42,12 @@ final class RangeDecoder {
    */
   static final String BATCH_SELECT_HEADER = "x-braid-batch-select";
 
+  /**
+   * Frame copies kept for reuse once Spark is done with every batch pointing into them. Two
+   * cover a steady read: the chunk being decoded, and the one the batch Spark holds points into.
+   */
+  static final int SPARE_COPIES = 2;
+
   private static final byte[][] PROTOCOL_BYTES = protocolBytes();
   private static final ObjectMapper JSON = new ObjectMapper();
 
@@ -61,6 +67,15 @@ final class RangeDecoder {
   private final ArrayDeque<BatchBuilder> spare = new ArrayDeque<>();
   private BatchBuilder handedOut;
   private BatchBuilder builder;
+  private long buildersStarted; // the number of the last builder started: see BatchBuilder.number
+  // The arrays chunks' frames are copied into, reused rather than allocated per chunk: a new
+  // array of up to 8 MiB is a humongous object for G1, zeroed with a memset and faulted in page
+  // by page (perf over the value column of 5M Kafka-batched records: ~8% of the decoding
+  // thread's CPU in memset alone), and those allocations started 22 of 36 young collections
+  // over 7 reads (-Xlog:gc; 6 of 36 with reuse). A copy is reused once Spark is done with the
+  // last batch that may point into it.
+  private final ArrayDeque<CopyInUse> copiesInUse = new ArrayDeque<>();
+  private final ArrayDeque<byte[]> spareCopies = new ArrayDeque<>();
 
   // Where decoding stands: the slice, its queue and the next index entry to read.
   private int sliceNumber = -1;
@@ -105,6 +120,7 @@ final class RangeDecoder {
    */
   ColumnarBatch next() throws IOException {
     if (handedOut != null) {
+      freeCopies(handedOut.number);
       handedOut.reset();
       spare.add(handedOut);
       handedOut = null;
@@ -128,7 +144,47 @@ final class RangeDecoder {
 
   private BatchBuilder newBuilder() {
     BatchBuilder reused = spare.poll();
-    return reused != null ? reused : new BatchBuilder(columns);
+    BatchBuilder started = reused != null ? reused : new BatchBuilder(columns);
+    started.number = ++buildersStarted;
+    return started;
+  }
+
+  /** A chunk's copy and the number of the last builder that may point into it. */
+  private static final class CopyInUse {
+    final byte[] bytes;
+    final long lastBuilder;
+
+    CopyInUse(byte[] bytes, long lastBuilder) {
+      this.bytes = bytes;
+      this.lastBuilder = lastBuilder;
+    }
+  }
+
+  /**
+   * Spark is done with builder {@code number} and every one before it (they are handed out in
+   * number order): the copies only they point into can be reused.
+   */
+  private void freeCopies(long number) {
+    while (!copiesInUse.isEmpty() && copiesInUse.peek().lastBuilder <= number) {
+      byte[] freed = copiesInUse.poll().bytes;
+      if (spareCopies.size() < SPARE_COPIES) {
+        spareCopies.add(freed);
+      }
+    }
+  }
+
+  /**
+   * An array of at least {@code size} bytes to copy frames into: a spare one when it is large
+   * enough, else a new one rounded up to a power of two (chunk sizes vary a little, up to
+   * {@link #BATCH_BYTES}: rounded, one size fits the next).
+   */
+  private byte[] takeCopy(int size) {
+    byte[] reused = spareCopies.poll();
+    if (reused != null && reused.length >= size) {
+      return reused;
+    }
+    int rounded = size <= 1 || size > (1 << 30) ? size : Integer.highestOneBit(size - 1) << 1;
+    return new byte[rounded];
   }
 
   private boolean nextSlice() throws IOException {
@@ -256,7 +312,7 @@ final class RangeDecoder {
     for (int i = low; i < high; i++) {
       total += sizes[i];
     }
-    byte[] copy = new byte[(int) total];
+    byte[] copy = takeCopy((int) total);
     int[] starts = new int[high - low];
     int filled = 0;
     int i = low;
@@ -301,6 +357,7 @@ final class RangeDecoder {
         builder = newBuilder();
       }
     }
+    copiesInUse.add(new CopyInUse(copy, builder.number));
   }
 
   // -- one frame, one row -------------------------------------------------------------------
