@@ -17,12 +17,14 @@ lives here, once:
 - **Parking events while a handler waits** (:meth:`park`, :meth:`wait_for`): the events
   decoded after one whose handler returned an awaitable wait, in order, with reading paused,
   until it is done (AMQP and MQTT; a Kafka connection pipelines its requests instead, each
-  holding a slot for its response in request order, and pauses reading by their count).
+  holding a slot for its response in request order, pauses reading by their count, and parks
+  the rest of a read while its write buffer is over the high-water mark).
 - **An outgoing bound** (issue 21 item 4, :meth:`GatewayTransport.bound_outgoing`): the
   ``[limits] max_outgoing_buffer_bytes`` lower the write high-water mark where they are smaller,
   so ``pause_writing`` tells the protocol to stop delivering (``writing_paused``); a connection
-  that stays paused for ``stalled_client_timeout_s`` is aborted with a log line
-  (:meth:`GatewayTransport.stalled`), as RabbitMQ's ``send_timeout`` closes a blocked socket.
+  whose socket takes nothing for ``stalled_client_timeout_s`` while paused is aborted with a log
+  line (:meth:`GatewayTransport.stalled`), as RabbitMQ's ``send_timeout`` closes a blocked
+  socket; one that takes bytes, however slowly, is a slow link and stays.
 - **Partial requests** (issue 21 item 5, :meth:`track_incomplete`): a request (Kafka request,
   AMQP frame, MQTT packet) that stays partly received for ``incomplete_timeout_s`` while reading
   is not paused closes the connection with a log line, so a peer that stops half-way through a
@@ -154,6 +156,7 @@ class GatewayTransport(asyncio.Protocol):
         self.writing_paused = False
         self.stall_timeout_s: float | None = None
         self._stall_timer: Timer | None = None
+        self._stall_taken = 0  # taken_bytes() when the stall timer was armed
 
     # -- asyncio.Protocol --------------------------------------------------------------------
 
@@ -214,9 +217,7 @@ class GatewayTransport(asyncio.Protocol):
         self.writing_paused = True
         self.pause_reading(READING_WRITES)
         if self.stall_timeout_s is not None and self._stall_timer is None and not self.lost:
-            self._stall_timer = self.clock.call_later(
-                self.stall_timeout_s * 1000.0, self._stall_timed_out
-            )
+            self._arm_stall_timer(self.stall_timeout_s)
 
     def resume_writing(self) -> None:
         self.writing_paused = False
@@ -240,9 +241,7 @@ class GatewayTransport(asyncio.Protocol):
                 with contextlib.suppress(AttributeError, NotImplementedError):
                     self.transport.set_write_buffer_limits(high, low)
         if self.writing_paused and self._stall_timer is None and not self.lost:
-            self._stall_timer = self.clock.call_later(
-                stall_timeout_s * 1000.0, self._stall_timed_out
-            )
+            self._arm_stall_timer(stall_timeout_s)
 
     def outgoing_bytes(self) -> int:
         """Bytes written and not yet taken by the socket: the transport's buffer and what waits
@@ -257,9 +256,26 @@ class GatewayTransport(asyncio.Protocol):
             self._stall_timer.cancel()
             self._stall_timer = None
 
+    def taken_bytes(self) -> int:
+        """Bytes the socket has taken from us so far (handed to the transport, less what its
+        buffer still holds): grows while the client reads, however slowly."""
+        if self.transport is None:
+            return self.send_oct
+        return self.send_oct - self.transport.get_write_buffer_size()
+
+    def _arm_stall_timer(self, timeout_s: float) -> None:
+        self._stall_taken = self.taken_bytes()
+        self._stall_timer = self.clock.call_later(timeout_s * 1000.0, self._stall_timed_out)
+
     def _stall_timed_out(self) -> None:
         self._stall_timer = None
         if self.lost or self.transport is None or not self.writing_paused:
+            return
+        if self.taken_bytes() > self._stall_taken and self.stall_timeout_s is not None:
+            # It took something meanwhile: a slow link (a large Fetch over a thin pipe), not a
+            # stalled client. As RabbitMQ's send_timeout, what counts is a send that makes no
+            # progress for the whole timeout; its buffer stays bounded meanwhile.
+            self._arm_stall_timer(self.stall_timeout_s)
             return
         if self._counters is not None and "stalled_disconnects" in self._counters:
             self._counters["stalled_disconnects"] += 1

@@ -205,3 +205,43 @@ def test_limits_are_checked() -> None:
         TransportLimits(write_high_water=1, write_low_water=2)
     with pytest.raises(ValueError, match="close_timeout_s"):
         TransportLimits(write_high_water=2, write_low_water=1, close_timeout_s=-1)
+
+
+async def test_a_stalled_peer_is_dropped_and_a_slow_one_is_not(
+    listener: tuple[list[Echo], int, ManualClock],
+) -> None:
+    """The outgoing bound's stall timeout counts time without progress: a peer that takes some
+    bytes within each timeout stays (a slow link), one that takes nothing is aborted."""
+    made, port, clock = listener
+    loop = asyncio.get_running_loop()
+    sock = small_window_socket(("127.0.0.1", port))
+    sock.setblocking(False)
+    stall_ms = 10_000.0
+    try:
+        await until(lambda: bool(made), "the connection")
+        protocol = made[0]
+        protocol.bound_outgoing(64 << 10, stall_ms / 1000)
+        sock.sendall(b"big:%d\n" % (8 << 20))
+        await until(lambda: protocol.writing_paused, "the write side paused")
+        for _ in range(3):  # slow: a little taken within every timeout
+            before = protocol.taken_bytes()
+            # Read until the server's socket takes more: the kernel wakes a writer only once a
+            # good part of its send buffer is free again.
+            while protocol.taken_bytes() == before:
+                await asyncio.wait_for(loop.sock_recv(sock, 64 << 10), DEADLINE_S)
+                await asyncio.sleep(0.001)
+            clock.advance(stall_ms)
+            await asyncio.sleep(0)
+            assert not protocol.gone.done()
+        # Stalled: nothing read any more. The bytes the kernel still took after the last read
+        # count as progress for one more timeout at most; then the peer is dropped.
+        for _ in range(5):
+            if protocol.gone.done():
+                break
+            await asyncio.sleep(0.05)
+            clock.advance(stall_ms)
+            await asyncio.sleep(0)
+        await asyncio.wait_for(protocol.gone, DEADLINE_S)
+        assert protocol.writing_paused
+    finally:
+        sock.close()
