@@ -110,44 +110,166 @@ final class KafkaBatch {
       throw corrupt("record count " + records + " does not fit in " + (limit - cursor) + " bytes");
     }
     ensure(records);
+    // The record loop below reads its varints inline, with the position in a local: one- and
+    // two-byte varints (nearly every field: lengths below 8 KiB, small deltas) are decoded in
+    // place, anything else (longer, truncated, malformed) by varint()/varlong() from the
+    // cursor field, which report it as before. Through varint() for every field this loop was
+    // ~40% of a task's CPU reading the value column of Kafka-batched records (perf), 13.8 ns a
+    // record against 10.4 inline (one 10,000-record batch decoded repeatedly, thread CPU).
+    final byte[] d = data;
+    final int end = limit;
+    final int[] deltas = offsetDeltas;
+    final long[] times = timestamps;
+    final int[] keyAt = keyStarts;
+    final int[] keySize = keyLengths;
+    final int[] valueAt = valueStarts;
+    final int[] valueSize = valueLengths;
+    int c = cursor;
+    int b;
     for (int i = 0; i < records; i++) {
-      long size = varint();
-      int recordStart = cursor;
-      varint(); // attributes: unused (aiokafka reads them as a varint too)
-      long timestampDelta = varlong();
-      timestamps[i] = appendTime ? maxTimestamp : firstTimestamp + timestampDelta;
-      offsetDeltas[i] = (int) varint();
-      keyLengths[i] = bytesField();
-      keyStarts[i] = cursor - Math.max(0, keyLengths[i]);
-      valueLengths[i] = bytesField();
-      valueStarts[i] = cursor - Math.max(0, valueLengths[i]);
-      long headerCount = varint();
+      int size;
+      if (c + 1 < end && (b = d[c]) >= 0) {
+        size = (b >>> 1) ^ -(b & 1);
+        c++;
+      } else if (c + 1 < end && d[c + 1] >= 0) {
+        int raw = (d[c] & 0x7F) | (d[c + 1] << 7);
+        size = (raw >>> 1) ^ -(raw & 1);
+        c += 2;
+      } else {
+        size = varintAt(c);
+        c = cursor;
+      }
+      int recordStart = c;
+      // attributes: unused (aiokafka reads them as a varint too)
+      if (c < end && d[c] >= 0) {
+        c++;
+      } else {
+        varintAt(c);
+        c = cursor;
+      }
+      long timestampDelta;
+      if (c + 1 < end && (b = d[c]) >= 0) {
+        timestampDelta = (b >>> 1) ^ -(b & 1);
+        c++;
+      } else if (c + 1 < end && d[c + 1] >= 0) {
+        int raw = (d[c] & 0x7F) | (d[c + 1] << 7);
+        timestampDelta = (raw >>> 1) ^ -(raw & 1);
+        c += 2;
+      } else {
+        cursor = c;
+        timestampDelta = varlong();
+        c = cursor;
+      }
+      times[i] = appendTime ? maxTimestamp : firstTimestamp + timestampDelta;
+      int delta;
+      if (c + 1 < end && (b = d[c]) >= 0) {
+        delta = (b >>> 1) ^ -(b & 1);
+        c++;
+      } else if (c + 1 < end && d[c + 1] >= 0) {
+        int raw = (d[c] & 0x7F) | (d[c + 1] << 7);
+        delta = (raw >>> 1) ^ -(raw & 1);
+        c += 2;
+      } else {
+        delta = varintAt(c);
+        c = cursor;
+      }
+      deltas[i] = delta;
+      int keyLength;
+      if (c + 1 < end && (b = d[c]) >= 0) {
+        keyLength = (b >>> 1) ^ -(b & 1);
+        c++;
+      } else if (c + 1 < end && d[c + 1] >= 0) {
+        int raw = (d[c] & 0x7F) | (d[c + 1] << 7);
+        keyLength = (raw >>> 1) ^ -(raw & 1);
+        c += 2;
+      } else {
+        keyLength = varintAt(c);
+        c = cursor;
+      }
+      keyAt[i] = c;
+      if (keyLength < 0) {
+        keyLength = -1;
+      } else if (keyLength > end - c) {
+        throw corrupt("a field of " + keyLength + " bytes runs past the batch");
+      } else {
+        c += keyLength;
+      }
+      keySize[i] = keyLength;
+      int valueLength;
+      if (c + 1 < end && (b = d[c]) >= 0) {
+        valueLength = (b >>> 1) ^ -(b & 1);
+        c++;
+      } else if (c + 1 < end && d[c + 1] >= 0) {
+        int raw = (d[c] & 0x7F) | (d[c + 1] << 7);
+        valueLength = (raw >>> 1) ^ -(raw & 1);
+        c += 2;
+      } else {
+        valueLength = varintAt(c);
+        c = cursor;
+      }
+      valueAt[i] = c;
+      if (valueLength < 0) {
+        valueLength = -1;
+      } else if (valueLength > end - c) {
+        throw corrupt("a field of " + valueLength + " bytes runs past the batch");
+      } else {
+        c += valueLength;
+      }
+      valueSize[i] = valueLength;
+      int headerCount;
+      if (c + 1 < end && (b = d[c]) >= 0) {
+        headerCount = (b >>> 1) ^ -(b & 1);
+        c++;
+      } else if (c + 1 < end && d[c + 1] >= 0) {
+        int raw = (d[c] & 0x7F) | (d[c + 1] << 7);
+        headerCount = (raw >>> 1) ^ -(raw & 1);
+        c += 2;
+      } else {
+        headerCount = varintAt(c);
+        c = cursor;
+      }
       if (headerCount < 0) {
         throw corrupt("invalid number of record headers " + headerCount);
       }
       headerFirst[i] = headers;
-      headerCounts[i] = (int) headerCount;
-      for (long h = 0; h < headerCount; h++) {
-        ensureHeaders(headers + 1);
-        int keyLength = bytesField();
-        if (keyLength < 0) {
-          throw corrupt("invalid negative header key size " + keyLength);
-        }
-        headerKeyStarts[headers] = cursor - keyLength;
-        headerKeyLengths[headers] = keyLength;
-        int valueLength = bytesField();
-        headerValueStarts[headers] = cursor - Math.max(0, valueLength);
-        headerValueLengths[headers] = Math.max(0, valueLength);
-        headers++;
+      headerCounts[i] = headerCount;
+      if (headerCount > 0) {
+        cursor = c;
+        readHeaders(headerCount);
+        c = cursor;
       }
-      if (cursor - recordStart != size) {
+      if (c - recordStart != size) {
         throw corrupt(
-            "invalid record size: expected " + size + " bytes, read " + (cursor - recordStart));
+            "invalid record size: expected " + size + " bytes, read " + (c - recordStart));
       }
       count++;
     }
+    cursor = c;
     if (cursor != limit) {
       throw corrupt((limit - cursor) + " unconsumed bytes after all records");
+    }
+  }
+
+  /** The varint at {@code at}, read by {@link #varint}: the cursor is then past it. */
+  private int varintAt(int at) throws IOException {
+    cursor = at;
+    return (int) varint();
+  }
+
+  /** A record's headers, from the cursor on (the field path: headers are rare). */
+  private void readHeaders(int headerCount) throws IOException {
+    for (int h = 0; h < headerCount; h++) {
+      ensureHeaders(headers + 1);
+      int keyLength = bytesField();
+      if (keyLength < 0) {
+        throw corrupt("invalid negative header key size " + keyLength);
+      }
+      headerKeyStarts[headers] = cursor - keyLength;
+      headerKeyLengths[headers] = keyLength;
+      int valueLength = bytesField();
+      headerValueStarts[headers] = cursor - Math.max(0, valueLength);
+      headerValueLengths[headers] = Math.max(0, valueLength);
+      headers++;
     }
   }
 
