@@ -39,8 +39,16 @@ final class BatchBuilder {
   private int[] tagCounts;
   final Ranges tagValues = new Ranges(INITIAL_ROWS);
 
+  /** Whether a column other than the key, the value and the headers is asked for. */
+  final boolean wantsCommon;
+
   BatchBuilder(int[] columns) {
     this.columns = columns;
+    boolean common = false;
+    for (int id : columns) {
+      common |= id != Schema.KEY && id != Schema.VALUE && id != Schema.HEADERS;
+    }
+    this.wantsCommon = common;
     for (int id : columns) {
       wanted[id] = true;
       switch (id) {
@@ -85,6 +93,16 @@ final class BatchBuilder {
     return rows++;
   }
 
+  /** Room for {@code count} more rows; returns the number of the first. */
+  int addRows(int count) {
+    while (rows + count > capacity) {
+      grow();
+    }
+    int first = rows;
+    rows += count;
+    return first;
+  }
+
   private void grow() {
     capacity += capacity >> 1;
     for (int id = 0; id < Schema.COUNT; id++) {
@@ -119,6 +137,14 @@ final class BatchBuilder {
   /** {@code length} -1: null. */
   void setBytes(int column, int row, byte[] source, int start, int length) {
     bytes[column].set(row, source, start, length);
+  }
+
+  /**
+   * Rows {@code [first, first + count)}: element {@code i} of {@code starts} and {@code lengths}
+   * (-1: null), all in {@code source}.
+   */
+  void setBytesRun(int column, int first, byte[] source, int[] starts, int[] lengths, int count) {
+    bytes[column].setRun(first, source, starts, lengths, count);
   }
 
   /** The row's headers are the next {@code count} entries of headerKeys/headerValues. */
@@ -202,6 +228,12 @@ final class BatchBuilder {
       sources[index] = source;
       starts[index] = start;
       lengths[index] = length;
+    }
+
+    void setRun(int first, byte[] source, int[] runStarts, int[] runLengths, int count) {
+      Arrays.fill(sources, first, first + count, source);
+      System.arraycopy(runStarts, 0, starts, first, count);
+      System.arraycopy(runLengths, 0, lengths, first, count);
     }
 
     /** Append one element (list children: header keys and values, tags). */
