@@ -5,7 +5,9 @@ download: ``executable_path`` is the system's ``chromium``)."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,7 +21,13 @@ from tests.braid_process import REPO_ROOT, BraidProcess
 from tests.dashboard.load import Load
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-SCREENSHOTS = REPO_ROOT / "docs" / "images"
+# The pages' screenshots: docs/images/ when BRAID_SCREENSHOTS=docs asks to refresh the docs'
+# pictures, else a temporary directory (a test run must not rewrite tracked files).
+SCREENSHOTS = (
+    REPO_ROOT / "docs" / "images"
+    if os.environ.get("BRAID_SCREENSHOTS") == "docs"
+    else Path(tempfile.gettempdir()) / "braid-dashboard-screenshots"
+)
 GUEST = ("guest", "guest")
 # Playwright's own deadline for one wait (a locator, a navigation): generous, since several
 # helpers share two cores; the waits poll and end as soon as the condition holds.
