@@ -1,9 +1,10 @@
 """The web dashboard (issue 20) in a real headless Chromium (Debian's, driven by Playwright)
 against ``braid serve`` while pika, paho and kafka-python run a bounded load
 (tests/dashboard/load.py): every page loads with no console error and is photographed (into
-docs/images/ with BRAID_SCREENSHOTS=docs); the overview's rates move; a queue's depth moves; purge, delete, re-drive,
-close connection and delete retained work from the page; the message browser shows one
-record as Kafka, AMQP and MQTT see it; a ``monitoring`` user sees but cannot purge."""
+docs/images/ with BRAID_SCREENSHOTS=docs); the overview's rates move; a queue's depth moves;
+purge, delete, re-drive, close connection and delete retained work from the page; the message
+browser shows one record as Kafka, AMQP and MQTT see it; a ``monitoring`` user sees but cannot
+purge."""
 
 from __future__ import annotations
 
