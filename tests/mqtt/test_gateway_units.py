@@ -41,6 +41,7 @@ from gateway.mqtt.websocket import (
     WebSocketError,
     accept_key,
 )
+from tests.ws_frames import client_frame
 
 # -- addresses ---------------------------------------------------------------------------------
 
@@ -235,21 +236,6 @@ REQUEST = (
     f"Sec-WebSocket-Key: {KEY}\r\nSec-WebSocket-Version: 13\r\n"
     "Sec-WebSocket-Protocol: mqttv3.1, mqtt\r\n\r\n"
 ).encode()
-
-
-def client_frame(
-    opcode: int, payload: bytes, fin: bool = True, mask: bytes = b"\x01\x02\x03\x04"
-) -> bytes:
-    head = bytes(((0x80 if fin else 0) | opcode,))
-    size = len(payload)
-    if size < 126:
-        head += bytes((0x80 | size,))
-    elif size < 65536:
-        head += bytes((0x80 | 126,)) + size.to_bytes(2, "big")
-    else:
-        head += bytes((0x80 | 127,)) + size.to_bytes(8, "big")
-    masked = bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
-    return head + mask + masked
 
 
 def opened() -> WebSocketCodec:

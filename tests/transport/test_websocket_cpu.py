@@ -11,7 +11,6 @@ import asyncio
 import base64
 import os
 import socket
-import struct
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,11 +28,12 @@ from gateway.mqtt.codec import (
 )
 from gateway.mqtt.websocket import WebSocketCodec
 from tests.braid_process import BraidProcess
+from tests.ws_frames import client_frame
 
 DEADLINE_S = 120.0  # generous: a delivery that does not come within this fails the test
 PAYLOAD_MIB = 4
 PIECE = 1024  # bytes per write, as in the issue
-MASK = b"\x37\xfa\x21\x3d"
+
 PACE_S = 0.0002
 HANDSHAKE = (
     b"GET /mqtt HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
@@ -44,22 +44,6 @@ HANDSHAKE = (
 # the hand-written codec took 2.2 s against ~0.1 s (issue 21).
 CPU_FACTOR = 1.5
 CPU_SLACK_S = 0.05
-
-
-def client_frame(payload: bytes, opcode: int, fin: bool) -> bytes:
-    size = len(payload)
-    head = bytes(((0x80 if fin else 0) | opcode,))
-    if size < 126:
-        head += bytes((0x80 | size,))
-    elif size < 65536:
-        head += bytes((0x80 | 126,)) + struct.pack(">H", size)
-    else:
-        head += bytes((0x80 | 127,)) + struct.pack(">Q", size)
-    key = (MASK * (size // 4 + 1))[:size]
-    masked = (int.from_bytes(payload, "little") ^ int.from_bytes(key, "little")).to_bytes(
-        size, "little"
-    )
-    return head + MASK + masked
 
 
 def broker_cpu_s(pid: int) -> float:
@@ -103,16 +87,16 @@ async def cpu_to_deliver(braid: BraidProcess, *, one_frame: bool) -> float:
     )
     response = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), DEADLINE_S)
     assert response.startswith(b"HTTP/1.1 101")
-    writer.write(client_frame(encode(Connect(topic + "/p", 4, keep_alive=0), 4), 0x2, True))
+    writer.write(client_frame(0x2, encode(Connect(topic + "/p", 4, keep_alive=0), 4)))
     await asyncio.wait_for(reader.read(64), DEADLINE_S)  # the CONNACK
 
     packet = encode(Publish(topic, b"m" * (PAYLOAD_MIB << 20), 0), 4)
     if one_frame:
-        wire = client_frame(packet, 0x2, True)
+        wire = client_frame(0x2, packet)
     else:
         wire = b"".join(
             client_frame(
-                packet[at : at + PIECE], 0x2 if at == 0 else 0x0, at + PIECE >= len(packet)
+                0x2 if at == 0 else 0x0, packet[at : at + PIECE], fin=at + PIECE >= len(packet)
             )
             for at in range(0, len(packet), PIECE)
         )
@@ -161,9 +145,9 @@ def test_the_codec_takes_a_large_frame_in_small_reads_in_linear_time() -> None:
     """The same in process, where every read is exactly 1 KiB (the broker's reads above may
     merge pieces): the codec alone, one 4 MiB frame against 4,096 frames of 1 KiB."""
     payload = b"c" * (PAYLOAD_MIB << 20)
-    one = client_frame(payload, 0x2, True)
+    one = client_frame(0x2, payload)
     many = b"".join(
-        client_frame(payload[at : at + PIECE], 0x0 if at else 0x2, at + PIECE >= len(payload))
+        client_frame(0x0 if at else 0x2, payload[at : at + PIECE], fin=at + PIECE >= len(payload))
         for at in range(0, len(payload), PIECE)
     )
     small_frames = min(codec_cpu_s(many) for _ in range(2))

@@ -14,6 +14,7 @@ import pytest
 
 from gateway.mqtt.codec import Connack, Connect, encode
 from tests.braid_process import BraidProcess
+from tests.ws_frames import client_frame
 
 DEADLINE_S = 20.0  # a reply or log line that does not come within this fails the test
 MAX_PACKET_SIZE = 1000  # small, so that a frame over the message bound is small too
@@ -45,21 +46,6 @@ def braid(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BraidProcess]:
 def handshake(path: str = "/mqtt", upgrade: bool = True, key: str = KEY) -> bytes:
     text = HANDSHAKE.format(path=path, upgrade="Upgrade: websocket\r\n" if upgrade else "", key=key)
     return text.encode()
-
-
-def client_frame(opcode: int, payload: bytes, *, fin: bool = True, masked: bool = True) -> bytes:
-    size = len(payload)
-    head = bytes(((0x80 if fin else 0) | opcode,))
-    bit = 0x80 if masked else 0
-    if size < 126:
-        head += bytes((bit | size,))
-    elif size < 65536:
-        head += bytes((bit | 126,)) + struct.pack(">H", size)
-    else:
-        head += bytes((bit | 127,)) + struct.pack(">Q", size)
-    if not masked:
-        return head + payload
-    return head + MASK + bytes(b ^ MASK[i % 4] for i, b in enumerate(payload))
 
 
 def connect(braid: BraidProcess) -> socket.socket:
@@ -149,7 +135,7 @@ def test_bad_handshake_gets_http_status_and_log_line(
 
 FRAME_ERRORS = {
     "text frame": (client_frame(0x1, b"{}"), 1003, r"binary frames"),
-    "unmasked frame": (client_frame(0x2, b"\x10\x00", masked=False), 1002, r""),
+    "unmasked frame": (client_frame(0x2, b"\x10\x00", mask=None), 1002, r""),
     "reserved bits": (bytes((0xC2, 0x80)) + MASK, 1002, r""),
     "bad close code": (client_frame(0x8, struct.pack(">H", 999)), 1002, r""),
     "long ping": (client_frame(0x9, b"x" * 126), 1002, r""),

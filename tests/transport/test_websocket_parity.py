@@ -5,7 +5,6 @@ a fast path lives beside its plain twin, with a parity test)."""
 from __future__ import annotations
 
 import itertools
-import struct
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -18,29 +17,13 @@ from gateway.mqtt.websocket import (
     WebSocketCodec,
     WebSocketError,
 )
+from tests.ws_frames import client_frame
 
 HANDSHAKE = (
     b"GET /mqtt HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
     b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
 )
 MAX_MESSAGE = 70_000
-
-
-def client_frame(
-    opcode: int, payload: bytes, *, fin: bool = True, mask: bytes | None = b"\x0f\xf0\x55\xaa"
-) -> bytes:
-    size = len(payload)
-    head = bytes(((0x80 if fin else 0) | opcode,))
-    masked_bit = 0x80 if mask is not None else 0
-    if size < 126:
-        head += bytes((masked_bit | size,))
-    elif size < 65536:
-        head += bytes((masked_bit | 126,)) + struct.pack(">H", size)
-    else:
-        head += bytes((masked_bit | 127,)) + struct.pack(">Q", size)
-    if mask is None:
-        return head + payload
-    return head + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
 
 
 def run(codec: WebSocketCodec, data: bytes, cuts: list[int]) -> tuple[object, ...]:
