@@ -7,8 +7,7 @@ no assertion bounds how long anything took."""
 from __future__ import annotations
 
 import asyncio
-import socket
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -21,8 +20,7 @@ from gateway.mqtt.codec import Connect, Disconnect, MqttDecoder, encode
 from gateway.mqtt.hub import MqttOptions
 from gateway.mqtt.reason_codes import ReasonCode
 from gateway.mqtt.server import MQTTServer
-
-DEADLINE_S = 30.0  # generous: an event that does not come within this fails the test
+from tests.transport.sockets import DEADLINE_S, small_window_socket, until
 
 
 @pytest.fixture
@@ -34,25 +32,6 @@ async def api(tmp_path: Path) -> AsyncIterator[BrokerAPI]:
     yield BrokerAPI(broker)
     await broker.close()
     await store.aclose()
-
-
-def small_window_socket(address: tuple[str, int]) -> socket.socket:
-    """A client socket with a small receive buffer (set before connecting: shrinking the
-    window of an open connection stalls it), so little of what the server sends fits."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    sock.connect(address)
-    return sock
-
-
-async def until(condition: Callable[[], bool], what: str) -> None:
-    """Poll ``condition`` until true; fail after DEADLINE_S."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + DEADLINE_S
-    while not condition():
-        if loop.time() > deadline:
-            pytest.fail(f"timed out waiting for {what}")
-        await asyncio.sleep(0.001)
 
 
 async def eof(reader: asyncio.StreamReader) -> bytes:

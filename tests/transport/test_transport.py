@@ -5,36 +5,16 @@ that does not wait forever for a peer that never reads (driven by a ManualClock)
 from __future__ import annotations
 
 import asyncio
-import socket
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable
 from typing import Any
 
 import pytest
 
 from core.api import ManualClock
 from gateway.transport import READING_BUSY, READING_WRITES, GatewayTransport, TransportLimits
+from tests.transport.sockets import DEADLINE_S, small_window_socket, until
 
-DEADLINE_S = 30.0  # generous: an event that does not come within this fails the test
 LIMITS = TransportLimits(write_high_water=64 << 10, write_low_water=16 << 10, close_timeout_s=5)
-
-
-def small_window_socket(address: tuple[str, int]) -> socket.socket:
-    """A client socket with a small receive buffer (set before connecting: shrinking the
-    window of an open connection stalls it), so little of what the server sends fits."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    sock.connect(address)
-    return sock
-
-
-async def until(condition: Callable[[], bool], what: str) -> None:
-    """Poll ``condition`` until true; fail after DEADLINE_S."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + DEADLINE_S
-    while not condition():
-        if loop.time() > deadline:
-            pytest.fail(f"timed out waiting for {what}")
-        await asyncio.sleep(0.005)
 
 
 class Echo(GatewayTransport):
