@@ -115,19 +115,6 @@ class TlsContext:
         return True
 
 
-def peer_certificate_cn(transport: asyncio.BaseTransport) -> str | None:
-    """The common name of the verified client certificate of a TLS connection, or None: the
-    user name for AMQP EXTERNAL, MQTT's identity as user name and Kafka's SSL principal."""
-    certificate = transport.get_extra_info("peercert")
-    if not certificate:
-        return None
-    for rdn in certificate.get("subject", ()):
-        for key, value in rdn:
-            if key == "commonName":
-                return str(value)
-    return None
-
-
 # A flood of failed handshakes from one host writes one audit line per this many seconds
 # (core/security/audit.py's interval for repeated denials), the next one counting those left out.
 HANDSHAKE_AUDIT_INTERVAL_S: Final = 10.0

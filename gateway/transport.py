@@ -103,6 +103,20 @@ def peer_text(transport: asyncio.BaseTransport) -> str:
     return "?" if peer is None else str(peer)
 
 
+def peer_certificate_cn(transport: asyncio.BaseTransport) -> str | None:
+    """The common name of the verified client certificate of a TLS connection (``ssl``'s
+    ``getpeercert()`` form), or None: the user for AMQP EXTERNAL, MQTT's identity as user name
+    and Kafka's ``User:CN`` principal."""
+    certificate = transport.get_extra_info("peercert")
+    if not certificate:
+        return None
+    for rdn in certificate.get("subject", ()):
+        for key, value in rdn:
+            if key == "commonName":
+                return str(value)
+    return None
+
+
 class GatewayTransport(asyncio.Protocol):
     """Bytes in to :meth:`received`, bytes out coalesced; read pausing by reasons; close.
 

@@ -24,7 +24,7 @@ Not thread-safe: the event loop's thread.
 
 from __future__ import annotations
 
-from typing import Any, Final
+from typing import Final
 
 from core.api import SECURITY_OPERATIONS, BrokerAPI, ClientContext, LoginResult
 from gateway.amqp.constants import ACCESS_REFUSED, COMMAND_INVALID
@@ -162,14 +162,3 @@ class Access:
         if routing_key is not None and self.allowed(operation, topic):
             raise topic_refusal(permission, routing_key, name, context.vhost, context.user)
         raise refusal(permission, kind, name, context.vhost, context.user)
-
-
-def certificate_common_name(certificate: Any) -> str | None:
-    """The CN of a verified client certificate (``ssl``'s ``getpeercert()`` form), or None."""
-    if not certificate:
-        return None
-    for rdn in certificate.get("subject", ()):
-        for key, value in rdn:
-            if key == "commonName":
-                return str(value)
-    return None

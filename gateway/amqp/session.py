@@ -49,7 +49,7 @@ from typing import Any, Final, Protocol
 from pamqp import base, commands
 
 from core.api import PROTOCOL_AMQP, BrokerAPI, ClientContext, Clock, Settlements, Timer
-from gateway.amqp.auth import Access, certificate_common_name, log_in, mechanisms_offered
+from gateway.amqp.auth import Access, log_in, mechanisms_offered
 from gateway.amqp.channel import Channel
 from gateway.amqp.codec import AmqpDecoder, encode_ack, encode_heartbeat, encode_method, encode_nack
 from gateway.amqp.constants import (
@@ -81,7 +81,7 @@ from gateway.amqp.events import (
 )
 from gateway.amqp.management import amqp_connection_closed, amqp_connection_opened
 from gateway.amqp.vhost import VirtualHost
-from gateway.transport import READING_BUSY
+from gateway.transport import READING_BUSY, peer_certificate_cn
 
 log = logging.getLogger(__name__)
 
@@ -292,11 +292,7 @@ class Session:
         self.user = ""
         # A TLS connection's verified client certificate: its CN is the user EXTERNAL logs in.
         transport = getattr(io, "transport", None)
-        self.certificate_user = (
-            certificate_common_name(transport.get_extra_info("peercert"))
-            if transport is not None
-            else None
-        )
+        self.certificate_user = peer_certificate_cn(transport) if transport is not None else None
         self.access: Access | None = None  # the permission checks, from Connection.Open on
         self.client_name = ""
         self.client_properties: dict[str, Any] = {}

@@ -79,17 +79,6 @@ CLUSTER_AUTHORIZATION_FAILED_TEXT: Final = "Cluster authorization failed."
 TRANSACTIONAL_ID_AUTHORIZATION_FAILED_TEXT: Final = "Transactional Id authorization failed."
 
 
-def certificate_common_name(peercert: Any) -> str | None:
-    """The CN of a verified client certificate (``ssl`` ``getpeercert()``), or None."""
-    if not peercert:
-        return None
-    for rdn in peercert.get("subject", ()):
-        for key, value in rdn:
-            if key == "commonName":
-                return str(value)
-    return None
-
-
 def _log_in(connection: Connection, user: str) -> None:
     connection.login.logged_in = True
     connection.login.mechanism = None

@@ -81,7 +81,7 @@ from gateway.kafka.producers import (
 )
 from gateway.kafka.records import BATCH_HEADER_SIZE, read_batch_header
 from gateway.kafka.transactions import TransactionCoordinator
-from gateway.transport import READING_BUSY, GatewayTransport, TransportLimits
+from gateway.transport import READING_BUSY, GatewayTransport, TransportLimits, peer_certificate_cn
 
 log = logging.getLogger(__name__)
 
@@ -205,7 +205,7 @@ class KafkaConnection(GatewayTransport):
         if transport.get_extra_info("ssl_object") is not None:
             # Metadata and FindCoordinator then advertise this (TLS) listener's port.
             self.connection.tls = True
-        common_name = access.certificate_common_name(transport.get_extra_info("peercert"))
+        common_name = peer_certificate_cn(transport)
         if common_name is not None:
             self.connection.login.certificate_user = common_name
         refusal = self.context.api.connection_limit_refusal(client)

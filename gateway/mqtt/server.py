@@ -42,7 +42,7 @@ from gateway.mqtt.reason_codes import ReasonCode
 from gateway.mqtt.session import Connection, State
 from gateway.mqtt.sniff import SNIFF_BYTES, describe_first_bytes
 from gateway.mqtt.websocket import WebSocketProtocol
-from gateway.transport import READING_BUSY, GatewayTransport, TransportLimits
+from gateway.transport import READING_BUSY, GatewayTransport, TransportLimits, peer_certificate_cn
 
 log = logging.getLogger(__name__)
 
@@ -80,18 +80,6 @@ METRICS: Final = (
 )
 
 
-def certificate_common_name(certificate: Any) -> str | None:
-    """The common name of a verified client certificate (``ssl``'s ``getpeercert()`` form), or
-    None: the user name with ``use_identity_as_username``."""
-    if not certificate:
-        return None
-    for rdn in certificate.get("subject", ()):
-        for key, value in rdn:
-            if key == "commonName":
-                return str(value)
-    return None
-
-
 class MqttProtocol(GatewayTransport):
     """One MQTT connection's transport side (also the ``Link`` of its state machine); the
     buffering, read pausing, parking and closing are ``gateway/transport.py``'s."""
@@ -126,9 +114,7 @@ class MqttProtocol(GatewayTransport):
             connection.context = replace(connection.context, peer=f"{peer[0]}:{peer[1]}")
         if transport.get_extra_info("ssl_object") is not None:  # MQTTS, or WSS below us
             connection.tls = True
-            connection.certificate_user = certificate_common_name(
-                transport.get_extra_info("peercert")
-            )
+            connection.certificate_user = peer_certificate_cn(transport)
         self.server.connections.add(self)
         self.metrics["connections_opened"] += 1
         self.last_received_ms = self.clock.now_ms()
