@@ -11,6 +11,8 @@
     braid definitions export|import                 (AMQP resources: braid/admin_resources.py)
     braid connection list|close, braid group list|describe,
     braid session list, braid dlq list|redrive      (clients, groups: braid/admin_nouns.py)
+    braid cluster init ROOT [--shards N] [--adopt], braid cluster check ROOT
+                                                    (a cluster's data root: braid/cluster_cli.py)
 
 Exit codes: 0 success; 1 runtime failure (a listener could not start, corruption found);
 2 usage or configuration error (argparse's convention).
@@ -236,6 +238,9 @@ def build_parser() -> argparse.ArgumentParser:
     from braid import admin_nouns
 
     admin_nouns.build_noun_parsers(commands)
+    from braid import cluster_cli
+
+    cluster_cli.build_cluster_parser(commands)
     tail.add_argument(
         "--interval-ms",
         type=_non_negative,
@@ -363,6 +368,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from braid import admin_resources
 
         return admin_resources.run(args)
+    if args.command == "cluster":
+        from braid import cluster_cli
+
+        return cluster_cli.run(args)
     if args.command in ("connection", "group", "session", "dlq"):
         from braid import admin_nouns
 

@@ -55,6 +55,7 @@ from braid.web.server import ResponseCounter
 from core.api import BrokerAPI
 from core.api.limits import attach_limits
 from core.broker import Broker
+from core.cluster import layout as cluster_layout
 from core.limits import LimitsService, LimitsStore
 from core.log import LogStore, names
 from core.security import SecurityService
@@ -469,6 +470,7 @@ class BraidServer:
         try:
             raise_descriptor_limit()
             self._lock_data_dir()
+            self._refuse_cluster_root()
             self.store = self._open_store()
             await self.store.start()
             self.broker = broker = Broker(self.store, self.settings.broker_config())
@@ -549,6 +551,19 @@ class BraidServer:
             (data_dir / LOCK_FILE).write_text(f"{os.getpid()}\n")
         except OSError as error:  # the pid is for messages only: the lock is held already
             log.warning("cannot write %s: %s", data_dir / LOCK_FILE, error)
+
+    def _refuse_cluster_root(self) -> None:
+        """A cluster's data root is served by its nodes, each opening the shards it owns; opened
+        as one single-node directory it would start an empty log beside the shards and hide
+        their data (docs/cluster.md section 2: no silent conversion). Checked under the lock, so
+        a `braid cluster init` cannot turn the directory into a root after the check."""
+        data_dir = Path(self.settings.data_dir)
+        if cluster_layout.detect(data_dir) == "root":
+            raise StartupError(
+                f"data dir {data_dir} is a cluster data root ({cluster_layout.CLUSTER_FILE}), "
+                "not a single-node data directory: start its nodes with --workers N or "
+                "--cluster URL"
+            )
 
     def _open_store(self) -> LogStore:
         config = self.settings.log_config()

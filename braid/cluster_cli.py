@@ -1,0 +1,328 @@
+"""``braid cluster init ROOT [--shards N] [--adopt]`` and ``braid cluster check ROOT``.
+
+``init`` makes a cluster's data root (core/cluster/layout.py; docs/cluster.md section 2), or with
+``--adopt`` turns a stopped single-node data directory into one whose shard 0 holds its files.
+It holds the directory's lock (the ``flock`` a running ``braid serve`` holds, braid/server.py)
+while it runs, so a broker cannot start on the directory half-way.
+
+``check`` tests what fencing by epoch files needs of the filesystem under ROOT (section 5.3),
+with two processes: that ``O_CREAT|O_EXCL`` lets exactly one of two racing creators through,
+and that a file one process created and fsynced is seen by the other's next ``stat`` (also
+right after that process saw it absent: an NFS client's cached negative lookup fails this).
+It uses the epoch-file functions the nodes use (core/cluster/epochs.py) in a scratch directory
+it removes afterwards.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import multiprocessing
+import os
+import shutil
+import sys
+import threading
+import uuid
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from multiprocessing.synchronize import Barrier
+from pathlib import Path
+from typing import Any, TextIO
+
+from core.cluster import epochs, layout
+from core.cluster.epochs import EpochClaim, EpochTaken
+
+EXIT_FAILED = 1  # a check failed, the directory is in use, an I/O error
+EXIT_REFUSED = 2  # the directory is not what the command needs (as `braid log`: not a log)
+DEFAULT_CHECK_ROUNDS = 100
+# How long one process waits for the other at a step of a check: generous, a slow NFS server
+# answers in well under this, and a dead partner must not hang the command.
+CHECK_STEP_TIMEOUT_S = 30.0
+CHECK_DIR_PREFIX = ".braid-check-"
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, not {text!r}")
+    return value
+
+
+def build_cluster_parser(commands: Any) -> None:
+    """``braid cluster ...`` under the top-level subparsers ``commands``."""
+    cluster = commands.add_parser(
+        "cluster",
+        help="make and check a cluster's data root",
+        description="Make a cluster's data root, or check its filesystem (docs/cluster.md).",
+    )
+    cluster_commands = cluster.add_subparsers(
+        dest="cluster_command", metavar="COMMAND", required=True
+    )
+    init = cluster_commands.add_parser(
+        "init",
+        help="make a data root (cluster.json, shards/NNNN), or adopt a single-node directory",
+        description=(
+            "Make ROOT a cluster's data root: cluster.json and one directory per shard. ROOT "
+            "must be absent or empty; with --adopt it must be a stopped single-node data "
+            "directory, whose files move (by rename) into shards/0000. Running it again after "
+            "an interruption finishes the job."
+        ),
+    )
+    init.add_argument("root", metavar="ROOT")
+    init.add_argument(
+        "--shards",
+        type=_positive,
+        metavar="N",
+        help=f"number of shards, fixed for good (default: {layout.DEFAULT_SHARDS})",
+    )
+    init.add_argument(
+        "--adopt",
+        action="store_true",
+        help="ROOT is a single-node data directory: make it shard 0 of the new root",
+    )
+    check = cluster_commands.add_parser(
+        "check",
+        help="check that ROOT's filesystem can fence shard owners (O_EXCL, stat visibility)",
+        description=(
+            "Check, with two processes, what fencing by epoch files needs of the filesystem "
+            "under ROOT: O_CREAT|O_EXCL lets exactly one racing creator through, and a file "
+            "created and fsynced by one process is seen by the other's next stat. Prints OK or "
+            "FAIL per check; exit 1 if any failed."
+        ),
+    )
+    check.add_argument("root", metavar="ROOT")
+    check.add_argument(
+        "--rounds",
+        type=_positive,
+        default=DEFAULT_CHECK_ROUNDS,
+        metavar="N",
+        help=f"rounds of each check (default: {DEFAULT_CHECK_ROUNDS})",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.cluster_command == "init":
+        return init(Path(args.root), shards=args.shards, adopting=args.adopt)
+    return check(Path(args.root), rounds=args.rounds)
+
+
+# -- init --------------------------------------------------------------------------------------
+
+
+class DirectoryInUse(Exception):
+    pass
+
+
+@contextmanager
+def _directory_lock(directory: Path) -> Iterator[None]:
+    """Refuse a directory a broker runs on (braid/logtool.py's probe of its flock, which names
+    the broker's pid), then hold the same exclusive flock until the block ends, so no broker
+    starts on it meanwhile."""
+    from braid.logtool import _broker_pid
+
+    pid = _broker_pid(directory)
+    if pid is not None:
+        raise DirectoryInUse(
+            f"{directory} is in use by a running broker (pid {pid}): stop it first"
+        )
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            raise DirectoryInUse(f"{directory} is in use by another braid process") from None
+        yield
+    finally:
+        os.close(fd)  # releases the flock
+
+
+def init(root: Path, *, shards: int | None, adopting: bool, out: TextIO | None = None) -> int:
+    name = "braid cluster init"
+    out = out or sys.stdout
+    existed = (root / layout.CLUSTER_FILE).exists()
+    try:
+        if not adopting:
+            root.mkdir(parents=True, exist_ok=True)  # the lock is on the directory itself
+        elif not root.is_dir():
+            raise layout.LayoutError(f"{root} is not a directory: nothing to adopt")
+        with _directory_lock(root):
+            done = layout.adopt(root, shards) if adopting else layout.init(root, shards)
+    except layout.LayoutError as error:
+        print(f"{name}: error: {error}", file=sys.stderr)
+        return EXIT_REFUSED
+    except (DirectoryInUse, OSError) as error:
+        print(f"{name}: error: {error}", file=sys.stderr)
+        return EXIT_FAILED
+    legacy = (
+        f", shard {done.legacy_shard} holds the adopted single-node data"
+        if done.legacy_shard is not None
+        else ""
+    )
+    print(
+        f"{'already a ' if existed else ''}cluster root {root}: {done.shards} shards in "
+        f"{root / layout.SHARDS_DIR}{legacy} "
+        f"(cluster id {done.cluster_id})",
+        file=out,
+    )
+    return 0
+
+
+# -- check -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    name: str
+    ok: bool
+    detail: str
+
+    def line(self) -> str:
+        return f"{'OK  ' if self.ok else 'FAIL'} {self.name}: {self.detail}"
+
+
+def race_verdict(
+    rounds: int, wins: Sequence[Sequence[int]], owners: Sequence[str | None]
+) -> Verdict:
+    """Each process's won rounds (``wins[i]``: the epochs process ``i`` created) and the node
+    each epoch file names (``owners[epoch]``, None if unreadable): each round exactly one
+    winner, and the file says it is that one's."""
+    failures: list[str] = []
+    for epoch in range(rounds):
+        winners = [str(index) for index, won in enumerate(wins) if epoch in won]
+        if len(winners) != 1:
+            failures.append(f"epoch {epoch}: {len(winners)} creators")
+        elif owners[epoch] != winners[0]:
+            failures.append(f"epoch {epoch}: created by {winners[0]}, file says {owners[epoch]}")
+    if failures:
+        shown = "; ".join(failures[:5])
+        return Verdict("o_excl_race", False, f"{len(failures)} of {rounds} rounds wrong: {shown}")
+    return Verdict(
+        "o_excl_race",
+        True,
+        f"{rounds} rounds, exactly one of {len(wins)} processes created each epoch file",
+    )
+
+
+def visibility_verdict(
+    rounds: int, seen_before: Sequence[bool], seen_after: Sequence[bool]
+) -> Verdict:
+    """Per round: whether the reader saw the file before the writer made it (must not) and
+    right after the writer said it was fsynced (must)."""
+    failures = [
+        f"round {index}: seen before creation" for index, seen in enumerate(seen_before) if seen
+    ] + [
+        f"round {index}: not seen after creation"
+        for index, seen in enumerate(seen_after)
+        if not seen
+    ]
+    if len(seen_before) != rounds or len(seen_after) != rounds:
+        failures.append(f"{min(len(seen_before), len(seen_after))} of {rounds} rounds ran")
+    if failures:
+        shown = "; ".join(failures[:5])
+        return Verdict("stat_visibility", False, f"{len(failures)} failures: {shown}")
+    return Verdict(
+        "stat_visibility",
+        True,
+        f"{rounds} rounds, a file created and fsynced by one process was seen by the other's "
+        "next stat, right after that one had seen it absent",
+    )
+
+
+def _claim(node: str) -> EpochClaim:
+    return EpochClaim(node=node, incarnation=os.getpid(), claimed_ms=0, start=0)
+
+
+def _race(directory: Path, rounds: int, node: str, barrier: Barrier) -> list[int]:
+    won: list[int] = []
+    for epoch in range(rounds):
+        barrier.wait(CHECK_STEP_TIMEOUT_S)
+        try:
+            epochs.claim_epoch(directory, epoch, _claim(node))
+        except EpochTaken:
+            continue
+        won.append(epoch)
+    return won
+
+
+def _partner(scratch: str, rounds: int, barrier: Barrier, conn: Connection) -> None:
+    """The second process: races the first for each epoch, then creates the files the first
+    one looks for, one per request."""
+    conn.send(_race(Path(scratch) / "race", rounds, "1", barrier))
+    visible = Path(scratch) / "visible"
+    while True:
+        request = conn.recv()
+        if request is None:
+            break
+        epochs.claim_epoch(visible, request, _claim("1"))
+        conn.send(request)
+
+
+def _run_checks(scratch: Path, rounds: int) -> list[Verdict]:
+    race_dir = scratch / "race"
+    visible = scratch / "visible"
+    race_dir.mkdir()
+    visible.mkdir()
+    context = multiprocessing.get_context("spawn")  # a fresh interpreter: nothing shared
+    barrier = context.Barrier(2)
+    conn, partner_conn = context.Pipe()
+    partner = context.Process(
+        target=_partner, args=(str(scratch), rounds, barrier, partner_conn), daemon=True
+    )
+    partner.start()
+    partner_conn.close()
+    try:
+        mine = _race(race_dir, rounds, "0", barrier)
+        if not conn.poll(CHECK_STEP_TIMEOUT_S):
+            raise TimeoutError("the second process did not report its race")
+        theirs: list[int] = conn.recv()
+        owners: list[str | None] = []
+        for epoch in range(rounds):
+            claim = epochs.read_claim(race_dir, epoch)
+            owners.append(claim.node if claim is not None else None)
+        verdicts = [race_verdict(rounds, [mine, theirs], owners)]
+
+        seen_before: list[bool] = []
+        seen_after: list[bool] = []
+        for epoch in range(rounds):
+            # is_fenced(epoch) stats epoch + 1: the file the partner creates next.
+            seen_before.append(epochs.is_fenced(visible, epoch))
+            conn.send(epoch + 1)
+            if not conn.poll(CHECK_STEP_TIMEOUT_S) or conn.recv() != epoch + 1:
+                raise TimeoutError(f"the second process did not create epoch {epoch + 1}")
+            seen_after.append(epochs.is_fenced(visible, epoch))
+        conn.send(None)
+        verdicts.append(visibility_verdict(rounds, seen_before, seen_after))
+    finally:
+        conn.close()
+        partner.join(CHECK_STEP_TIMEOUT_S)
+        if partner.is_alive():
+            partner.kill()
+            partner.join()
+    return verdicts
+
+
+def check(root: Path, *, rounds: int, out: TextIO | None = None) -> int:
+    name = "braid cluster check"
+    out = out or sys.stdout
+    if not root.is_dir():
+        print(f"{name}: error: {root} is not a directory", file=sys.stderr)
+        return EXIT_REFUSED
+    scratch = root / f"{CHECK_DIR_PREFIX}{uuid.uuid4().hex}"
+    try:
+        scratch.mkdir()
+        verdicts = _run_checks(scratch, rounds)
+    except (OSError, TimeoutError, EOFError, threading.BrokenBarrierError) as error:
+        print(f"{name}: error: {error}", file=sys.stderr)
+        return EXIT_FAILED
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    for verdict in verdicts:
+        print(verdict.line(), file=out)
+    failed = [verdict.name for verdict in verdicts if not verdict.ok]
+    print(f"{root}: {'FAIL (' + ', '.join(failed) + ')' if failed else 'OK'}", file=out)
+    return EXIT_FAILED if failed else 0
