@@ -2,6 +2,8 @@
 boundary through which the core reads and changes cluster-wide definitions, and
 :class:`LocalMetadata`, the single node's implementation over its own log."""
 
+from core.cluster.epochs import EpochClaim, EpochTaken
+from core.cluster.layout import ClusterLayout, LayoutError
 from core.cluster.local import LocalMetadata
 from core.cluster.metadata import (
     KIND_BINDING,
@@ -27,6 +29,10 @@ __all__ = [
     "KIND_SETTING",
     "KIND_TOPIC",
     "Change",
+    "ClusterLayout",
+    "EpochClaim",
+    "EpochTaken",
+    "LayoutError",
     "LocalMetadata",
     "MetadataConflict",
     "MetadataGap",
