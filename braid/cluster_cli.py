@@ -276,7 +276,13 @@ def _run_checks(scratch: Path, rounds: int) -> list[Verdict]:
     partner.start()
     partner_conn.close()
     try:
-        mine = _race(race_dir, rounds, "0", barrier)
+        try:
+            mine = _race(race_dir, rounds, "0", barrier)
+        except threading.BrokenBarrierError:
+            raise TimeoutError(
+                f"the second process did not keep up with the race (exit code "
+                f"{partner.exitcode}, None: still running)"
+            ) from None
         if not conn.poll(CHECK_STEP_TIMEOUT_S):
             raise TimeoutError("the second process did not report its race")
         theirs: list[int] = conn.recv()
@@ -316,7 +322,7 @@ def check(root: Path, *, rounds: int, out: TextIO | None = None) -> int:
     try:
         scratch.mkdir()
         verdicts = _run_checks(scratch, rounds)
-    except (OSError, TimeoutError, EOFError, threading.BrokenBarrierError) as error:
+    except (OSError, TimeoutError, EOFError) as error:
         print(f"{name}: error: {error}", file=sys.stderr)
         return EXIT_FAILED
     finally:

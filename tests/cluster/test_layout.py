@@ -88,6 +88,8 @@ def single_node(tmp_path_factory) -> SingleNode:
         assert broker.process is not None
         pid = broker.process.pid
         assert broker.stop() == 0, broker.stderr()
+    if broker.process.stdout is not None:
+        broker.process.stdout.close()
     return SingleNode(broker.data_dir, bodies, adopt_while_running, pid)
 
 
