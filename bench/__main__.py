@@ -27,6 +27,7 @@ BENCHMARKS: dict[str, str] = {
     "mgmt": "bench.management",
     "tls": "bench.tls",
     "soak": "bench.soak",
+    "topic-memory": "bench.topic_memory",
 }
 
 

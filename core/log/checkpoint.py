@@ -63,23 +63,26 @@ class Checkpoints:
         self.queues = queues
         self.executor = executor
         self.written = 0
-        self._last: tuple[int, dict[str, int]] | None = None
+        # The last capture written: counts by the store's own (topic, queue) keys, not by
+        # queue_key strings (one more string per queue kept between checkpoints).
+        self._last: tuple[int, dict[tuple[str, int], int]] | None = None
         self._lock = threading.Lock()
         self._seq = 0
         self._written_seq = 0
 
-    def _capture(self) -> tuple[int, dict[str, int], list[Path], int]:
+    def _capture(self) -> tuple[int, dict[tuple[str, int], int], list[str], int]:
         self._seq += 1
-        counts = {queue_key(t, q): index.next_entry for (t, q), index in self.queues.items()}
-        dirty: list[Path] = []
+        counts = {key: index.next_entry for key, index in self.queues.items()}
+        dirty: list[str] = []
         for index in self.queues.values():
             for number in index.take_dirty():
-                index_file = index.files.get(number)
-                if index_file is not None:
-                    dirty.append(index_file.path)
+                if index.has_file(number):
+                    dirty.append(index.file_path(number))
         return self.commitlog.write_position, counts, dirty, self._seq
 
-    def _write(self, position: int, counts: dict[str, int], dirty: list[Path], seq: int) -> None:
+    def _write(
+        self, position: int, counts: dict[tuple[str, int], int], dirty: list[str], seq: int
+    ) -> None:
         # One at a time (a blocking checkpoint from close() or drop_queues() can meet one the
         # background task is writing in the executor: they shared checkpoint.tmp), and never an
         # older capture over a newer one; a newer one also waits until the older one's index
@@ -96,7 +99,7 @@ class Checkpoints:
                 return
             payload = {
                 "position": position,
-                "queues": counts,
+                "queues": {queue_key(t, q): count for (t, q), count in counts.items()},
                 "written_ms": time.time_ns() // 1_000_000,
             }
             write_atomically(self.data_dir / names.CHECKPOINT_FILE, json.dumps(payload).encode())

@@ -19,18 +19,23 @@ the CommitLog on recovery. One writer; readers in any process.
 Entries are written and read through the files' mappings. A mapping holds a descriptor, so a
 store maps at most ``max_open_files`` index files at once, least recently used unmapped first
 (:mod:`core.log.openfiles`), and the number of queues does not bound the process's other
-descriptors (issue 21 item 3).
+descriptors (issue 21 item 3). What a queue keeps besides is a few numbers: its files exist as
+objects only while mapped, paths are built when a file is mapped, so an idle queue (an MQTT
+topic published to once) costs ~200 bytes, not the ~2.4 KB of a Path per file, a file object
+with a WeakMethod, a dirty set and an instance dict (issue 21, topic churn).
 """
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 import struct
 import sys
 import weakref
 from array import array
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from pathlib import Path
 from typing import NamedTuple
 
@@ -50,6 +55,7 @@ _HALVES_PER_ENTRY = 10
 _ARRAY_RUNS = sys.byteorder == "little" and array("Q").itemsize == 8 and array("I").itemsize == 4
 _run_templates: dict[int, bytes] = {}  # count -> that many entries of record_count 1, else 0
 _NO_BUFFER = memoryview(b"")
+_NO_FILES: frozenset[int] = frozenset()
 _PWRITE_RUN_BYTES = 2048  # append_run writes runs this long with pwrite, shorter ones in place
 # Index files are created sparse (a queue may never fill its 10 MiB) and their blocks reserved
 # as the append cursor reaches them (see core.log.segment.preallocate): as much again as the
@@ -69,39 +75,42 @@ class IndexEntry(NamedTuple):
 
 
 class _IndexFile:
-    """One index file, mapped while it is in use: at most ``open_files.limit`` of a store's
-    are mapped at once (see core/log/openfiles.py). ``buf`` maps it again when it was unmapped;
-    ``on_unmap`` tells the owning queue, which drops its append cursor into the mapping."""
+    """One index file while it is mapped: at most ``open_files.limit`` of a store's are mapped
+    at once (see core/log/openfiles.py). It exists only while mapped: its queue keeps it in
+    ``ConsumeQueue._mapped`` and forgets it once unmapped, so an idle queue holds no file
+    objects, paths or mappings (issue 21: ~1 KB per topic went to those). ``buf`` maps it
+    again when only its view was released."""
 
     __slots__ = (
         "_view",
         "byte_size",
         "first_entry",
         "mm",
-        "on_unmap",
+        "number",
         "open_files",
+        "owner",
         "path",
         "writable",
     )
 
     def __init__(
         self,
-        path: Path,
-        first_entry: int,
-        byte_size: int,
+        owner: ConsumeQueue,
+        path: str,
+        number: int,
         *,
         writable: bool,
         open_files: OpenFiles,
-        on_unmap: Callable[[_IndexFile], None] | None = None,
     ) -> None:
         self.path = path
-        self.first_entry = first_entry
-        self.byte_size = byte_size
+        self.number = number
+        self.first_entry = number * owner.entries_per_file
+        self.byte_size = owner.file_bytes
         self.writable = writable
         self.open_files = open_files
         # Weakly: a queue -> file -> queue cycle would leave the file's mapping views to the
         # garbage collector, and CPython 3.11 crashes clearing a memoryview with an export.
-        self.on_unmap = weakref.WeakMethod(on_unmap) if on_unmap is not None else None
+        self.owner: weakref.ref[ConsumeQueue] | None = weakref.ref(owner)
         self.mm: mmap.mmap | None = None
         self._view: memoryview | None = None
         self._map()
@@ -125,14 +134,22 @@ class _IndexFile:
                 )
             finally:
                 os.close(fd)
+            if writable:
+                # The file is sparse past its written entries, and a fault on a hole read
+                # ahead (read_ahead_kb, 8 MiB on the virtual disks measured) and zeroed that
+                # much page cache: 22 ms of system time per new topic, 40 times the rest of
+                # creating it. The writer appends in order and reads what it wrote recently
+                # (cached), so it maps its index files without readahead; read-only readers
+                # (Spark, braid log) keep the kernel's default.
+                mm.madvise(mmap.MADV_RANDOM)
             self.open_files.add(self)
         view = self._view = memoryview(mm)
         return view
 
     @property
     def buf(self) -> memoryview:
-        """The mapping (mapped again if it was unmapped). Use it at once: a later mapping of
-        another file may unmap this one (a slice taken from it keeps it mapped)."""
+        """The mapping (mapped again if its view was released). Use it at once: a later
+        mapping of another file may unmap this one (a slice taken from it keeps it mapped)."""
         view = self._view
         if view is None:
             return self._map()
@@ -140,10 +157,12 @@ class _IndexFile:
         return view
 
     def unmap(self) -> bool:
-        """Unmap and close the descriptor; False (still mapped) while a slice is held."""
-        callback = self.on_unmap() if self.on_unmap is not None else None
-        if callback is not None:
-            callback(self)
+        """Unmap and close the descriptor; False (still mapped) while a slice is held. The
+        owning queue drops its append cursor into the mapping first and, once unmapped,
+        forgets this file (a later use maps it again as a new one)."""
+        owner = self.owner() if self.owner is not None else None
+        if owner is not None:
+            owner._unmapping(self)
         view = self._view
         if view is not None:
             try:
@@ -152,26 +171,79 @@ class _IndexFile:
                 return False
             self._view = None
         mm = self.mm
-        if mm is None or mm.closed:
-            return True
-        try:
-            mm.close()
-        except BufferError:  # a reader's slice: unmapped at a later eviction
-            return False
+        if mm is not None and not mm.closed:
+            try:
+                mm.close()
+            except BufferError:  # a reader's slice: unmapped at a later eviction
+                return False
+        if owner is not None:
+            owner._forget(self)
         return True
 
     def close(self) -> None:
         self.open_files.discard(self)
-        self.on_unmap = None
+        self.owner = None
         self.unmap()
 
 
+class IndexFiles(Mapping[int, _IndexFile]):
+    """The index files of a queue by number, as a read-only mapping: ``files[n].buf`` maps
+    file ``n`` when it is not mapped (KeyError when the queue has no file ``n``). A view made
+    at each use of :attr:`ConsumeQueue.files`; nothing is kept per queue."""
+
+    __slots__ = ("_queue",)
+
+    def __init__(self, queue: ConsumeQueue) -> None:
+        self._queue = queue
+
+    def __getitem__(self, number: int) -> _IndexFile:
+        return self._queue.index_file(number)
+
+    def __contains__(self, number: object) -> bool:
+        queue = self._queue
+        return isinstance(number, int) and queue.first_file <= number < queue.end_file
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(range(self._queue.first_file, self._queue.end_file))
+
+    def __len__(self) -> int:
+        return self._queue.end_file - self._queue.first_file
+
+
 class ConsumeQueue:
-    """The index of one queue. ``start_entry``/``next_entry`` bound the entries present."""
+    """The index of one queue. ``start_entry``/``next_entry`` bound the entries present; its
+    files are numbers ``first_file`` to ``end_file`` (exclusive), mapped while in use.
+
+    Per queue (one per topic for MQTT and AMQP) this keeps a few numbers and, only while some
+    of its files are mapped, those files: no paths (built from the index root and the topic
+    when a file is mapped), no set of dirty files until one is dirty."""
+
+    __slots__ = (
+        "__weakref__",
+        "_clean_entry",
+        "_dirty",
+        "_mapped",
+        "_root",
+        "_tail_fd",
+        "_tail_file",
+        "end_file",
+        "entries_per_file",
+        "first_file",
+        "next_entry",
+        "next_offset",
+        "open_files",
+        "queue",
+        "start_entry",
+        "tail_at",
+        "tail_buf",
+        "tail_end",
+        "topic",
+        "writable",
+    )
 
     def __init__(
         self,
-        directory: Path,
+        index_root: str | Path,
         topic: str,
         queue: int,
         entries_per_file: int,
@@ -179,20 +251,22 @@ class ConsumeQueue:
         writable: bool,
         open_files: OpenFiles | None = None,
     ) -> None:
-        """``open_files``: the bound on mapped index files, shared by the queues of a store; a
+        """``index_root``: the data directory's ``index`` directory (the queue's own is
+        ``<index_root>/<topic dir>/<queue>``, see :func:`core.log.names.queue_dir`).
+        ``open_files``: the bound on mapped index files, shared by the queues of a store; a
         private one when not given."""
-        self.directory = directory
+        self._root = os.fspath(index_root)
         self.open_files = open_files if open_files is not None else OpenFiles()
         self.topic = topic
         self.queue = queue
         self.entries_per_file = entries_per_file
-        self.file_bytes = entries_per_file * ENTRY_SIZE
         self.writable = writable
-        self.files: dict[int, _IndexFile] = {}  # file number -> file
+        self._mapped: dict[int, _IndexFile] | None = None  # file number -> mapped file
+        self.first_file = self.end_file = 0  # the files present: numbers [first, end)
         self.start_entry = 0
         self.next_entry = 0
         self.next_offset = 0
-        self.dirty_files: set[int] = set()
+        self._dirty: set[int] | None = None  # files written outside the append cursor
         # The append cursor: the mapping of the file holding entry ``next_entry`` and the byte
         # offsets of that entry and of the file's end. ``tail_at == tail_end`` means "not set":
         # the slow path in :meth:`append` finds (or creates) the file. The store's plain-append
@@ -208,52 +282,149 @@ class ConsumeQueue:
         # Entries from here to next_entry were appended since take_dirty last reported them.
         self._clean_entry = 0
         if writable:
-            directory.mkdir(parents=True, exist_ok=True)
+            os.makedirs(self.dir_path, exist_ok=True)
         self.refresh()
+
+    # -- files -----------------------------------------------------------------------------
+
+    @property
+    def file_bytes(self) -> int:
+        """The size of an index file (computed: a large int is an object of its own)."""
+        return self.entries_per_file * ENTRY_SIZE
+
+    @property
+    def dir_path(self) -> str:
+        """The queue's directory (built at each call: not kept per queue)."""
+        return os.path.join(self._root, names.encode_topic_dir(self.topic), str(self.queue))
+
+    @property
+    def directory(self) -> Path:
+        return Path(self.dir_path)
+
+    def file_path(self, number: int) -> str:
+        """The path of index file ``number`` (whether or not it exists)."""
+        return os.path.join(self.dir_path, names.index_file_name(number * self.entries_per_file))
+
+    @property
+    def files(self) -> IndexFiles:
+        """The files present, by number (see :class:`IndexFiles`)."""
+        return IndexFiles(self)
+
+    @property
+    def mapped_files(self) -> int:
+        """How many of its files are mapped now."""
+        return len(self._mapped) if self._mapped is not None else 0
+
+    def has_file(self, number: int) -> bool:
+        return self.first_file <= number < self.end_file
+
+    def index_file(self, number: int, *, create: bool = False) -> _IndexFile:
+        """File ``number``, mapped (KeyError when the queue has none and ``create`` is
+        false; the writer creates the file at its append cursor)."""
+        mapped = self._mapped
+        if mapped is not None:
+            found = mapped.get(number)
+            if found is not None:
+                return found
+        if not (create or self.first_file <= number < self.end_file):
+            raise KeyError(number)
+        index_file = _IndexFile(
+            self,
+            self.file_path(number),
+            number,
+            writable=self.writable,
+            open_files=self.open_files,
+        )
+        mapped = self._mapped  # mapping it may have unmapped this queue's others
+        if mapped is None:
+            mapped = self._mapped = {}
+        mapped[number] = index_file
+        if self.first_file == self.end_file:
+            self.first_file, self.end_file = number, number + 1
+        else:
+            self.first_file = min(self.first_file, number)
+            self.end_file = max(self.end_file, number + 1)
+        return index_file
+
+    def file_buf(self, number: int) -> memoryview:
+        """The mapping of file ``number`` (mapped if it is not); use it at once (see
+        :attr:`_IndexFile.buf`)."""
+        mapped = self._mapped
+        if mapped is not None:
+            found = mapped.get(number)
+            if found is not None:
+                return found.buf
+        return self.index_file(number).buf
+
+    def _unmapping(self, index_file: _IndexFile) -> None:
+        """``index_file`` is being unmapped to make room: the append cursor into it goes (the
+        next append maps it again)."""
+        if index_file is self._tail_file:
+            self._drop_tail()
+
+    def _forget(self, index_file: _IndexFile) -> None:
+        """``index_file`` is unmapped: it is no longer kept."""
+        mapped = self._mapped
+        if mapped is not None and mapped.get(index_file.number) is index_file:
+            del mapped[index_file.number]
+            if not mapped:
+                self._mapped = None
+
+    def _close_file(self, index_file: _IndexFile) -> None:
+        if index_file is self._tail_file:
+            self._drop_tail()
+        index_file.close()
+        self._forget(index_file)
+
+    def _remove_file(self, number: int) -> None:
+        """Unmap (if mapped) and delete file ``number``."""
+        mapped = self._mapped
+        found = mapped.get(number) if mapped is not None else None
+        if found is not None:
+            self._close_file(found)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.file_path(number))
 
     # -- discovery -------------------------------------------------------------------------
 
     def refresh(self) -> None:
-        """Map new files, drop deleted ones and find the end of written entries."""
+        """Find the files present, forget deleted ones and find the end of written entries."""
         self._drop_tail()
         numbers: set[int] = set()
-        if self.directory.exists():
-            for path in self.directory.glob(f"*{names.INDEX_SUFFIX}"):
-                first = names.number_of(path)
-                number = first // self.entries_per_file
-                numbers.add(number)
-                if number not in self.files:
-                    self.files[number] = _IndexFile(
-                        path,
-                        first,
-                        self.file_bytes,
-                        writable=self.writable,
-                        open_files=self.open_files,
-                        on_unmap=self._unmapped,
-                    )
-        for number in list(self.files):
-            if number not in numbers:
-                self._close_file(self.files.pop(number))
-        if not self.files:
+        try:
+            found = os.listdir(self.dir_path)
+        except FileNotFoundError:
+            found = []
+        for name in found:
+            if name.endswith(names.INDEX_SUFFIX):
+                numbers.add(names.number_of_name(name) // self.entries_per_file)
+        if self._mapped is not None:
+            for number in list(self._mapped):
+                if number not in numbers:
+                    self._close_file(self._mapped[number])
+        if not numbers:
+            self.first_file = self.end_file = 0
             self.start_entry = self.next_entry
             return
-        first_file = min(self.files)
+        first_file = min(numbers)
+        last = max(numbers)
+        self.first_file, self.end_file = first_file, last + 1
         self.start_entry = max(self.start_entry, first_file * self.entries_per_file)
-        last = max(self.files)
-        self.next_entry = last * self.entries_per_file + self._count_in(self.files[last])
+        self.next_entry = last * self.entries_per_file + self._count_in(last)
         if self.next_entry > self.start_entry:
             tail = self.entry(self.next_entry - 1)
             self.next_offset = tail.first_offset + tail.record_count
         elif self.next_entry == 0:
             self.next_offset = 0
 
-    def _count_in(self, index_file: _IndexFile) -> int:
-        """Entries written in a file: binary search for the first zero ``size`` field."""
-        capacity = len(index_file.buf) // ENTRY_SIZE
+    def _count_in(self, number: int) -> int:
+        """Entries written in file ``number``: binary search for the first zero ``size``."""
+        buf = self.file_buf(number)
+        capacity = len(buf) // ENTRY_SIZE
         low, high = 0, capacity
         while low < high:
             middle = (low + high) // 2
-            (size,) = _SIZE_FIELD.unpack_from(index_file.buf, middle * ENTRY_SIZE + 8)
+            (size,) = _SIZE_FIELD.unpack_from(buf, middle * ENTRY_SIZE + 8)
             if size:
                 low = middle + 1
             else:
@@ -281,18 +452,7 @@ class ConsumeQueue:
         """Point the append cursor at entry ``next_entry`` (creating its file if needed)."""
         self._drop_tail()  # the previous tail file's descriptor goes with it
         number, slot = divmod(self.next_entry, self.entries_per_file)
-        index_file = self.files.get(number)
-        if index_file is None:
-            first = number * self.entries_per_file
-            index_file = _IndexFile(
-                self.directory / names.index_file_name(first),
-                first,
-                self.file_bytes,
-                writable=True,
-                open_files=self.open_files,
-                on_unmap=self._unmapped,
-            )
-            self.files[number] = index_file
+        index_file = self.index_file(number, create=True)
         self.tail_buf = index_file.buf
         self.tail_at = self.tail_end = slot * ENTRY_SIZE
         self._tail_file = index_file
@@ -377,15 +537,15 @@ class ConsumeQueue:
         self.next_offset = first_offset + count
         return first_offset
 
-    def take_dirty(self) -> set[int]:
+    def take_dirty(self) -> AbstractSet[int]:
         """Numbers of the files written since the last call (for a checkpoint or a flush to
         fdatasync), and forget them. The tail file counts when entries were appended to it."""
-        dirty = self.dirty_files
+        dirty: AbstractSet[int] = self._dirty or _NO_FILES
+        self._dirty = None
         if self.next_entry > self._clean_entry:
             first = self._clean_entry // self.entries_per_file
-            dirty.update(range(first, (self.next_entry - 1) // self.entries_per_file + 1))
+            dirty = dirty | set(range(first, (self.next_entry - 1) // self.entries_per_file + 1))
         self._clean_entry = self.next_entry
-        self.dirty_files = set()
         return dirty
 
     def truncate(self, entry_count: int) -> None:
@@ -394,17 +554,17 @@ class ConsumeQueue:
             return
         self._drop_tail()
         keep_number, keep_slot = divmod(entry_count, self.entries_per_file)
-        for number in [n for n in self.files if n > keep_number]:
-            removed = self.files.pop(number)
-            self._close_file(removed)
-            removed.path.unlink(missing_ok=True)
-        index_file = self.files.get(keep_number)
-        if index_file is not None:
+        for number in range(max(keep_number + 1, self.first_file), self.end_file):
+            self._remove_file(number)
+        self.end_file = max(self.first_file, min(self.end_file, keep_number + 1))
+        if self.has_file(keep_number):
             start = keep_slot * ENTRY_SIZE
-            end = self._count_in(index_file) * ENTRY_SIZE
+            end = self._count_in(keep_number) * ENTRY_SIZE
             if end > start:
-                index_file.buf[start:end] = bytes(end - start)
-            self.dirty_files.add(keep_number)
+                self.file_buf(keep_number)[start:end] = bytes(end - start)
+            if self._dirty is None:
+                self._dirty = set()
+            self._dirty.add(keep_number)
         self.next_entry = entry_count
         self._clean_entry = min(self._clean_entry, entry_count)
         if self.next_entry > self.start_entry:
@@ -417,31 +577,18 @@ class ConsumeQueue:
 
     def sync(self) -> None:
         for number in self.take_dirty():
-            index_file = self.files.get(number)
-            if index_file is not None:
-                sync_path(index_file.path)
-
-    def _close_file(self, index_file: _IndexFile) -> None:
-        if index_file is self._tail_file:
-            self._drop_tail()
-        index_file.close()
-
-    def _unmapped(self, index_file: _IndexFile) -> None:
-        """``index_file`` is being unmapped to make room: the append cursor into it goes (the
-        next append maps it again)."""
-        if index_file is self._tail_file:
-            self._drop_tail()
+            if self.has_file(number):
+                sync_path(self.file_path(number))
 
     def delete_files_before(self, entry: int) -> int:
         """Delete index files whose entries all lie before ``entry``; returns files deleted."""
         deleted = 0
         self._drop_tail()
-        for number in sorted(self.files):
-            if (number + 1) * self.entries_per_file > entry or number == max(self.files):
+        for number in range(self.first_file, self.end_file - 1):
+            if (number + 1) * self.entries_per_file > entry:
                 break
-            removed = self.files.pop(number)
-            self._close_file(removed)
-            removed.path.unlink(missing_ok=True)
+            self._remove_file(number)
+            self.first_file = number + 1
             deleted += 1
         self.start_entry = max(self.start_entry, entry)
         return deleted
@@ -450,7 +597,7 @@ class ConsumeQueue:
 
     def entry(self, number: int) -> IndexEntry:
         file_number, slot = divmod(number, self.entries_per_file)
-        return IndexEntry._make(ENTRY.unpack_from(self.files[file_number].buf, slot * ENTRY_SIZE))
+        return IndexEntry._make(ENTRY.unpack_from(self.file_buf(file_number), slot * ENTRY_SIZE))
 
     def entries(self, first: int, count: int) -> list[IndexEntry]:
         """Up to ``count`` consecutive entries from ``first`` (fewer at a file end or the tail)."""
@@ -463,7 +610,7 @@ class ConsumeQueue:
         number = first
         while number < last:
             file_number, slot = divmod(number, self.entries_per_file)
-            buf = self.files[file_number].buf
+            buf = self.file_buf(file_number)
             stop = min(last - number, self.entries_per_file - slot)
             out.extend(ENTRY.iter_unpack(buf[slot * ENTRY_SIZE : (slot + stop) * ENTRY_SIZE]))
             number += stop
@@ -473,7 +620,7 @@ class ConsumeQueue:
         """Like :meth:`raw_entries`, as an iterator (``count`` must not pass ``next_entry``)."""
         file_number, slot = divmod(first, self.entries_per_file)
         if slot + count <= self.entries_per_file:
-            buf = self.files[file_number].buf
+            buf = self.file_buf(file_number)
             return ENTRY.iter_unpack(buf[slot * ENTRY_SIZE : (slot + count) * ENTRY_SIZE])
         return iter(self.raw_entries(first, count))
 
@@ -515,6 +662,7 @@ class ConsumeQueue:
 
     def close(self) -> None:
         self._drop_tail()
-        for index_file in self.files.values():
-            self._close_file(index_file)
-        self.files.clear()
+        if self._mapped is not None:
+            for index_file in list(self._mapped.values()):
+                self._close_file(index_file)
+        self._mapped = None

@@ -40,6 +40,9 @@ from core.log.segment import pwrite_all, start_writeback
 # The clock of every write path: a frame's store_ms is ``clock_ns() // 1_000_000`` (the parity
 # tests pin it to compare two stores byte for byte; read through this module's attribute).
 clock_ns = time.time_ns
+# Topics whose encoded names (and, in the store, frame heads) are kept at most: the ones being
+# written to, not every topic ever written (topic churn grew them by ~100 B a topic, issue 21).
+CACHED_TOPICS = 4096
 # append_many batches of at least this many bytes are written with pwrite, not the mapping.
 STAGE_BYTES = 32 * 1024
 _PREFIX_SIZE = rec.PREFIX.size
@@ -198,6 +201,8 @@ class FrameWriter:
             encoded = topic.encode()
             if len(encoded) > rec.MAX_TOPIC_BYTES:
                 raise ValueError("topic name too long")
+            if len(self._encoded_topics) >= CACHED_TOPICS:
+                self._encoded_topics.clear()  # topics come and go: no entry per topic ever seen
             self._encoded_topics[topic] = encoded
         return encoded
 

@@ -46,6 +46,8 @@ SYSTEM_TOPICS = (
 )
 
 _SAFE = re.compile(r"[A-Za-z0-9_.-]")
+# A name made of safe characters only, not starting with ".": its own directory name.
+_ALL_SAFE = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]*")
 
 
 def is_system_topic(topic: str) -> bool:
@@ -61,12 +63,19 @@ def index_file_name(first_entry: int) -> str:
 
 
 def number_of(path: Path) -> int:
-    return int(path.name.split(".", 1)[0])
+    return number_of_name(path.name)
+
+
+def number_of_name(name: str) -> int:
+    """The number a segment or index file name starts with."""
+    return int(name.split(".", 1)[0])
 
 
 def encode_topic_dir(topic: str) -> str:
     """A topic name as one safe directory name: bytes outside ``[A-Za-z0-9_.-]`` become ``%XX``
     (AMQP exchange names may hold ``/`` or ``:``), and a leading ``.`` too."""
+    if _ALL_SAFE.fullmatch(topic):
+        return topic  # the common case, and built on demand for every mapping of an index file
     out: list[str] = []
     for index, char in enumerate(topic):
         if _SAFE.fullmatch(char) and not (index == 0 and char == "."):

@@ -13,7 +13,7 @@ import logging
 from collections.abc import Callable, Iterator
 from operator import itemgetter
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Self
 
 from crc32c import crc32c
 
@@ -139,6 +139,7 @@ class LogReader:
             self.data_dir / names.COMMITLOG_DIR, meta.segment_size, writable=_writable
         )
         self._queues: dict[tuple[str, int], ConsumeQueue] = {}
+        self._index_root = str(self.data_dir / names.INDEX_DIR)  # shared by every queue
         self._discover_queues()
 
     # -- catalogue -------------------------------------------------------------------------
@@ -159,7 +160,7 @@ class LogReader:
 
     def _open_queue(self, topic: str, queue: int) -> ConsumeQueue:
         return ConsumeQueue(
-            names.queue_dir(self.data_dir, topic, queue),
+            self._index_root,
             topic,
             queue,
             self.meta.index_entries_per_file,
@@ -441,7 +442,7 @@ class LogReader:
         self._queues.clear()
         self.commitlog.close()
 
-    def __enter__(self) -> LogReader:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc_info: object) -> None:

@@ -65,7 +65,7 @@ def stored_bytes(index: ConsumeQueue, first: int, last: int) -> int:
         count = min(last - number, index.entries_per_file - slot)
         words = array("I")
         words.frombytes(
-            index.files[file_number].buf[slot * ENTRY_SIZE : (slot + count) * ENTRY_SIZE]
+            index.file_buf(file_number)[slot * ENTRY_SIZE : (slot + count) * ENTRY_SIZE]
         )
         if sys.byteorder != "little":
             words.byteswap()  # entries are little-endian

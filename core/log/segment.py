@@ -102,7 +102,7 @@ def preallocate(fd: int, offset: int, length: int) -> None:
             ) from None
 
 
-def sync_path(path: Path) -> None:
+def sync_path(path: str | Path) -> None:
     """fdatasync the file at ``path`` through a descriptor opened for it alone (any descriptor
     of a file writes back all its dirty pages, those written through a mapping too)."""
     fd = os.open(path, os.O_RDONLY)

@@ -33,7 +33,13 @@ from core.log.config import DURABILITY_SYNC, LogConfig, LogMeta
 from core.log.consumequeue import ConsumeQueue
 from core.log.diskspace import DiskSpace
 from core.log.durability import GroupCommit
-from core.log.frames import FrameHead, FrameWriter, ReferenceFrameWriter, store_ms_now
+from core.log.frames import (
+    CACHED_TOPICS,
+    FrameHead,
+    FrameWriter,
+    ReferenceFrameWriter,
+    store_ms_now,
+)
 from core.log.index_writer import IndexListener, IndexWriter
 from core.log.openfiles import bounded_by_fd_limit
 from core.log.reader import LogReader
@@ -233,6 +239,8 @@ class LogStore(LogReader):
         return Appended(position, position + size, offsets)
 
     def _plain_head(self, topic: str, queue: int) -> FrameHead:
+        if len(self._plain_heads) >= CACHED_TOPICS:
+            self._plain_heads.clear()  # see CACHED_TOPICS
         head = self._plain_heads[(topic, queue)] = FrameHead(
             queue, self.frames.topic_bytes(topic), self.indexes.queue(topic, queue)
         )
@@ -256,6 +264,8 @@ class LogStore(LogReader):
             return None
         head = self._half_heads.get((topic, queue))
         if head is None:
+            if len(self._half_heads) >= CACHED_TOPICS:
+                self._half_heads.clear()  # see CACHED_TOPICS
             head = self._half_heads[(topic, queue)] = FrameHead(
                 queue,
                 self.frames.topic_bytes(topic),
