@@ -159,14 +159,18 @@ def read_range(
     dedupe: bool = False,
     include_aborted: bool = False,
     columns: Sequence[str] = COLUMN_NAMES,
+    shard: int | None = None,
 ) -> Iterator[pa.RecordBatch]:
     """Rows of queue ``topic/queue`` with offsets in ``[start, end)`` (clamped to what exists),
     in offset order. A Kafka batch straddling ``start`` or ``end`` contributes only its records
-    inside the range, so adjacent ranges never repeat or drop a record.
+    inside the range, so adjacent ranges never repeat or drop a record. ``reader`` reads shard
+    ``shard`` of a cluster's data root (the ``shard`` column), or a single-node directory
+    (None).
 
     With ``dedupe``, a record stored once and indexed into several queues yields a row only in
     its home queue: the first queue it was indexed into when appended (its own topic and queue,
-    or the first of its destinations); rows reached through other queues are dropped.
+    or the first of its destinations); rows reached through other queues are dropped, and so
+    are copies of a record whose home is another shard (``FLAG_COPY``).
 
     Kafka transactions (user topics; system topics are read as stored): a transactional
     batch's records are rows once its transaction committed, never while it is open, and
@@ -188,6 +192,7 @@ def read_range(
         dedupe,
         include_aborted,
         tuple(columns),
+        shard,
     )
     index = reader.queue_index(topic, queue)
     if index is None:
@@ -279,6 +284,7 @@ class _Plan(NamedTuple):
     dedupe: bool
     include_aborted: bool
     columns: tuple[str, ...]
+    shard: int | None
 
 
 def _runs(keys: npt.NDArray[Any]) -> list[tuple[int, int]]:
@@ -581,6 +587,7 @@ def _plain_batch(
     fields = _Fields(starts, headers)
     if plan.dedupe:
         home = _home_rows(source, headers, fields, plan.topic, plan.queue)
+        home &= (headers["flags"] & rec.FLAG_COPY) == 0  # its home is another shard
         if not home.all():
             keep = np.flatnonzero(home)
             entries, starts, headers = entries[keep], starts[keep], headers[keep]
@@ -611,6 +618,7 @@ def _plain_batch(
         "client_id": lambda: text("client"),
         "flags": lambda: pa.array(headers["flags"].astype(np.int32)),
         "position": lambda: pa.array(positions),
+        "shard": lambda: _shard_column(plan.shard, rows),
     }
     return pa.RecordBatch.from_arrays([builders[name]() for name in plan.columns], schema=schema)
 
@@ -634,6 +642,12 @@ def _home_rows(
         first = rec.decode_destinations(segment.view[begin : begin + int(fields.dests_len[row])])
         home[row] = first[0] == (topic, queue)
     return home
+
+
+def _shard_column(shard: int | None, rows: int) -> pa.Array:
+    if shard is None:
+        return pa.nulls(rows, pa.int32())
+    return pa.array(np.full(rows, shard, dtype=np.int32))
 
 
 def _constant_string(value: str, rows: int) -> pa.Array:
@@ -831,7 +845,9 @@ def _record_rows(
         if plan.follow_links and rec.FLAGS.unpack_from(frame, rec.FLAGS_OFFSET)[0] & rec.FLAG_LINK:
             frame, position = _follow_link(reader, frame, position, overlay)
         record = rec.decode_record(frame, 0, position)
-        if plan.dedupe and record.index_targets()[0] != (plan.topic, plan.queue):
+        if plan.dedupe and (
+            record.flags & rec.FLAG_COPY or record.index_targets()[0] != (plan.topic, plan.queue)
+        ):
             continue
         tail = (
             record.tags,
@@ -842,6 +858,7 @@ def _record_rows(
             record.client,
             record.flags,
             position,
+            plan.shard,
         )
         if not record.flags & rec.FLAG_BATCH:
             if plan.start <= first_offset < plan.end:

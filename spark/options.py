@@ -37,12 +37,14 @@ class OptionError(ValueError):
 
 @dataclass(frozen=True)
 class Slice:
-    """Offsets ``[start, end)`` of one queue."""
+    """Offsets ``[start, end)`` of one queue; of one shard's queue in a cluster's data root
+    (``shard`` None: a single-node directory)."""
 
     topic: str
     queue: int
     start: int
     end: int
+    shard: int | None = None
 
     @property
     def records(self) -> int:
@@ -167,16 +169,17 @@ class ReadOptions:
         return max(first, min(offset, after))
 
     def batch_slices(
-        self, reader: LogReader, transactions: TxnOutcomes | None = None
+        self, reader: LogReader, transactions: TxnOutcomes | None = None, shard: int | None = None
     ) -> list[Slice]:
         """The non-empty slices a batch read covers, one per selected queue (each ending at its
-        Last Stable Offset with ``transactions``: see :meth:`bounds`)."""
+        Last Stable Offset with ``transactions``: see :meth:`bounds`), of ``reader``, shard
+        ``shard`` of a cluster's data root (None: a single-node directory)."""
         out: list[Slice] = []
         for topic, queue in self.selected_queues(reader):
             start = self.start_offset(reader, topic, queue, transactions)
             end = self.end_offset(reader, topic, queue, transactions)
             if end > start:
-                out.append(Slice(topic, queue, start, end))
+                out.append(Slice(topic, queue, start, end, shard))
         return out
 
 
@@ -214,7 +217,7 @@ def pack_slices(
             done = len(partitions)
             target = -(-(done + 1) * total // count) + (done * total // -count)
             end = min(piece.end, start + target - current_records)
-            current.append(Slice(piece.topic, piece.queue, start, end))
+            current.append(Slice(piece.topic, piece.queue, start, end, piece.shard))
             current_records += end - start
             start = end
             if current_records >= target:

@@ -19,6 +19,9 @@ One row is one record of one queue. ``docs/spark.md`` describes every column; th
     client_id        string                                publishing client's id
     flags            int                                   frame FLAG_* bits (core.log.record)
     position         long                                  commit-log position of the frame
+    shard            int                                   the shard of a cluster's data root
+                                                           the row was read in; null for a
+                                                           single-node directory
 
 Every column is nullable, as a DDL-declared Python data source's are. The Arrow schema is derived
 by PySpark's own ``to_arrow_schema`` so that the batches ``read()`` yields equal it exactly
@@ -53,6 +56,7 @@ COLUMNS: tuple[tuple[str, str], ...] = (
     ("client_id", "string"),
     ("flags", "int"),
     ("position", "bigint"),
+    ("shard", "int"),
 )
 COLUMN_NAMES = tuple(name for name, _ in COLUMNS)
 DDL = ", ".join(f"`{name}` {kind}" for name, kind in COLUMNS)

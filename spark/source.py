@@ -6,15 +6,18 @@ each a separate Python process that opens the data directory read-only. Keep ``s
 and other unpicklable state out of this module's globals: the decoding lives in
 :mod:`spark.decode`, imported where it is used.
 
-Streaming offsets are JSON ``{"topic": {"queue": next_offset}}``: a queue absent from a start
-offset starts at its earliest offset (queues created while a query runs are read from their
-beginning).
+Streaming offsets are JSON ``{"topic": {"queue": next_offset}}`` for a single-node directory; for
+a cluster's data root, ``{"format": 2, "shards": {"0003": {"topic": {"queue": next_offset}}}}``,
+the same per shard (shards holding no selected queue left out). An unversioned offset read on a
+root is the one a stream wrote before the directory was adopted: its shard is the adopted one
+(``legacy_shard``). A queue absent from a start offset starts at its earliest offset (queues,
+and shards, created while a query runs are read from their beginning).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, ClassVar
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from pyspark.sql.datasource import (
     DataSource,
@@ -38,7 +41,7 @@ except ImportError:  # PySpark < 4.2: no admission control for Python streams; b
         SupportsTriggerAvailableNow,
     )
 
-from spark.options import ReadOptions, Slice, pack_slices
+from spark.options import OptionError, ReadOptions, Slice, pack_slices
 from spark.schema import FORMAT, columns_of, spark_schema
 
 if TYPE_CHECKING:
@@ -47,15 +50,21 @@ if TYPE_CHECKING:
 
     from core.log import LogReader
     from core.log.txnindex import TxnOutcomes
+    from spark.readers import DataRoot
 
 Offsets = dict[str, dict[str, int]]
+# A stream's position in every shard (the key None: a single-node directory).
+ShardOffsets = dict[int | None, Offsets]
+# The version of a cluster root's stream offsets; a single-node directory's have none (they
+# are its Offsets themselves, as before there were shards, so its checkpoints still resume).
+ROOT_OFFSETS_FORMAT = 2
 
 
 class BraidPartition(InputPartition):  # type: ignore[misc]
     """One Spark task: consecutive offset ranges of one or more queues."""
 
     def __init__(self, slices: Sequence[Slice]) -> None:
-        super().__init__([(s.topic, s.queue, s.start, s.end) for s in slices])
+        super().__init__([(s.shard, s.topic, s.queue, s.start, s.end) for s in slices])
         self.slices = tuple(slices)
 
     @property
@@ -122,13 +131,23 @@ def with_name(source: type[BraidDataSource], name: str) -> type[BraidDataSource]
     return type(f"{source.__name__}_as_{name}", (source,), attributes)
 
 
-def _reader(options: ReadOptions, *, refresh: bool = False) -> LogReader:
+def _root(options: ReadOptions) -> DataRoot:
     from spark import readers
 
-    reader = readers.open_reader(options.path)
-    if refresh:
-        readers.refresh(reader)
-    return reader
+    return readers.data_root(options.path)
+
+
+def _shards(root: DataRoot, *, refresh: bool = False) -> list[tuple[int | None, LogReader]]:
+    """The reader of each shard holding a log (one, shard None, for a single-node directory)."""
+    from spark import readers
+
+    return readers.open_shards(root, refresh_readers=refresh)
+
+
+def _shard_reader(options: ReadOptions, shard: int | None) -> LogReader:
+    from spark import readers
+
+    return readers.open_reader(readers.shard_dir(options.path, shard))
 
 
 def _transactions(reader: LogReader) -> TxnOutcomes:
@@ -146,10 +165,9 @@ def _read(
 
     if not isinstance(partition, BraidPartition):
         return  # Spark plans one empty InputPartition(None) when partitions() returns none
-    reader = _reader(options)
     for piece in partition.slices:
         yield from decode.read_range(
-            reader,
+            _shard_reader(options, piece.shard),
             piece.topic,
             piece.queue,
             piece.start,
@@ -158,6 +176,7 @@ def _read(
             dedupe=options.dedupe,
             include_aborted=options.include_aborted,
             columns=columns,
+            shard=piece.shard,
         )
 
 
@@ -167,8 +186,9 @@ class BraidBatchReader(DataSourceReader):  # type: ignore[misc]
         self.columns = columns
 
     def partitions(self) -> Sequence[InputPartition]:
-        reader = _reader(self.options, refresh=True)
-        slices = self.options.batch_slices(reader, _transactions(reader))
+        slices: list[Slice] = []
+        for shard, reader in _shards(_root(self.options), refresh=True):
+            slices.extend(self.options.batch_slices(reader, _transactions(reader), shard))
         packed = pack_slices(
             slices, self.options.max_records_per_partition, self.options.min_partitions
         )
@@ -187,73 +207,89 @@ class BraidStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  #
     def __init__(self, options: ReadOptions, columns: tuple[str, ...]) -> None:
         self.options = options
         self.columns = columns
-        self.target: Offsets | None = None
+        self.target: ShardOffsets | None = None
 
     # -- offsets ---------------------------------------------------------------------------
 
-    def initialOffset(self) -> Offsets:
-        reader = _reader(self.options, refresh=True)
-        transactions = _transactions(reader)
-        offsets: Offsets = {}
-        for topic, queue in self.options.selected_queues(reader):
-            offsets.setdefault(topic, {})[str(queue)] = self.options.start_offset(
-                reader, topic, queue, transactions
-            )
-        return offsets
+    def initialOffset(self) -> dict[str, Any]:
+        root = _root(self.options)
+        by_shard: ShardOffsets = {}
+        for shard, reader in _shards(root, refresh=True):
+            transactions = _transactions(reader)
+            offsets = by_shard.setdefault(shard, {})
+            for topic, queue in self.options.selected_queues(reader):
+                offsets.setdefault(topic, {})[str(queue)] = self.options.start_offset(
+                    reader, topic, queue, transactions
+                )
+        return encode_offsets(by_shard, root)
 
-    def _available(self) -> Offsets:
-        """Where each queue's readable records end now: its Last Stable Offset, so a
-        micro-batch never passes a Kafka transaction still open (ReadOptions.bounds)."""
-        reader = _reader(self.options, refresh=True)
-        transactions = _transactions(reader)
-        offsets: Offsets = {}
-        for topic, queue in self.options.selected_queues(reader):
-            offsets.setdefault(topic, {})[str(queue)] = self.options.bounds(
-                reader, topic, queue, transactions
-            )[1]
-        return offsets
+    def _available(self, root: DataRoot) -> ShardOffsets:
+        """Where each queue's readable records end now, in every shard: its Last Stable
+        Offset, so a micro-batch never passes a Kafka transaction still open
+        (ReadOptions.bounds)."""
+        by_shard: ShardOffsets = {}
+        for shard, reader in _shards(root, refresh=True):
+            transactions = _transactions(reader)
+            offsets = by_shard.setdefault(shard, {})
+            for topic, queue in self.options.selected_queues(reader):
+                offsets.setdefault(topic, {})[str(queue)] = self.options.bounds(
+                    reader, topic, queue, transactions
+                )[1]
+        return by_shard
 
     def prepareForTriggerAvailableNow(self) -> None:
-        self.target = self._available()
+        self.target = self._available(_root(self.options))
 
     def getDefaultReadLimit(self) -> ReadLimit:
         if self.options.max_records_per_trigger is None:
             return ReadAllAvailable()
         return ReadMaxRows(self.options.max_records_per_trigger)
 
-    def latestOffset(self, start: Offsets | None = None, limit: ReadLimit | None = None) -> Offsets:
+    def latestOffset(
+        self, start: dict[str, Any] | None = None, limit: ReadLimit | None = None
+    ) -> dict[str, Any]:
         """The end of the next micro-batch. (PySpark < 4.2 calls it without arguments: then
         everything available, uncapped.)"""
-        latest = self.target if self.target is not None else self._available()
+        root = _root(self.options)
+        latest = self.target if self.target is not None else self._available(root)
         if start is None:
-            return latest
-        reader = _reader(self.options)
-        start = {topic: dict(queues) for topic, queues in start.items()}
-        for topic, queues in latest.items():  # a queue new since `start` begins at its earliest
-            for queue in queues:
-                if queue not in start.setdefault(topic, {}):
-                    start[topic][queue] = reader.queue_bounds(topic, int(queue))[0]
-        end = merge_offsets(start, latest)
+            return encode_offsets(latest, root)
+        begin = decode_offsets(start, root)
+        for shard, offsets in latest.items():  # a queue new since `start` begins at its earliest
+            known = begin.setdefault(shard, {})
+            for topic, queues in offsets.items():
+                for queue in queues:
+                    if queue not in known.setdefault(topic, {}):
+                        reader = _shard_reader(self.options, shard)
+                        known[topic][queue] = reader.queue_bounds(topic, int(queue))[0]
+        end = {
+            shard: merge_offsets(begin.get(shard, {}), latest.get(shard, {}))
+            for shard in _shard_order(set(begin) | set(latest))
+        }
         if isinstance(limit, ReadMaxRows):
-            end = cap_offsets(start, end, limit.max_rows)
-        return end
+            end = cap_shard_offsets(begin, end, limit.max_rows)
+        return encode_offsets(end, root)
 
-    def reportLatestOffset(self) -> Offsets:
-        return self._available()
+    def reportLatestOffset(self) -> dict[str, Any]:
+        root = _root(self.options)
+        return encode_offsets(self._available(root), root)
 
     # -- planning and reading --------------------------------------------------------------
 
-    def partitions(self, start: Offsets, end: Offsets) -> Sequence[InputPartition]:
-        reader = _reader(self.options)
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
+        root = _root(self.options)
+        begin = decode_offsets(start, root)
+        stop = decode_offsets(end, root)
         slices = []
-        for topic, queues in sorted(end.items()):
-            for queue_key, stop in sorted(queues.items(), key=lambda item: int(item[0])):
-                queue = int(queue_key)
-                begin = start.get(topic, {}).get(queue_key)
-                if begin is None:
-                    begin = reader.queue_bounds(topic, queue)[0]
-                if stop > begin:
-                    slices.append(Slice(topic, queue, begin, stop))
+        for shard in _shard_order(stop):
+            for topic, queues in sorted(stop[shard].items()):
+                for queue_key, last in sorted(queues.items(), key=lambda item: int(item[0])):
+                    queue = int(queue_key)
+                    first = begin.get(shard, {}).get(topic, {}).get(queue_key)
+                    if first is None:
+                        first = _shard_reader(self.options, shard).queue_bounds(topic, queue)[0]
+                    if last > first:
+                        slices.append(Slice(topic, queue, first, last, shard))
         packed = pack_slices(
             slices, self.options.max_records_per_partition, self.options.min_partitions
         )
@@ -273,6 +309,53 @@ class BraidStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  #
         readers.close_readers()
 
 
+def _shard_order(shards: Iterable[int | None]) -> list[int | None]:
+    """Shards in ascending order (None, a single-node directory, is alone)."""
+    return sorted(shards, key=lambda shard: -1 if shard is None else shard)
+
+
+def encode_offsets(by_shard: ShardOffsets, root: DataRoot) -> dict[str, Any]:
+    """A stream's offsets as JSON-ready data: a single-node directory's Offsets as they always
+    were; a cluster root's versioned, per shard (``%04d``, ascending; empty shards left out)."""
+    if not root.is_root:
+        return dict(by_shard.get(None, {}))
+    return {
+        "format": ROOT_OFFSETS_FORMAT,
+        "shards": {
+            f"{shard:04d}": offsets
+            for shard, offsets in sorted((k, v) for k, v in by_shard.items() if k is not None)
+            if offsets
+        },
+    }
+
+
+def decode_offsets(offsets: Mapping[str, Any], root: DataRoot) -> ShardOffsets:
+    """:func:`encode_offsets` undone. An unversioned offset (a single-node directory's: its
+    values are topics' queue maps, never a number) read on a cluster root was written before
+    the directory was adopted: it is the adopted shard's (``legacy_shard``)."""
+    version = offsets.get("format")
+    if isinstance(version, int):
+        if version != ROOT_OFFSETS_FORMAT:
+            raise OptionError(f"stream offsets of format {version}: this reader knows 1 and 2")
+        if not root.is_root:
+            raise OptionError(
+                f"the stream's offsets are a cluster root's (per shard), but {root.path} is a "
+                "single-node data directory"
+            )
+        return {int(shard): dict(queues) for shard, queues in offsets["shards"].items()}
+    single = {str(topic): dict(queues) for topic, queues in offsets.items()}
+    if not root.is_root:
+        return {None: single}
+    if not single:
+        return {}
+    if root.legacy_shard is None:
+        raise OptionError(
+            f"the stream's offsets are a single-node directory's, and the cluster root "
+            f"{root.path} adopted none (no legacy shard): start the query with a new checkpoint"
+        )
+    return {root.legacy_shard: single}
+
+
 def merge_offsets(start: Offsets, latest: Offsets) -> Offsets:
     """``latest`` for every queue, never behind ``start`` (an offset never goes backwards, even
     when retention moved a queue's start)."""
@@ -286,32 +369,45 @@ def merge_offsets(start: Offsets, latest: Offsets) -> Offsets:
 
 
 def cap_offsets(start: Offsets, end: Offsets, max_rows: int) -> Offsets:
+    """:func:`cap_shard_offsets` of a single-node directory's offsets."""
+    return cap_shard_offsets({None: start}, {None: end}, max_rows)[None]
+
+
+def cap_shard_offsets(start: ShardOffsets, end: ShardOffsets, max_rows: int) -> ShardOffsets:
     """Move ``end`` back so at most ``max_rows`` records lie between ``start`` and it, shared
-    out over queues in proportion to their backlog (Kafka source's rate limit), at least one
-    record per backlogged queue while the budget lasts (queues in (topic, queue) order), so a cap
-    smaller than the number of queues still makes progress."""
-    backlog: dict[tuple[str, str], tuple[int, int]] = {}
-    for topic, queues in end.items():
-        for queue, stop in queues.items():
-            begin = start.get(topic, {}).get(queue, 0)
-            if stop > begin:
-                backlog[(topic, queue)] = (begin, stop)
+    out over queues (of every shard) in proportion to their backlog (Kafka source's rate
+    limit), at least one record per backlogged queue while the budget lasts (queues in (shard,
+    topic, queue) order), so a cap smaller than the number of queues still makes progress."""
+    backlog: dict[tuple[int, str, str], tuple[int, int]] = {}
+    for shard, offsets in end.items():
+        for topic, queues in offsets.items():
+            for queue, stop in queues.items():
+                begin = start.get(shard, {}).get(topic, {}).get(queue, 0)
+                if stop > begin:
+                    backlog[(-1 if shard is None else shard, topic, queue)] = (begin, stop)
     total = sum(stop - begin for begin, stop in backlog.values())
     if total <= max_rows:
         return end
-    capped: Offsets = {topic: dict(queues) for topic, queues in end.items()}
+    capped: ShardOffsets = {
+        shard: {topic: dict(queues) for topic, queues in offsets.items()}
+        for shard, offsets in end.items()
+    }
+
+    def queues_of(key: tuple[int, str, str]) -> dict[str, int]:
+        return capped[None if key[0] < 0 else key[0]][key[1]]
+
     budget = max_rows
     order = sorted(backlog)
     for key in order:
         begin, stop = backlog[key]
         share = min(max(1, (stop - begin) * max_rows // total), stop - begin, budget)
-        capped[key[0]][key[1]] = begin + share
+        queues_of(key)[key[2]] = begin + share
         budget -= share
     for key in order:  # what rounding down left over, first come first served
         if budget <= 0:
             break
         stop = backlog[key][1]
-        extra = min(budget, stop - capped[key[0]][key[1]])
-        capped[key[0]][key[1]] += extra
+        extra = min(budget, stop - queues_of(key)[key[2]])
+        queues_of(key)[key[2]] += extra
         budget -= extra
     return capped

@@ -70,6 +70,11 @@ FLAG_TXN_CONTROL = 0x0040  # Kafka control batch (commit/abort marker)
 # targets: a transaction's commit decision in ``__transactions/0`` (one frame decides and makes
 # the halves visible). Its key, tags and headers are its own, never laid over the targets'.
 FLAG_LINK_INDEXED = 0x0080
+# A copy of a record whose home is another shard of a cluster (docs/cluster.md section 2): a
+# record whose destinations sit in several shards is stored once in each, and every copy but
+# the one in its home shard carries this flag, so readers that count records (Spark's
+# ``dedupe``) skip it. Consumers of the shard's queues read it as any record.
+FLAG_COPY = 0x0100
 
 PROTOCOL_INTERNAL = 0
 PROTOCOL_KAFKA = 1

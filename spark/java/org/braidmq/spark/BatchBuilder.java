@@ -54,6 +54,7 @@ final class BatchBuilder {
       switch (id) {
         case Schema.QUEUE:
         case Schema.FLAGS:
+        case Schema.SHARD:
           ints[id] = new int[capacity];
           break;
         case Schema.OFFSET:
@@ -172,6 +173,8 @@ final class BatchBuilder {
       case Schema.QUEUE:
       case Schema.FLAGS:
         return new Vectors.Ints(DataTypes.IntegerType, ints[id]);
+      case Schema.SHARD:
+        return new Vectors.Shards(ints[id], rows);
       case Schema.OFFSET:
       case Schema.POSITION:
         return new Vectors.Longs(DataTypes.LongType, longs[id]);

@@ -9,9 +9,9 @@ import org.apache.spark.sql.connector.read.PartitionReaderFactory;
 import org.apache.spark.sql.vectorized.ColumnarBatch;
 
 /**
- * Sent to the executors: opens the data directory read-only in each task and decodes the
- * task's slices into columnar batches (rows, when Spark asks for them, are the batches'
- * rows).
+ * Sent to the executors: opens the data directory (or each shard's of a cluster's data root)
+ * read-only in each task and decodes the task's slices into columnar batches (rows, when Spark
+ * asks for them, are the batches' rows).
  */
 final class BraidReaderFactory implements PartitionReaderFactory {
   private static final long serialVersionUID = 1L;
@@ -50,18 +50,10 @@ final class BraidReaderFactory implements PartitionReaderFactory {
     return new RowReader(decoder(partition));
   }
 
+  /** Each shard's directory is opened when the decoder reaches its first slice. */
   private RangeDecoder decoder(InputPartition partition) {
-    try {
-      return new RangeDecoder(
-          new LogDir(path),
-          ((BraidPartition) partition).slices,
-          columns,
-          verifyChecksums,
-          dedupe,
-          includeAborted);
-    } catch (IOException error) {
-      throw new java.io.UncheckedIOException(error);
-    }
+    return new RangeDecoder(
+        path, ((BraidPartition) partition).slices, columns, verifyChecksums, dedupe, includeAborted);
   }
 
   private static final class ColumnarReader implements PartitionReader<ColumnarBatch> {

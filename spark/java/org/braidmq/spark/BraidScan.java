@@ -2,6 +2,7 @@ package org.braidmq.spark;
 
 import java.io.IOException;
 import java.io.UncheckedIOException;
+import java.util.ArrayList;
 import java.util.List;
 import org.apache.spark.SparkContext;
 import org.apache.spark.sql.SparkSession;
@@ -16,7 +17,8 @@ import org.apache.spark.sql.util.CaseInsensitiveStringMap;
 /**
  * A batch read planned as the Python source plans it ({@link ReadOptions#batchSlices}, {@link
  * ReadOptions#packSlices}): few equal partitions, at least the session's cores when each then
- * gets {@link ReadOptions#MIN_RECORDS_PER_PARTITION} records. Planning never reads a record.
+ * gets {@link ReadOptions#MIN_RECORDS_PER_PARTITION} records; on a cluster's data root, over
+ * the queues of every shard ({@link DataRoot}), in shard order. Planning never reads a record.
  */
 final class BraidScan implements Scan, Batch {
   private final StructType schema;
@@ -69,10 +71,16 @@ final class BraidScan implements Scan, Batch {
   public InputPartition[] planInputPartitions() {
     ReadOptions read = ReadOptions.parse(options.asCaseSensitiveMap(), false, defaultParallelism());
     try {
-      LogDir log = new LogDir(read.path);
-      TxnIndex transactions = new TxnIndex();
-      transactions.refresh(log); // after the queues were read: see TxnIndex.lastStableOffset
-      List<Slice> slices = read.batchSlices(log, pruning, transactions);
+      List<Slice> slices = new ArrayList<>();
+      for (int shard : DataRoot.of(read.path).shardsWithLogs()) {
+        if (!pruning.allowsShard(shard)) {
+          continue;
+        }
+        LogDir log = new LogDir(DataRoot.shardDir(read.path, shard));
+        TxnIndex transactions = new TxnIndex();
+        transactions.refresh(log); // after the queues were read: see TxnIndex.lastStableOffset
+        slices.addAll(read.batchSlices(log, pruning, transactions, shard));
+      }
       return partitions(
           ReadOptions.packSlices(slices, read.maxRecordsPerPartition, read.minPartitions));
     } catch (IOException error) {

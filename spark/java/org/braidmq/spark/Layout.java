@@ -47,6 +47,7 @@ final class Layout {
   static final int FLAG_BATCH = 0x0001; // the body is one Kafka RecordBatch
   static final int FLAG_LINK = 0x0008; // the body points at earlier frames
   static final int FLAG_TXN_CONTROL = 0x0040; // a Kafka transaction marker
+  static final int FLAG_COPY = 0x0100; // a copy of a record whose home is another shard
 
   /** Protocol byte to name (core.log.record.PROTOCOL_NAMES); "unknown" for any other. */
   static final String[] PROTOCOL_NAMES = {"internal", "kafka", "amqp", "mqtt"};

@@ -18,8 +18,8 @@ import org.apache.spark.sql.sources.LessThan;
 import org.apache.spark.sql.sources.LessThanOrEqual;
 
 /**
- * What the filters Spark pushes down say about where rows can be: which topics and queues,
- * which offsets, which store times. Planning reads only those queues and ranges, found in the
+ * What the filters Spark pushes down say about where rows can be: which shards, topics and
+ * queues, which offsets, which store times. Planning reads only those queues and ranges, found in the
  * index without touching a record (store times are binary-searched, as {@code startTime}
  * does). Pruning only narrows what is read: Spark still applies every filter to the rows, so
  * the answers are those of a full read. Immutable once built.
@@ -30,6 +30,7 @@ final class Pruning implements Serializable {
 
   private Set<String> topics; // null: any topic
   private Set<Integer> queues; // null: any queue
+  private Set<Integer> shards; // null: any shard (a single-node directory's is null: none)
   private long offsetLow = Long.MIN_VALUE; // first offset that can match
   private long offsetHigh = Long.MAX_VALUE; // offsets from here on cannot match
   private Long storeLowMs; // entries stored before this cannot match
@@ -98,16 +99,18 @@ final class Pruning implements Serializable {
         topics = named;
         return true;
       case "queue":
-        Set<Integer> numbers = new HashSet<>();
-        for (Object value : values) {
-          if (value instanceof Number) {
-            numbers.add(((Number) value).intValue());
-          }
-        }
+        Set<Integer> numbers = integers(values);
         if (queues != null) {
           numbers.retainAll(queues);
         }
         queues = numbers;
+        return true;
+      case "shard":
+        Set<Integer> chosen = integers(values);
+        if (shards != null) {
+          chosen.retainAll(shards);
+        }
+        shards = chosen;
         return true;
       case "offset":
       case "store_timestamp":
@@ -134,6 +137,16 @@ final class Pruning implements Serializable {
       default:
         return false;
     }
+  }
+
+  private static Set<Integer> integers(Object[] values) {
+    Set<Integer> numbers = new HashSet<>();
+    for (Object value : values) {
+      if (value instanceof Number) {
+        numbers.add(((Number) value).intValue());
+      }
+    }
+    return numbers;
   }
 
   /** {@code attribute} above (or below) {@code value}, inclusive or not. */
@@ -185,6 +198,11 @@ final class Pruning implements Serializable {
 
   boolean allows(String topic, int queue) {
     return (topics == null || topics.contains(topic)) && (queues == null || queues.contains(queue));
+  }
+
+  /** Whether rows of {@code shard} can match ({@link Slice#NO_SHARD}: a null shard never equals). */
+  boolean allowsShard(int shard) {
+    return shards == null || (shard != Slice.NO_SHARD && shards.contains(shard));
   }
 
   long narrowStart(LogDir log, LogDir.QueueKey key, long start) throws IOException {

@@ -8,6 +8,7 @@ import java.nio.charset.StandardCharsets;
 import java.util.ArrayDeque;
 import java.util.ArrayList;
 import java.util.Arrays;
+import java.util.HashMap;
 import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
@@ -27,7 +28,10 @@ import org.apache.spark.sql.vectorized.ColumnarBatch;
  * #BATCH_SELECT_HEADER}); a LINK is followed to the frame it moved and read with the LINK's
  * headers laid over its own (in system topics LINKs are read as stored).
  *
- * <p>Not thread-safe: one per task, with its own {@link LogDir}.
+ * <p>Slices of a cluster's data root name their shard: each shard's directory is opened (once
+ * per task) when its first slice is read, and its rows carry the shard's number.
+ *
+ * <p>Not thread-safe: one per task, with its own {@link LogDir}s.
  */
 final class RangeDecoder {
   /** Entries per chunk, and rows per batch handed to Spark (decode.DEFAULT_BATCH_ROWS). */
@@ -51,13 +55,18 @@ final class RangeDecoder {
   private static final byte[][] PROTOCOL_BYTES = protocolBytes();
   private static final ObjectMapper JSON = new ObjectMapper();
 
-  private final LogDir log;
+  private final String path;
+  // The log of each shard read so far (Slice.NO_SHARD: a single-node directory), and of the
+  // current slice's shard.
+  private final Map<Integer, LogDir> logs = new HashMap<>();
+  private LogDir log;
   private final Slice[] slices;
   private final int[] columns;
   private final boolean verifyChecksums;
   private final boolean dedupe;
   private final boolean includeAborted;
-  // The Kafka transactions' outcomes: read when the first transactional batch is met.
+  // The Kafka transactions' outcomes per shard: read when its first transactional batch is met.
+  private final Map<Integer, TxnIndex> transactionsByShard = new HashMap<>();
   private TxnIndex transactions;
   private final KafkaBatch kafka = new KafkaBatch();
   private final ArrayDeque<BatchBuilder> ready = new ArrayDeque<>();
@@ -98,13 +107,13 @@ final class RangeDecoder {
   private long[] firstOffsets = new long[0];
 
   RangeDecoder(
-      LogDir log,
+      String path,
       Slice[] slices,
       int[] columns,
       boolean verify,
       boolean dedupe,
       boolean includeAborted) {
-    this.log = log;
+    this.path = path;
     this.slices = slices;
     this.columns = columns;
     this.verifyChecksums = verify;
@@ -192,6 +201,12 @@ final class RangeDecoder {
       slice = slices[sliceNumber];
       topicBytes = slice.topic.getBytes(StandardCharsets.UTF_8);
       followLinks = !Layout.isSystemTopic(slice.topic);
+      log = logs.get(slice.shard);
+      if (log == null) {
+        log = new LogDir(DataRoot.shardDir(path, slice.shard));
+        logs.put(slice.shard, log);
+      }
+      transactions = transactionsByShard.get(slice.shard);
       index = log.queueIndex(slice.topic, slice.queue);
       if (index == null) {
         continue;
@@ -412,7 +427,7 @@ final class RangeDecoder {
   private void decodePlain(byte[] frame, int at, int k) {
     Fields f = fields;
     f.locate(frame, at);
-    if (dedupe && !isHome(frame, at, f)) {
+    if (dedupe && (isCopy(frame, at) || !isHome(frame, at, f))) {
       return;
     }
     BatchBuilder b = builder;
@@ -480,6 +495,9 @@ final class RangeDecoder {
     if (want[Schema.POSITION]) {
       b.setLong(Schema.POSITION, row, position);
     }
+    if (want[Schema.SHARD]) {
+      b.setInt(Schema.SHARD, row, slice.shard);
+    }
   }
 
   /**
@@ -514,6 +532,11 @@ final class RangeDecoder {
       builder.headerKeys.add(header[0], 0, header[0].length);
       builder.headerValues.add(header[1], 0, header[1].length);
     }
+  }
+
+  /** Whether the frame is a copy of a record whose home is another shard of the cluster. */
+  private static boolean isCopy(byte[] frame, int at) {
+    return (Layout.u16(frame, at + Layout.FLAGS) & Layout.FLAG_COPY) != 0;
   }
 
   /** Whether this queue is the frame's home: the first queue it was indexed into. */
@@ -564,7 +587,7 @@ final class RangeDecoder {
     }
     Fields f = new Fields();
     f.locate(frame, at);
-    if (dedupe && !isHome(frame, at, f)) {
+    if (dedupe && (isCopy(frame, at) || !isHome(frame, at, f))) {
       return;
     }
     int flags = Layout.u16(frame, at + Layout.FLAGS);
@@ -709,6 +732,7 @@ final class RangeDecoder {
     if (state == TxnIndex.Outcome.OPEN) {
       if (transactions == null) {
         transactions = new TxnIndex();
+        transactionsByShard.put(slice.shard, transactions);
       }
       transactions.refresh(log);
       state = transactions.outcome(topic, queue, info.producerId, position);

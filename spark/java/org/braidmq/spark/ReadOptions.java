@@ -224,17 +224,19 @@ final class ReadOptions implements Serializable {
   }
 
   /**
-   * The non-empty slices a batch read covers, one per selected queue, narrowed by filters, each
-   * ending at its Last Stable Offset with {@code transactions} (see {@link #bounds}).
+   * The non-empty slices a batch read covers, one per selected queue of {@code log} (shard
+   * {@code shard} of a root, or {@link Slice#NO_SHARD}), narrowed by filters, each ending at
+   * its Last Stable Offset with {@code transactions} (see {@link #bounds}).
    */
-  List<Slice> batchSlices(LogDir log, Pruning pruning, TxnIndex transactions) throws IOException {
+  List<Slice> batchSlices(LogDir log, Pruning pruning, TxnIndex transactions, int shard)
+      throws IOException {
     List<Slice> out = new ArrayList<>();
     for (LogDir.QueueKey key : selectedQueues(log, pruning)) {
       long start =
           pruning.narrowStart(log, key, startOffset(log, key.topic, key.queue, transactions));
       long end = pruning.narrowEnd(log, key, endOffset(log, key.topic, key.queue, transactions));
       if (end > start) {
-        out.add(new Slice(key.topic, key.queue, start, end));
+        out.add(new Slice(key.topic, key.queue, start, end, shard));
       }
     }
     return out;
@@ -279,7 +281,7 @@ final class ReadOptions implements Serializable {
         long done = partitions.size();
         long target = ceilDiv((done + 1) * total, count) - ceilDiv(done * total, count);
         long end = Math.min(piece.end, start + target - currentRecords);
-        current.add(new Slice(piece.topic, piece.queue, start, end));
+        current.add(new Slice(piece.topic, piece.queue, start, end, piece.shard));
         currentRecords += end - start;
         start = end;
         if (currentRecords >= target) {

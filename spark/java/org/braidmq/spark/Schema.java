@@ -29,7 +29,8 @@ final class Schema {
   static final int CLIENT_ID = 12;
   static final int FLAGS = 13;
   static final int POSITION = 14;
-  static final int COUNT = 15;
+  static final int SHARD = 15;
+  static final int COUNT = 16;
 
   static final StructType HEADER =
       new StructType(
@@ -56,6 +57,7 @@ final class Schema {
             field("client_id", DataTypes.StringType),
             field("flags", DataTypes.IntegerType),
             field("position", DataTypes.LongType),
+            field("shard", DataTypes.IntegerType),
           });
 
   private static StructField field(String name, DataType type) {

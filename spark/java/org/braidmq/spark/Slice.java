@@ -2,20 +2,28 @@ package org.braidmq.spark;
 
 import java.io.Serializable;
 
-/** Offsets {@code [start, end)} of one queue (spark.options.Slice). Immutable. */
+/**
+ * Offsets {@code [start, end)} of one queue, of one shard of a cluster's data root or of a
+ * single-node directory ({@link #NO_SHARD}) (spark.options.Slice). Immutable.
+ */
 final class Slice implements Serializable {
-  private static final long serialVersionUID = 1L;
+  private static final long serialVersionUID = 2L;
+
+  /** The shard of a single-node directory: the {@code shard} column is null. */
+  static final int NO_SHARD = -1;
 
   final String topic;
   final int queue;
   final long start;
   final long end;
+  final int shard;
 
-  Slice(String topic, int queue, long start, long end) {
+  Slice(String topic, int queue, long start, long end, int shard) {
     this.topic = topic;
     this.queue = queue;
     this.start = start;
     this.end = end;
+    this.shard = shard;
   }
 
   long records() {
@@ -24,6 +32,7 @@ final class Slice implements Serializable {
 
   @Override
   public String toString() {
-    return topic + "/" + queue + "[" + start + ", " + end + ")";
+    String where = shard == NO_SHARD ? "" : String.format("shard %04d ", shard);
+    return where + topic + "/" + queue + "[" + start + ", " + end + ")";
   }
 }

@@ -2,6 +2,7 @@ package org.braidmq.spark;
 
 import java.util.Arrays;
 import org.apache.spark.sql.types.DataType;
+import org.apache.spark.sql.types.DataTypes;
 import org.apache.spark.sql.types.Decimal;
 import org.apache.spark.sql.vectorized.ColumnVector;
 import org.apache.spark.sql.vectorized.ColumnarArray;
@@ -150,6 +151,49 @@ final class Vectors {
     @Override
     public boolean isNullAt(int rowId) {
       return false;
+    }
+
+    @Override
+    public int getInt(int rowId) {
+      return values[rowId];
+    }
+  }
+
+  /**
+   * The shard column: a shard number per row, {@link Slice#NO_SHARD} (a single-node directory)
+   * read as null.
+   */
+  static final class Shards extends ReadOnly {
+    private final int[] values;
+    private final int rows;
+    private int nulls = -1; // counted when first asked
+
+    Shards(int[] values, int rows) {
+      super(DataTypes.IntegerType);
+      this.values = values;
+      this.rows = rows;
+    }
+
+    @Override
+    public boolean hasNull() {
+      return numNulls() > 0;
+    }
+
+    @Override
+    public int numNulls() {
+      if (nulls < 0) {
+        int count = 0;
+        for (int row = 0; row < rows; row++) {
+          count += values[row] == Slice.NO_SHARD ? 1 : 0;
+        }
+        nulls = count;
+      }
+      return nulls;
+    }
+
+    @Override
+    public boolean isNullAt(int rowId) {
+      return values[rowId] == Slice.NO_SHARD;
     }
 
     @Override
