@@ -1,10 +1,10 @@
 """The ``braid`` command line.
 
     braid serve [--config FILE] [--data-dir DIR] [--host HOST] [--<protocol>-port N] ...
-    braid log stat DIR [--json]
-    braid log dump DIR [--topic T] [--queue N] [--from OFFSET] [--limit N] [--json]
-    braid log verify DIR
-    braid tail TOPIC [--data-dir DIR] [--last N] [--limit N] [--json]
+    braid log stat DIR [--shard N] [--json]         (DIR: a data directory or a cluster root)
+    braid log dump DIR [--shard N] [--topic T] [--queue N] [--from OFFSET] [--limit N] [--json]
+    braid log verify DIR [--shard N]
+    braid tail TOPIC [--data-dir DIR] [--shard N] [--last N] [--limit N] [--json]
     braid user add|passwd|delete|list ...           (a running broker's users: braid/admin.py)
     braid permission set|clear|list ...
     braid queue list|purge|delete, braid exchange|binding|consumer list,
@@ -166,6 +166,7 @@ def build_parser() -> argparse.ArgumentParser:
         "stat", help="topics, queues, segments, checkpoint", description="Summarize a data dir."
     )
     stat.add_argument("data_dir", metavar="DIR")
+    _add_shard(stat)
     stat.add_argument("--json", action="store_true", help="print JSON")
 
     dump = log_commands.add_parser(
@@ -178,6 +179,7 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     dump.add_argument("data_dir", metavar="DIR")
+    _add_shard(dump)
     dump.add_argument("--topic", help="read this topic's queues by offset")
     dump.add_argument("--queue", type=_non_negative, metavar="N", help="only queue N")
     dump.add_argument(
@@ -197,6 +199,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Check the length, magic and CRC32C of every commit-log frame.",
     )
     verify.add_argument("data_dir", metavar="DIR")
+    _add_shard(verify)
 
     tail = commands.add_parser(
         "tail",
@@ -214,6 +217,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="DIR",
         help=f"data directory (default: {config.DEFAULT_DATA_DIR})",
     )
+    _add_shard(tail)
     tail.add_argument(
         "--last",
         type=_non_negative,
@@ -248,6 +252,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="how often to look for new records (default: 100)",
     )
     return parser
+
+
+def _add_shard(command: argparse.ArgumentParser) -> None:
+    command.add_argument(
+        "--shard",
+        type=_non_negative,
+        metavar="N",
+        help="on a cluster's data root: only shard N (default: every shard)",
+    )
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -297,7 +310,7 @@ def _log(args: argparse.Namespace) -> int:
     )
     try:
         if args.log_command == "stat":
-            return logtool.stat(args.data_dir, as_json=args.json, out=sys.stdout)
+            return logtool.stat(args.data_dir, as_json=args.json, out=sys.stdout, shard=args.shard)
         if args.log_command == "dump":
             return logtool.dump(
                 args.data_dir,
@@ -309,8 +322,9 @@ def _log(args: argparse.Namespace) -> int:
                 max_body=logtool.DEFAULT_MAX_BODY if args.max_body is None else args.max_body,
                 out=sys.stdout,
                 err=sys.stderr,
+                shard=args.shard,
             )
-        return logtool.verify(args.data_dir, out=sys.stdout)
+        return logtool.verify(args.data_dir, out=sys.stdout, shard=args.shard)
     except logtool.NotALogError as error:
         print(f"braid log {args.log_command}: error: {error}", file=sys.stderr)
         return logtool.EXIT_NOT_A_LOG
@@ -340,6 +354,7 @@ def _tail(args: argparse.Namespace) -> int:
             out=sys.stdout,
             err=sys.stderr,
             include_aborted=args.include_aborted,
+            shard=args.shard,
         )
     except logtool.NotALogError as error:
         print(f"braid tail: error: {error}", file=sys.stderr)

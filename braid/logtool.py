@@ -1,7 +1,10 @@
 """``braid log stat|dump|verify``: inspect a data directory through the read-only LogReader.
 
 Safe on the directory of a running broker (nothing is written, the lock is only probed) and on
-a stopped one. Exit codes: 0 fine, 1 corruption found, 2 not a BraidMQ data directory.
+a stopped one. On a cluster's data root (``cluster.json``, docs/cluster.md section 2), every
+shard in turn, each in a section of its own (a shard nobody has written yet says so), or the one
+``--shard N`` names. Exit codes: 0 fine, 1 corruption found, 2 not a BraidMQ data directory
+(or root, or no such shard).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from pathlib import Path
 from typing import TextIO
 
 from braid.config import LOCK_FILE
+from core.cluster.layout import ClusterLayout, LayoutError, detect, shard_dir_name
 from core.delivery.message import BATCH_SELECT_HEADER, selection_key
 from core.log import CorruptRecordError, LogReader, Record, names
 from core.log import record as rec
@@ -39,6 +43,7 @@ FLAG_NAMES = (
     (rec.FLAG_NULL_KEY, "null-key"),
     (rec.FLAG_NULL_BODY, "null-body"),
     (rec.FLAG_TXN_CONTROL, "txn-control"),
+    (rec.FLAG_COPY, "copy"),
 )
 
 
@@ -67,6 +72,60 @@ def open_reader(data_dir: str) -> LogReader:
         raise NotALogError(str(error)) from None
     except (OSError, ValueError, KeyError) as error:
         raise NotALogError(f"{data_dir}: cannot read the log: {error}") from None
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """One data directory a command reads: a single-node directory (``shard`` None), or one
+    shard of a cluster's data root."""
+
+    shard: int | None
+    data_dir: Path
+
+    def has_log(self) -> bool:
+        return (self.data_dir / names.LOG_META_FILE).exists()
+
+    @property
+    def label(self) -> str:
+        return "" if self.shard is None else f"shard {shard_dir_name(self.shard)}"
+
+
+@dataclass(frozen=True, slots=True)
+class Targets:
+    """What ``DIR`` (and ``--shard``) name: its layout when it is a cluster's data root."""
+
+    layout: ClusterLayout | None
+    targets: list[Target]
+
+
+def targets(data_dir: str, shard: int | None = None) -> Targets:
+    """The directories a command reads in ``data_dir``: itself when it is not a cluster root;
+    every shard of a root, or only ``shard``. :class:`NotALogError` when ``--shard`` names no
+    shard of it (or ``data_dir`` is no root), or the root's creation did not finish."""
+    path = Path(data_dir)
+    if not path.is_dir():
+        raise NotALogError(f"{data_dir}: no such directory")
+    if detect(path) != "root":
+        if shard is not None:
+            raise NotALogError(f"{data_dir} is not a cluster data root: it has no shard {shard}")
+        return Targets(None, [Target(None, path)])
+    try:
+        layout = ClusterLayout.open(path)
+    except LayoutError as error:
+        raise NotALogError(str(error)) from None
+    if shard is None:
+        return Targets(layout, [Target(n, layout.shard_dir(n)) for n in range(layout.shards)])
+    if not 0 <= shard < layout.shards:
+        raise NotALogError(f"{data_dir} has shards 0..{layout.shards - 1}, not {shard}")
+    return Targets(layout, [Target(shard, layout.shard_dir(shard))])
+
+
+def root_summary(layout: ClusterLayout) -> str:
+    legacy = "none" if layout.legacy_shard is None else str(layout.legacy_shard)
+    return (
+        f"cluster root {layout.root}: {layout.shards} shards, cluster id {layout.cluster_id},"
+        f" legacy shard {legacy}"
+    )
 
 
 def iso_ms(ms: int) -> str:
@@ -224,12 +283,51 @@ def collect_stat(reader: LogReader) -> LogStat:
     )
 
 
-def stat(data_dir: str, *, as_json: bool, out: TextIO) -> int:
-    with open_reader(data_dir) as reader:
-        info = collect_stat(reader)
-    if as_json:
-        out.write(json.dumps(dataclasses.asdict(info), indent=2) + "\n")
+def stat(data_dir: str, *, as_json: bool, out: TextIO, shard: int | None = None) -> int:
+    """A single-node directory's summary; a cluster root's per shard (``shard``: that one)."""
+    found = targets(data_dir, shard)
+    if found.layout is None:
+        with open_reader(data_dir) as reader:
+            single = collect_stat(reader)
+        if as_json:
+            out.write(json.dumps(dataclasses.asdict(single), indent=2) + "\n")
+        else:
+            out.write("\n".join(_stat_lines(single)) + "\n")
         return EXIT_OK
+    layout = found.layout
+    shards: list[dict[str, object]] = []
+    lines = [root_summary(layout)]
+    for target in found.targets:
+        lines.append(f"== {target.label}  {target.data_dir}")
+        info: LogStat | None = None
+        if target.has_log():
+            with open_reader(str(target.data_dir)) as reader:
+                info = collect_stat(reader)
+            lines.extend(_stat_lines(info))
+        else:
+            lines.append("no log yet (nothing written to this shard)")
+        shards.append(
+            {
+                "shard": target.shard,
+                "data_dir": str(target.data_dir),
+                "log": None if info is None else dataclasses.asdict(info),
+            }
+        )
+    if as_json:
+        document = {
+            "root": str(layout.root),
+            "cluster_id": layout.cluster_id,
+            "shard_count": layout.shards,
+            "legacy_shard": layout.legacy_shard,
+            "shards": shards,
+        }
+        out.write(json.dumps(document, indent=2) + "\n")
+    else:
+        out.write("\n".join(lines) + "\n")
+    return EXIT_OK
+
+
+def _stat_lines(info: LogStat) -> list[str]:
     if info.running_pid is not None:
         state = f"running (broker pid {info.running_pid})"
     elif info.clean_shutdown:
@@ -272,8 +370,7 @@ def stat(data_dir: str, *, as_json: bool, out: TextIO) -> int:
                 f"  records {queue.records}  entries {queue.entries}"
                 f"  index files {queue.index_files}"
             )
-    out.write("\n".join(lines) + "\n")
-    return EXIT_OK
+    return lines
 
 
 # -- dump ------------------------------------------------------------------------------------
@@ -592,51 +689,103 @@ def dump(
     max_body: int,
     out: TextIO,
     err: TextIO,
+    shard: int | None = None,
 ) -> int:
     """With ``topic``: that topic's queues (or one) by offset from ``start``. Without: every
     record in commit-log order from commit-log position ``start`` (``queue`` filters).
-    Corrupt records are reported on ``err`` and skipped; the exit code is then 1."""
-    with open_reader(data_dir) as reader:
-        items: Iterator[Item]
-        if topic is not None:
-            known = [q for t, q in reader.queues(include_system=True) if t == topic]
-            if queue is not None:
-                known = [queue] if queue in known else []
-            if not known:
-                err.write(f"braid log dump: no queue {topic}/{'*' if queue is None else queue}\n")
-                return EXIT_NOT_A_LOG
-            items = _queue_records(reader, topic, known, start)
-        else:
-            if start is not None and start < reader.commitlog.start_position:
-                start = reader.commitlog.start_position
-            items = _scan_records(reader, queue, start)
+    Corrupt records are reported on ``err`` and skipped; the exit code is then 1.
+
+    On a cluster root, every shard holding a log in turn (or ``shard``), each after a ``#
+    shard NNNN`` line (text) or with a ``shard`` field in each record (JSON); ``start`` and
+    ``queue`` apply in each shard, ``limit`` to them all."""
+    found = targets(data_dir, shard)
+    readable = [target for target in found.targets if target.has_log()]
+    if found.layout is None:
+        readable = found.targets  # opening it says what is wrong with it
+    readers: list[tuple[Target, LogReader]] = []
+    try:
+        for target in readable:
+            readers.append((target, open_reader(str(target.data_dir))))
+        sources: list[tuple[Target, Iterator[Item]]] = []
+        for target, reader in readers:
+            if topic is not None:
+                known = [q for t, q in reader.queues(include_system=True) if t == topic]
+                if queue is not None:
+                    known = [queue] if queue in known else []
+                if known:
+                    sources.append((target, _queue_records(reader, topic, known, start)))
+            else:
+                first = start
+                if first is not None and first < reader.commitlog.start_position:
+                    first = reader.commitlog.start_position
+                sources.append((target, _scan_records(reader, queue, first)))
+        if topic is not None and not sources:
+            where = f" in any shard of {data_dir}" if found.layout is not None else ""
+            err.write(
+                f"braid log dump: no queue {topic}/{'*' if queue is None else queue}{where}\n"
+            )
+            return EXIT_NOT_A_LOG
         written = 0
         corrupt = 0
-        for item in items:
-            if isinstance(item, CorruptRecordError):
-                corrupt += 1
-                hint = ""
-                if topic is None and start is not None and item.position == start:
-                    hint = " (--from must be the position of a record)"
-                out.flush()
-                err.write(f"braid log dump: {item}{hint}\n")
-                err.flush()
-                continue
+        for target, items in sources:
             if limit is not None and written >= limit:
                 break
-            record, spot = item
-            if as_json:
-                out.write(json.dumps(record_json(record, spot, max_body)) + "\n")
-            else:
-                out.write(record_text(record, spot, max_body) + "\n")
-            written += 1
+            if target.shard is not None and not as_json:
+                out.write(f"# {target.label}  {target.data_dir}\n")
+            for item in items:
+                if isinstance(item, CorruptRecordError):
+                    corrupt += 1
+                    hint = ""
+                    if topic is None and start is not None and item.position == start:
+                        hint = " (--from must be the position of a record)"
+                    where = f"{target.label}: " if target.shard is not None else ""
+                    out.flush()
+                    err.write(f"braid log dump: {where}{item}{hint}\n")
+                    err.flush()
+                    continue
+                if limit is not None and written >= limit:
+                    break
+                record, spot = item
+                if as_json:
+                    shown = record_json(record, spot, max_body)
+                    if target.shard is not None:
+                        shown = {"shard": target.shard, **shown}
+                    out.write(json.dumps(shown) + "\n")
+                else:
+                    out.write(record_text(record, spot, max_body) + "\n")
+                written += 1
+    finally:
+        for _, reader in readers:
+            reader.close()
     return EXIT_CORRUPT if corrupt else EXIT_OK
 
 
 # -- verify ----------------------------------------------------------------------------------
 
 
-def verify(data_dir: str, *, out: TextIO) -> int:
+def verify(data_dir: str, *, out: TextIO, shard: int | None = None) -> int:
+    """Every frame's CRC32C; on a cluster root, of every shard (or ``shard``), a line each, and
+    a last line for them all."""
+    found = targets(data_dir, shard)
+    if found.layout is None:
+        return _verify_one(data_dir, "", out)
+    out.write(root_summary(found.layout) + "\n")
+    failed = empty = 0
+    for target in found.targets:
+        if not target.has_log():
+            empty += 1
+            out.write(f"{target.label}: no log yet (nothing written to this shard)\n")
+        elif _verify_one(str(target.data_dir), f"{target.label}: ", out) != EXIT_OK:
+            failed += 1
+    checked = len(found.targets) - empty
+    if failed:
+        out.write(f"FAILED: {failed} of {checked} shards with a log corrupt\n")
+        return EXIT_CORRUPT
+    out.write(f"ok: {checked} shards with a log verified, {empty} without one\n")
+    return EXIT_OK
+
+
+def _verify_one(data_dir: str, prefix: str, out: TextIO) -> int:
     with open_reader(data_dir) as reader:
         errors = reader.verify()
         numbers = reader.commitlog.segment_numbers()
@@ -644,12 +793,12 @@ def verify(data_dir: str, *, out: TextIO) -> int:
     for error in errors:
         number, offset = divmod(error.position, segment_size)
         out.write(
-            f"corrupt: position {error.position}"
+            f"{prefix}corrupt: position {error.position}"
             f" (segment {names.segment_name(number * segment_size)} offset {offset}):"
             f" {error.reason}; the rest of that segment is unreadable\n"
         )
     if errors:
-        out.write(f"FAILED: {len(errors)} of {len(numbers)} segments corrupt\n")
+        out.write(f"{prefix}FAILED: {len(errors)} of {len(numbers)} segments corrupt\n")
         return EXIT_CORRUPT
-    out.write(f"ok: {len(numbers)} segments verified\n")
+    out.write(f"{prefix}ok: {len(numbers)} segments verified\n")
     return EXIT_OK

@@ -6,6 +6,10 @@ consumer group, no ack. Every queue of the topic is followed, including queues c
 the tail started. A Kafka batch is shown as its records, one a line, each with its own offset.
 Committed half messages and fired delayed records show up when they become visible, as they do
 for consumers; pending or rolled-back ones never do.
+
+On a cluster's data root (docs/cluster.md section 2), the topic's queues in every shard (or the
+one ``--shard N`` names), each line naming its shard; a shard first written while tailing is
+followed from its beginning.
 """
 
 from __future__ import annotations
@@ -18,7 +22,8 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import TextIO
 
-from braid.logtool import bytes_json, iso_ms, open_reader, preview
+from braid.logtool import bytes_json, iso_ms, open_reader, preview, targets
+from core.cluster.layout import shard_dir_name
 from core.delivery.message import BATCH_SELECT_HEADER, selection_key
 from core.log import LogReader, Record
 from core.log import record as rec
@@ -47,11 +52,14 @@ class Line:
     tags: list[str]
     body: bytes | None
     flags: int
+    shard: int | None = None  # the shard of a cluster root it was read in
 
     def as_json(self, max_body: int) -> str:
         body, truncated = preview(self.body, max_body)
+        where: dict[str, object] = {} if self.shard is None else {"shard": self.shard}
         return json.dumps(
             {
+                **where,
                 "topic": self.topic,
                 "queue": self.queue,
                 "offset": self.offset,
@@ -71,11 +79,10 @@ class Line:
         )
 
     def as_text(self, max_body: int) -> str:
-        parts = [
-            iso_ms(self.store_ms),
-            f"{self.topic}/{self.queue}@{self.offset}",
-            f"[{self.protocol}]",
-        ]
+        parts = [iso_ms(self.store_ms), f"{self.topic}/{self.queue}@{self.offset}"]
+        if self.shard is not None:
+            parts.append(f"shard={self.shard}")
+        parts.append(f"[{self.protocol}]")
         origin = " ".join(part for part in (self.client, self.address) if part)
         if origin:
             parts.append(f"from={origin!r}")
@@ -95,7 +102,9 @@ class Line:
         return " ".join(parts)
 
 
-def lines_of(record: Record, topic: str, queue: int, offset: int) -> Iterator[Line]:
+def lines_of(
+    record: Record, topic: str, queue: int, offset: int, shard: int | None = None
+) -> Iterator[Line]:
     """The lines of one stored record read at ``offset`` of queue ``topic/queue``: itself, or
     each record of a Kafka batch that this queue took (a batch routed record by record, e.g.
     into an AMQP queue bound with ``truck.*``, is indexed there whole with an
@@ -122,6 +131,7 @@ def lines_of(record: Record, topic: str, queue: int, offset: int) -> Iterator[Li
                 record.tags,
                 inner.value,
                 record.flags,
+                shard,
             )
         return
     yield Line(
@@ -136,6 +146,7 @@ def lines_of(record: Record, topic: str, queue: int, offset: int) -> Iterator[Li
         record.tags,
         None if record.body is None else bytes(record.body),
         record.flags,
+        shard,
     )
 
 
@@ -152,8 +163,16 @@ class Follower:
     """Where tail is in each queue of one topic; ``poll`` returns what arrived since."""
 
     def __init__(
-        self, reader: LogReader, topic: str, *, last: int | None, include_aborted: bool = False
+        self,
+        reader: LogReader,
+        topic: str,
+        *,
+        last: int | None,
+        include_aborted: bool = False,
+        all_new: bool = False,
     ) -> None:
+        """``all_new``: everything in the log is new to this tail (a shard first written after
+        the tail started), so ``last`` does not apply: every queue is read from its start."""
         self.reader = reader
         self.topic = topic
         # Kafka transactions: a transactional batch is shown once committed (aborted ones
@@ -164,7 +183,7 @@ class Follower:
         # None: start at the end of queues that exist now; an int: that many records back.
         self.last = last
         self.positions: dict[int, int] = {}
-        self._first_poll = True
+        self._first_poll = not all_new
 
     def _start_offset(self, first: int, next_offset: int) -> int:
         if not self._first_poll:
@@ -219,6 +238,72 @@ class Follower:
         return state == COMMITTED or (self.include_aborted and state == ABORTED)
 
 
+class Followers:
+    """A :class:`Follower` of the topic in each shard of a cluster root holding a log (one for
+    a single-node directory); a shard written later is followed from then on, from its start."""
+
+    def __init__(
+        self,
+        data_dir: str,
+        topic: str,
+        *,
+        last: int | None,
+        include_aborted: bool = False,
+        shard: int | None = None,
+    ) -> None:
+        found = targets(data_dir, shard)
+        self.is_root = found.layout is not None
+        self.targets = found.targets
+        self.topic = topic
+        self.last = last
+        self.include_aborted = include_aborted
+        self.followers: dict[int | None, Follower] = {}
+        try:
+            self._open(all_new=False)
+        except BaseException:
+            self.close()
+            raise
+
+    def _open(self, *, all_new: bool) -> None:
+        for target in self.targets:
+            if target.shard in self.followers:
+                continue
+            if self.is_root and not target.has_log():
+                continue  # nothing written to it yet: looked for again at each poll
+            self.followers[target.shard] = Follower(
+                open_reader(str(target.data_dir)),
+                self.topic,
+                last=self.last,
+                include_aborted=self.include_aborted,
+                all_new=all_new,
+            )
+
+    def poll(self) -> list[tuple[int | None, Record, int, int]]:
+        """``(shard, record, queue, offset)`` of each entry appended since the last poll, in
+        store-time order over the shards."""
+        self._open(all_new=True)
+        found = [
+            (shard, record, queue, offset)
+            for shard, follower in self.followers.items()
+            for record, queue, offset in follower.poll()
+        ]
+        found.sort(key=lambda item: item[1].store_ms)
+        return found
+
+    def starts(self) -> str:
+        """Where each queue is followed from: ``0@5, 1@3``; per shard on a root."""
+        parts = []
+        for shard, follower in sorted(self.followers.items(), key=lambda item: item[0] or 0):
+            at = ", ".join(f"{q}@{o}" for q, o in sorted(follower.positions.items()))
+            if at:
+                parts.append(at if shard is None else f"shard {shard_dir_name(shard)}: {at}")
+        return "; ".join(parts)
+
+    def close(self) -> None:
+        for follower in self.followers.values():
+            follower.reader.close()
+
+
 def tail(
     data_dir: str,
     topic: str,
@@ -231,11 +316,13 @@ def tail(
     out: TextIO,
     err: TextIO | None = None,
     include_aborted: bool = False,
+    shard: int | None = None,
 ) -> int:
     """Follow ``topic`` until SIGINT/SIGTERM, or until ``limit`` records were printed. Once it
     knows where it starts in each queue, one line saying so goes to ``err``. Records of Kafka
-    transactions are shown once committed (aborted ones too with ``include_aborted``)."""
-    reader = open_reader(data_dir)
+    transactions are shown once committed (aborted ones too with ``include_aborted``). On a
+    cluster root: in every shard, or in ``shard``."""
+    followers = Followers(data_dir, topic, last=last, include_aborted=include_aborted, shard=shard)
     stopping = False
 
     def stop(_signum: int, _frame: FrameType | None) -> None:
@@ -245,13 +332,12 @@ def tail(
     previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     printed = 0
     try:
-        follower = Follower(reader, topic, last=last, include_aborted=include_aborted)
         announced = False
         while not stopping:
-            batch = follower.poll()
+            batch = followers.poll()
             if not announced and err is not None:
                 announced = True
-                starts = ", ".join(f"{q}@{o}" for q, o in sorted(follower.positions.items()))
+                starts = followers.starts()
                 if starts:
                     err.write(f"braid tail: following {topic} ({starts})\n")
                 else:
@@ -260,8 +346,8 @@ def tail(
                         f" {data_dir}); waiting for its first record\n"
                     )
                 err.flush()
-            for record, queue, offset in batch:
-                for line in lines_of(record, topic, queue, offset):
+            for shard_read, record, queue, offset in batch:
+                for line in lines_of(record, topic, queue, offset, shard_read):
                     out.write(
                         (line.as_json(max_body) if as_json else line.as_text(max_body)) + "\n"
                     )
@@ -276,4 +362,4 @@ def tail(
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-        reader.close()
+        followers.close()
