@@ -67,7 +67,7 @@ async def bench_publish(
     root: Path, kind: str, bindings: int, publishes: int
 ) -> tuple[float, float]:
     broker = open_broker(root / f"pub-{kind}-{bindings}", DURABILITY_ASYNC)
-    broker.declare_topic("bench")
+    await broker.declare_topic("bench")
     for i in range(bindings):
         if kind == "topic":
             pattern = f"dev.{i}.*.temp"
@@ -93,7 +93,7 @@ async def bench_publish(
 
 async def bench_deliver_ack(root: Path, records: int) -> tuple[float, float]:
     broker = open_broker(root / "deliver", DURABILITY_ASYNC)
-    queue, _ = broker.declare_ack_queue("jobs")
+    queue, _ = await broker.declare_ack_queue("jobs")
     bodies = [b"y" * 100] * 1000
     for _ in range(records // 1000):
         broker.store.append_many("jobs", 0, bodies)

@@ -93,6 +93,7 @@ from core.broker.broker import BRAID_HEADER_PREFIX as BRAID_HEADER_PREFIX
 from core.broker.broker import EXCHANGE_QUEUE, Destination
 from core.broker.broker import may_carry_braid_headers as may_carry_braid_headers
 from core.broker.eager import Pending, run_eagerly
+from core.broker.eager import start_eagerly as start_eagerly
 from core.broker.topics import TopicError, TopicInfo
 from core.clock import Clock as Clock
 from core.clock import LoopClock as LoopClock

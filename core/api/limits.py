@@ -192,23 +192,27 @@ class LimitCalls(ConnectionCalls):
         """``{vhost: {"max-connections": N, "max-queues": N}}`` of every vhost with limits."""
         return self._limits().store.limits(VHOST)
 
-    def set_user_limit(self, context: ClientContext, user: str, name: str, value: object) -> int:
+    async def set_user_limit(
+        self, context: ClientContext, user: str, name: str, value: object
+    ) -> int:
         """Set a user's limit; raises :class:`~core.limits.LimitError` with RabbitMQ's text
         for an unknown name or a value that is not an integer. Returns the log position to
         wait for (:meth:`when_durable`)."""
-        self._limits().store.set_limit(USER, user, name, value)
+        await self._limits().store.set_limit(USER, user, name, value)
         return self._broker.metadata.durable_mark
 
-    def clear_user_limit(self, context: ClientContext, user: str, name: str) -> int:
-        self._limits().store.clear_limit(USER, user, name)
+    async def clear_user_limit(self, context: ClientContext, user: str, name: str) -> int:
+        await self._limits().store.clear_limit(USER, user, name)
         return self._broker.metadata.durable_mark
 
-    def set_vhost_limit(self, context: ClientContext, vhost: str, name: str, value: object) -> int:
-        self._limits().store.set_limit(VHOST, vhost, name, value)
+    async def set_vhost_limit(
+        self, context: ClientContext, vhost: str, name: str, value: object
+    ) -> int:
+        await self._limits().store.set_limit(VHOST, vhost, name, value)
         return self._broker.metadata.durable_mark
 
-    def clear_vhost_limit(self, context: ClientContext, vhost: str, name: str) -> int:
-        self._limits().store.clear_limit(VHOST, vhost, name)
+    async def clear_vhost_limit(self, context: ClientContext, vhost: str, name: str) -> int:
+        await self._limits().store.clear_limit(VHOST, vhost, name)
         return self._broker.metadata.durable_mark
 
 

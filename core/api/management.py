@@ -145,7 +145,7 @@ class ObjectAdministrator(Protocol):
     """What the listener that owns a vhost's AMQP objects does for an operator. Each call
     raises :class:`ManagementRefusal` for what the protocol would refuse."""
 
-    def declare_exchange(
+    async def declare_exchange(
         self,
         context: ClientContext,
         name: str,
@@ -159,11 +159,11 @@ class ObjectAdministrator(Protocol):
         """Declare (or redeclare, equivalent) an exchange; True when it was created."""
         ...
 
-    def delete_exchange(self, context: ClientContext, name: str, *, if_unused: bool) -> bool:
+    async def delete_exchange(self, context: ClientContext, name: str, *, if_unused: bool) -> bool:
         """Delete an exchange; False when there was none."""
         ...
 
-    def declare_queue(
+    async def declare_queue(
         self,
         context: ClientContext,
         name: str,
@@ -176,13 +176,13 @@ class ObjectAdministrator(Protocol):
         was created."""
         ...
 
-    def delete_queue(
+    async def delete_queue(
         self, context: ClientContext, name: str, *, if_unused: bool, if_empty: bool
     ) -> bool:
         """Delete a queue (its consumers are cancelled); False when there was none."""
         ...
 
-    def bind(
+    async def bind(
         self,
         context: ClientContext,
         source: str,
@@ -233,7 +233,7 @@ class ManagementCalls(BrokerCalls):
             )
         return found
 
-    def manage_declare_exchange(
+    async def manage_declare_exchange(
         self,
         context: ClientContext,
         name: str,
@@ -245,7 +245,7 @@ class ManagementCalls(BrokerCalls):
         arguments: Mapping[str, Any],
     ) -> bool:
         """Declare an exchange in the context's vhost; True when it was created."""
-        return self._administrator(context.vhost).declare_exchange(
+        return await self._administrator(context.vhost).declare_exchange(
             context,
             name,
             ex_type,
@@ -255,13 +255,15 @@ class ManagementCalls(BrokerCalls):
             arguments=arguments,
         )
 
-    def manage_delete_exchange(self, context: ClientContext, name: str, *, if_unused: bool) -> bool:
+    async def manage_delete_exchange(
+        self, context: ClientContext, name: str, *, if_unused: bool
+    ) -> bool:
         """Delete an exchange of the context's vhost; False when there was none."""
-        return self._administrator(context.vhost).delete_exchange(
+        return await self._administrator(context.vhost).delete_exchange(
             context, name, if_unused=if_unused
         )
 
-    def manage_declare_queue(
+    async def manage_declare_queue(
         self,
         context: ClientContext,
         name: str,
@@ -271,19 +273,19 @@ class ManagementCalls(BrokerCalls):
         arguments: Mapping[str, Any],
     ) -> bool:
         """Declare a queue in the context's vhost; True when it was created."""
-        return self._administrator(context.vhost).declare_queue(
+        return await self._administrator(context.vhost).declare_queue(
             context, name, durable=durable, auto_delete=auto_delete, arguments=arguments
         )
 
-    def manage_delete_queue(
+    async def manage_delete_queue(
         self, context: ClientContext, name: str, *, if_unused: bool, if_empty: bool
     ) -> bool:
         """Delete a queue of the context's vhost; False when there was none."""
-        return self._administrator(context.vhost).delete_queue(
+        return await self._administrator(context.vhost).delete_queue(
             context, name, if_unused=if_unused, if_empty=if_empty
         )
 
-    def manage_bind(
+    async def manage_bind(
         self,
         context: ClientContext,
         source: str,
@@ -295,7 +297,7 @@ class ManagementCalls(BrokerCalls):
         unbind: bool,
     ) -> None:
         """Bind or unbind in the context's vhost (``destination_type``: queue, exchange)."""
-        self._administrator(context.vhost).bind(
+        await self._administrator(context.vhost).bind(
             context,
             source,
             destination_type,

@@ -123,7 +123,7 @@ class PartitionCalls(BrokerCalls):
                 queues[topic] = max(queues.get(topic, 0), queue + 1)
         return [TopicInfo(name, count) for name, count in sorted(queues.items())]
 
-    def create_topic(
+    async def create_topic(
         self,
         context: ClientContext,
         name: str,
@@ -133,7 +133,7 @@ class PartitionCalls(BrokerCalls):
         """Declare ``name`` with ``partitions`` queues (an existing topic is returned as is),
         its queues counting for the queue limits of ``context.vhost`` (docs/limits.md)."""
         marked = {**(config or {}), QUEUE_VHOST_KEY: context.vhost}
-        return self._broker.declare_topic(name, partitions, marked)[0]
+        return (await self._broker.declare_topic(name, partitions, marked))[0]
 
     def check_topic_partitions(
         self, context: ClientContext, name: str, partitions: int, added: int
@@ -147,13 +147,13 @@ class PartitionCalls(BrokerCalls):
         if name not in topics and len(topics) >= topics.limits.max_topics:
             raise TopicError("policy_violation", f"at most {topics.limits.max_topics} topics")
 
-    def delete_topic(self, context: ClientContext, name: str) -> bool:
+    async def delete_topic(self, context: ClientContext, name: str) -> bool:
         """Delete the topic, its queues, bindings and committed offsets; False if unknown."""
-        return self._broker.delete_topic(name)
+        return await self._broker.delete_topic(name)
 
-    def add_partitions(self, context: ClientContext, name: str, total: int) -> TopicInfo:
+    async def add_partitions(self, context: ClientContext, name: str, total: int) -> TopicInfo:
         """Grow the topic to ``total`` queues (:class:`TopicError` if unknown)."""
-        return self._broker.topics.add_queues(name, total)
+        return await self._broker.topics.add_queues(name, total)
 
     def storage_settings(self, context: ClientContext, topic: str | None = None) -> StorageSettings:
         """The log's retention and segment size, and ``topic``'s durability (DescribeConfigs)."""
@@ -174,7 +174,7 @@ class PartitionCalls(BrokerCalls):
         own = info.config.get(RETENTION_KEY) if info is not None else None
         return (own.get("ms"), own.get("bytes")) if own else None
 
-    def set_topic_retention(
+    async def set_topic_retention(
         self,
         context: ClientContext,
         topic: str,
@@ -197,11 +197,13 @@ class PartitionCalls(BrokerCalls):
             config.pop(RETENTION_KEY, None)
         else:
             config[RETENTION_KEY] = {"ms": limits[0], "bytes": limits[1]}
-        end = self._update_topic_config(info, config)
+        end = await self._update_topic_config(info, config)
         self._broker.store.retention.trim_topics()
         return end
 
-    def set_topic_config(self, context: ClientContext, topic: str, key: str, value: Any) -> int:
+    async def set_topic_config(
+        self, context: ClientContext, topic: str, key: str, value: Any
+    ) -> int:
         """Keep ``value`` (JSON-able; None deletes) under ``key`` in the topic's config (a
         gateway's own settings, such as the Kafka configs a client gave); the durable mark to
         wait for. :class:`TopicError` for an unknown topic."""
@@ -213,10 +215,10 @@ class PartitionCalls(BrokerCalls):
             config.pop(key, None)
         else:
             config[key] = copy.deepcopy(value)
-        return self._update_topic_config(info, config)
+        return await self._update_topic_config(info, config)
 
-    def _update_topic_config(self, info: TopicInfo, config: dict[str, Any]) -> int:
-        self._broker.topics.update(TopicInfo(info.name, info.queues, config))
+    async def _update_topic_config(self, info: TopicInfo, config: dict[str, Any]) -> int:
+        await self._broker.topics.update(TopicInfo(info.name, info.queues, config))
         # The update is the last frame appended: its end is the durable mark.
         return self._broker.store.commitlog.write_position
 
@@ -244,7 +246,7 @@ class PartitionCalls(BrokerCalls):
             floors = dict(info.config.get(LOG_START_OFFSETS_KEY) or {})
             floors[str(partition)] = offset
             await self._broker.store.wait_durable(
-                self.set_topic_config(context, topic, LOG_START_OFFSETS_KEY, floors)
+                await self.set_topic_config(context, topic, LOG_START_OFFSETS_KEY, floors)
             )
             start = offset
         return start
@@ -351,7 +353,7 @@ class PartitionCalls(BrokerCalls):
         return Publication(self, topic, outcome, None)
 
     def _check_partition(self, topic: str, partition: int) -> None:
-        info = self._broker.topic(topic, create=False)
+        info = self._broker.topic(topic)
         if not 0 <= partition < info.queues:
             raise TopicError("unknown_queue", f"topic {topic!r} has no queue {partition}")
 
@@ -630,16 +632,16 @@ class PartitionCalls(BrokerCalls):
     def metadata_value(self, context: ClientContext, key: str) -> bytes | None:
         return self._broker.metadata.get(KIND_SETTING, key)
 
-    def put_metadata(self, context: ClientContext, key: str, value: bytes) -> int:
+    async def put_metadata(self, context: ClientContext, key: str, value: bytes) -> int:
         """Store ``key``; returns the durable mark to wait for (:meth:`when_durable`)."""
         metadata = self._broker.metadata
-        metadata.apply([Change(KIND_SETTING, key, value)])
+        await metadata.apply([Change(KIND_SETTING, key, value)])
         return metadata.durable_mark
 
-    def delete_metadata(self, context: ClientContext, key: str) -> int | None:
+    async def delete_metadata(self, context: ClientContext, key: str) -> int | None:
         """Delete ``key``; the durable mark to wait for, None if there was no such key."""
         metadata = self._broker.metadata
         if metadata.get(KIND_SETTING, key) is None:
             return None
-        metadata.apply([Change(KIND_SETTING, key, None)])
+        await metadata.apply([Change(KIND_SETTING, key, None)])
         return metadata.durable_mark

@@ -46,20 +46,20 @@ class QueueCalls(BrokerCalls):
         gateway stored there to find its objects again at start."""
         return [info for info in self._broker.topics.all() if key in info.config]
 
-    def declare_exchange(
+    async def declare_exchange(
         self, context: ClientContext, topic: str, config: Mapping[str, Any]
     ) -> bool:
         """Create ``topic`` (one queue) with ``config`` as its settings, or merge ``config``
         into the settings of the topic there is (one another protocol made becomes an exchange
         too). True when it was created; :class:`TopicError` for a name that cannot be one."""
         broker = self._broker
-        info, created = broker.declare_topic(topic, 1, dict(config))
+        info, created = await broker.declare_topic(topic, 1, dict(config))
         if not created:
             info.config.update(config)
-            broker.topics.update(info)
+            await broker.topics.update(info)
         return created
 
-    def delete_exchange(self, context: ClientContext, topic: str) -> set[str]:
+    async def delete_exchange(self, context: ClientContext, topic: str) -> set[str]:
         """Delete the exchange ``topic`` with its bindings (as a source, and as the destination
         of exchange-to-exchange bindings). Returns the sources of the latter: exchanges that
         may now be left without bindings (AMQP's auto-delete)."""
@@ -68,17 +68,17 @@ class QueueCalls(BrokerCalls):
         sources: set[str] = set()
         for binding in broker.bindings.bindings(destination=destination):
             sources.add(binding.source)
-            broker.unbind(
+            await broker.unbind(
                 binding.source, binding.kind, binding.pattern, destination, binding.arguments
             )
-        broker.delete_topic(topic)
+        await broker.delete_topic(topic)
         return sources
 
     def exchange_has_bindings(self, topic: str) -> bool:
         """Whether any binding has ``topic`` as its source."""
         return bool(self._broker.bindings.bindings(source=topic))
 
-    def bind(
+    async def bind(
         self,
         context: ClientContext,
         source: str,
@@ -91,9 +91,9 @@ class QueueCalls(BrokerCalls):
         ``(topic, 0)``, or ``(exchange, EXCHANGE_QUEUE)``); ``kind`` is the match kind
         (``exact``, ``fanout``, ``topic``, ``headers``). False if it existed;
         :class:`RoutingError` for arguments the matcher refuses."""
-        return self._broker.bind(source, kind, pattern, destination, arguments)
+        return await self._broker.bind(source, kind, pattern, destination, arguments)
 
-    def unbind(
+    async def unbind(
         self,
         context: ClientContext,
         source: str,
@@ -103,7 +103,7 @@ class QueueCalls(BrokerCalls):
         arguments: Mapping[str, Any] | None = None,
     ) -> bool:
         """Remove a binding :meth:`bind` added; False if there was none."""
-        return self._broker.unbind(source, kind, pattern, destination, arguments)
+        return await self._broker.unbind(source, kind, pattern, destination, arguments)
 
     def routed_destinations(
         self, topic: str, subject: str, headers: Mapping[str, Any] | None = None
@@ -119,7 +119,7 @@ class QueueCalls(BrokerCalls):
 
     # Queues.
 
-    def declare_queue(
+    async def declare_queue(
         self,
         context: ClientContext,
         topic: str,
@@ -132,14 +132,14 @@ class QueueCalls(BrokerCalls):
         :class:`TopicError` for a name that cannot be a topic."""
         broker = self._broker
         # The queue's topic, config merged; marked to count for the queue limits of its vhost.
-        self.declare_exchange(context, topic, {**config, QUEUE_VHOST_KEY: context.vhost})
+        await self.declare_exchange(context, topic, {**config, QUEUE_VHOST_KEY: context.vhost})
         if broker.ack_queue(topic) is not None:  # left by a queue deleted while its topic stayed
-            broker.delete_ack_queue(topic)
-        ack, _ = broker.declare_ack_queue(topic, 0, settings)
+            await broker.delete_ack_queue(topic)
+        ack, _ = await broker.declare_ack_queue(topic, 0, settings)
         ack.purge()
         return QueueHandle(ack)
 
-    def open_queue(self, topic: str, settings: AckQueueConfig) -> QueueHandle:
+    async def open_queue(self, topic: str, settings: AckQueueConfig) -> QueueHandle:
         """The queue ``topic`` as it was stored (at start); its ack queue is made with
         ``settings`` if it has none. ``settings.max_priority`` applies either way: the
         gateway's stored arguments say whether it is a priority queue (the records keep their
@@ -147,18 +147,18 @@ class QueueCalls(BrokerCalls):
         broker = self._broker
         ack = broker.ack_queue(topic)
         if ack is None:
-            ack, _ = broker.declare_ack_queue(topic, 0, settings)
+            ack, _ = await broker.declare_ack_queue(topic, 0, settings)
         elif ack.config.max_priority != settings.max_priority:
             ack.set_max_priority(settings.max_priority)
         return QueueHandle(ack)
 
-    def delete_queue(self, context: ClientContext, topic: str) -> set[str]:
+    async def delete_queue(self, context: ClientContext, topic: str) -> set[str]:
         """Delete the queue ``topic``: its records' index, ack state and bindings go (the
         consumers still attached are detached). Returns the sources of its bindings:
         exchanges that may now be left without bindings (AMQP's auto-delete)."""
         broker = self._broker
         sources = {b.source for b in broker.bindings.bindings(destination=(topic, 0))}
-        broker.delete_topic(topic)
+        await broker.delete_topic(topic)
         return sources
 
     def queue_info(self, context: ClientContext, topic: str) -> QueueStats | None:
@@ -248,7 +248,7 @@ class QueueCalls(BrokerCalls):
         broker = self._broker
         refused: Sequence[Destination] = ()
         if route:
-            queue = broker.choose_queue(broker.topic(topic, create=False), None)
+            queue = broker.choose_queue(broker.topic(topic), None)
             destinations, refused = broker.prepare_destinations(
                 topic, queue, subject, routing_headers, extra_destinations
             )

@@ -164,7 +164,7 @@ class SessionCalls(BrokerCalls):
     # Durable queues of persistent sessions and shared groups: ack queues of their own (no
     # topic), fed by bindings, read through consume_session_queue.
 
-    def declare_session_queue(
+    async def declare_session_queue(
         self,
         context: ClientContext,
         name: str,
@@ -174,16 +174,16 @@ class SessionCalls(BrokerCalls):
     ) -> bool:
         """Get or create the durable queue ``name`` (True: created, starting empty, with
         ``tag_filter``); ``empty`` drops an existing queue's backlog too."""
-        queue, created = self._broker.declare_ack_queue(
+        queue, created = await self._broker.declare_ack_queue(
             name, 0, AckQueueConfig(tag_filter=tag_filter) if tag_filter is not None else None
         )
         if created or empty:
             queue.purge()
         return created
 
-    def discard_session_queue(self, context: ClientContext, name: str) -> bool:
+    async def discard_session_queue(self, context: ClientContext, name: str) -> bool:
         """Delete the queue, its bindings and its index; False if there was none."""
-        return self._broker.discard_ack_queue(name) is not None
+        return await self._broker.discard_ack_queue(name) is not None
 
     def has_session_queue(self, context: ClientContext, name: str) -> bool:
         return self._broker.ack_queue(name) is not None
@@ -210,17 +210,17 @@ class SessionCalls(BrokerCalls):
         ):
             queue.config.tag_filter = tag_filter
 
-    def bind_session_queue(
+    async def bind_session_queue(
         self, context: ClientContext, source: str, kind: str, pattern: str, name: str
     ) -> bool:
         """A durable binding from ``source`` (``kind``: "topic" or "mqtt") to the queue; False if
         it existed already."""
-        return self._broker.bind(source, kind, pattern, (name, 0))
+        return await self._broker.bind(source, kind, pattern, (name, 0))
 
-    def unbind_session_queue(
+    async def unbind_session_queue(
         self, context: ClientContext, source: str, kind: str, pattern: str, name: str
     ) -> bool:
-        return self._broker.unbind(source, kind, pattern, (name, 0))
+        return await self._broker.unbind(source, kind, pattern, (name, 0))
 
     def session_queue_bindings(self, prefixes: tuple[str, ...]) -> list[tuple[str, str, str, str]]:
         """``(source, kind, pattern, queue name)`` of every binding to a queue named with one of

@@ -15,9 +15,10 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from typing import TYPE_CHECKING, Any
 
+from core.broker.eager import start_eagerly
 from core.cluster.metadata import KIND_QUEUE, Change, MetadataStore
 from core.deadletter.policy import (
     DEAD_LETTER_REASON_HEADER,
@@ -89,11 +90,13 @@ class AckQueues:
 
     if TYPE_CHECKING:  # the broker's methods this job calls
 
-        def _persist_bindings_of(self, name: str) -> None: ...
+        async def _persist_bindings_of(self, name: str) -> None: ...
 
-        def declare_topic(
+        async def declare_topic(
             self, name: str, queues: int | None = None, config: dict[str, Any] | None = None
         ) -> tuple[TopicInfo, bool]: ...
+
+        def _spawn(self, work: Coroutine[Any, Any, object]) -> None: ...
 
         def route(
             self, topic: str, subject: str, headers: Mapping[str, Any] | None = None
@@ -159,7 +162,9 @@ class AckQueues:
             return
         subject = policy.dead_letter_subject or message.subject
         if target not in self.topics:
-            self.declare_topic(target)
+            # Done at once on a single node; elsewhere the LINK below does not wait for it
+            # (the log takes entries for a topic not declared yet).
+            start_eagerly(self.declare_topic(target), self._spawn)
         destinations = [(target, 0)]
         # With the record's headers, so a headers exchange routes its dead letters (aio-pika's
         # RPC: a call that expired comes back through rpc.dlx by its "From" header).
@@ -188,7 +193,7 @@ class AckQueues:
     def _ack_state_key(destination: Destination) -> str:
         return f"{destination[0]}\x00{destination[1]}"
 
-    def declare_ack_queue(
+    async def declare_ack_queue(
         self, topic: str, queue: int = 0, config: AckQueueConfig | None = None
     ) -> tuple[AckQueue, bool]:
         """Get or create the durable ack queue over ``(topic, queue)``."""
@@ -197,16 +202,18 @@ class AckQueues:
         if existing is not None:
             return existing, False
         config = config or AckQueueConfig()
-        created = self._open_ack_queue(destination, config)
         value = {"topic": topic, "queue": queue, "config": ack_queue_config_to_json(config)}
         key = self._ack_state_key(destination)
-        self.metadata.apply([Change(KIND_QUEUE, key, json.dumps(value).encode())])
-        return created, True
+        await self.metadata.apply([Change(KIND_QUEUE, key, json.dumps(value).encode())])
+        existing = self.ack_queues.get(destination)
+        if existing is not None:  # declared meanwhile (the store answered after a wait)
+            return existing, False
+        return self._open_ack_queue(destination, config), True
 
     def ack_queue(self, topic: str, queue: int = 0) -> AckQueue | None:
         return self.ack_queues.get((topic, queue))
 
-    def delete_ack_queue(self, topic: str, queue: int = 0) -> AckQueue | None:
+    async def delete_ack_queue(self, topic: str, queue: int = 0) -> AckQueue | None:
         destination = (topic, queue)
         removed = self.ack_queues.pop(destination, None)
         if removed is None:
@@ -215,16 +222,16 @@ class AckQueues:
         for consumer in list(removed.consumers):
             removed.remove_consumer(consumer)
         self.bindings.remove_destination(destination)
-        self._persist_bindings_of(topic)
-        self.metadata.apply([Change(KIND_QUEUE, self._ack_state_key(destination), None)])
+        await self._persist_bindings_of(topic)
+        await self.metadata.apply([Change(KIND_QUEUE, self._ack_state_key(destination), None)])
         self._ack_states.delete(self._ack_state_key(destination))
         return removed
 
-    def discard_ack_queue(self, topic: str, queue: int = 0) -> AckQueue | None:
+    async def discard_ack_queue(self, topic: str, queue: int = 0) -> AckQueue | None:
         """:meth:`delete_ack_queue` for an ack queue that is not a topic of its own (an MQTT
         session's or shared group's), its index deleted with it: nothing of it stays on disk,
         and a queue declared again under that name starts empty at offset 0."""
-        removed = self.delete_ack_queue(topic, queue)
+        removed = await self.delete_ack_queue(topic, queue)
         if removed is not None and topic not in self.topics:
             self.store.drop_queues(topic)
         return removed

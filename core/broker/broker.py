@@ -18,7 +18,7 @@ import asyncio
 import json
 import logging
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -244,6 +244,8 @@ class Broker(AckQueues):
         self._round_robin: dict[str, int] = {}
         self._watchers: dict[Destination, list[asyncio.Future[None]]] = {}
         self._tasks: list[asyncio.Task[None]] = []
+        # Work started from a callback that could not wait for it (start_eagerly's spawn).
+        self._background: set[asyncio.Task[object]] = set()
         # Observer of records leaving a queue unconsumed (tests, metrics); the move itself is
         # the broker's (_dead_letter).
         self.dead_letter_hook: DeadLetterHook | None = None
@@ -273,7 +275,7 @@ class Broker(AckQueues):
 
     async def start(self) -> None:
         await self.timers.start()
-        self.half_messages.declare_topics()
+        await self.half_messages.declare_topics()
         await self.transactions.start()
         self._tasks = [
             asyncio.create_task(self._periodic(ACK_STATE_FLUSH_INTERVAL_S, self.flush_ack_states)),
@@ -288,10 +290,20 @@ class Broker(AckQueues):
             except Exception:
                 log.exception("broker task %s failed", getattr(action, "__name__", action))
 
+    def _spawn(self, work: Coroutine[Any, Any, object]) -> None:
+        task = asyncio.get_running_loop().create_task(work)
+        self._background.add(task)
+        task.add_done_callback(self._background_done)
+
+    def _background_done(self, task: asyncio.Task[object]) -> None:
+        self._background.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("broker: background work failed", exc_info=task.exception())
+
     async def close(self) -> None:
         for task in self._tasks:
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*self._tasks, *self._background, return_exceptions=True)
         self._tasks = []
         await self.transactions.aclose()
         await self.timers.stop()
@@ -305,29 +317,35 @@ class Broker(AckQueues):
 
     # -- topics ----------------------------------------------------------------------------
 
-    def declare_topic(
+    async def declare_topic(
         self, name: str, queues: int | None = None, config: dict[str, Any] | None = None
     ) -> tuple[TopicInfo, bool]:
-        return self.topics.declare(name, queues or self.config.num_partitions, config)
+        return await self.topics.declare(name, queues or self.config.num_partitions, config)
 
-    def topic(self, name: str, *, create: bool | None = None) -> TopicInfo:
+    def topic(self, name: str) -> TopicInfo:
+        """The topic ``name``; :class:`TopicError` when there is none."""
         info = self.topics.get(name)
-        if info is not None:
-            return info
+        if info is None:
+            raise TopicError("unknown", f"no topic {name!r}")
+        return info
+
+    async def _auto_create(self, name: str, create: bool | None) -> TopicInfo:
+        """A publish to the unknown topic ``name``: created when ``create`` (None: the
+        ``auto_create_topics`` setting) says so, else :class:`TopicError`."""
         if create if create is not None else self.config.auto_create_topics:
-            return self.declare_topic(name)[0]
+            return (await self.declare_topic(name))[0]
         raise TopicError("unknown", f"no topic {name!r}")
 
-    def delete_topic(self, name: str) -> bool:
+    async def delete_topic(self, name: str) -> bool:
         info = self.topics.get(name)
         if info is None:
             return False
         self.bindings.remove_source(name)
         for queue in range(info.queues):
-            self.delete_ack_queue(name, queue)
+            await self.delete_ack_queue(name, queue)
             self.bindings.remove_destination((name, queue))
-        self._persist_bindings_of(name)
-        deleted = self.topics.delete(name)
+        await self._persist_bindings_of(name)
+        deleted = await self.topics.delete(name)
         # As Kafka does: the topic's committed offsets go with it, and a topic created again
         # under the same name starts empty at offset 0.
         self.offsets.delete_topic(name)
@@ -343,7 +361,7 @@ class Broker(AckQueues):
         identity = [source, kind, pattern, list(destination), arguments]
         return json.dumps(identity, sort_keys=True, default=str)
 
-    def bind(
+    async def bind(
         self,
         source: str,
         kind: MatchKind | str,
@@ -367,10 +385,10 @@ class Broker(AckQueues):
                 default=str,
             ).encode()
             key = self._binding_key(source, kind_name, pattern, destination, args)
-            self.metadata.apply([Change(KIND_BINDING, key, value)])
+            await self.metadata.apply([Change(KIND_BINDING, key, value)])
         return added
 
-    def unbind(
+    async def unbind(
         self,
         source: str,
         kind: MatchKind | str,
@@ -382,10 +400,10 @@ class Broker(AckQueues):
         if removed:
             args = dict(arguments) if arguments else None
             key = self._binding_key(source, MatchKind(kind).value, pattern, destination, args)
-            self.metadata.apply([Change(KIND_BINDING, key, None)])
+            await self.metadata.apply([Change(KIND_BINDING, key, None)])
         return removed
 
-    def _persist_bindings_of(self, name: str) -> None:
+    async def _persist_bindings_of(self, name: str) -> None:
         """Drop persisted bindings no longer in the table (after bulk removal)."""
         live = {
             self._binding_key(
@@ -399,7 +417,7 @@ class Broker(AckQueues):
         }
         gone = [key for key, _ in self.metadata.items(KIND_BINDING) if key not in live]
         if gone:
-            self.metadata.apply([Change(KIND_BINDING, key, None) for key in gone])
+            await self.metadata.apply([Change(KIND_BINDING, key, None) for key in gone])
 
     def route(
         self, topic: str, subject: str, headers: Mapping[str, Any] | None = None
@@ -533,7 +551,9 @@ class Broker(AckQueues):
         """
         if self.flow.reasons:
             await self.flow.wait_unblocked()
-        info = self.topic(topic, create=create_topic)
+        info = self.topics.get(topic)
+        if info is None:
+            info = await self._auto_create(topic, create_topic)
         if queue is None:
             # No key: the subject partitions, as a Kafka producer keyed by it would (order per
             # routing key / MQTT topic is then kept in one Kafka partition).
@@ -641,7 +661,7 @@ class Broker(AckQueues):
         name in it (no tags, no half message), so it is not searched again here."""
         if self.flow.reasons:
             await self.flow.wait_unblocked()
-        info = self.topic(topic, create=False)
+        info = self.topic(topic)
         if not 0 <= queue < info.queues:
             raise TopicError("unknown_queue", f"topic {topic!r} has no queue {queue}")
         if braid_headers is None:

@@ -13,7 +13,7 @@ whole tasks).
 
 from __future__ import annotations
 
-from collections.abc import Coroutine, Generator
+from collections.abc import Callable, Coroutine, Generator
 from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
@@ -70,3 +70,15 @@ def run_eagerly(coro: Coroutine[Any, Any, T]) -> T | Pending[T]:
     except StopIteration as stop:
         return stop.value  # type: ignore[no-any-return]
     return Pending(coro, suspended_on)
+
+
+def start_eagerly(
+    coro: Coroutine[Any, Any, Any], spawn: Callable[[Coroutine[Any, Any, Any]], object]
+) -> None:
+    """Run ``coro`` eagerly from code that cannot wait (a timer, a callback, a connection
+    that went away): what completes at once (a metadata change on the single node) is done
+    when this returns; the rest of one that suspends goes to ``spawn`` (a task the caller
+    keeps, failures logged)."""
+    started = run_eagerly(coro)
+    if isinstance(started, Pending):
+        spawn(started.finish())

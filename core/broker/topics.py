@@ -123,7 +123,7 @@ class TopicRegistry:
             if include_system or not is_system_topic(name)
         ]
 
-    def declare(
+    async def declare(
         self,
         name: str,
         queues: int = 1,
@@ -147,22 +147,24 @@ class TopicRegistry:
                     f"{self.user_topics} topics exist: at most {self.limits.max_topics} "
                     "(max_topics)",
                 )
+        info = TopicInfo(name, queues, dict(config or {}))
+        # Stored first, then known here: a change the store refuses leaves nothing behind.
+        await self.metadata.apply([Change(KIND_TOPIC, name, info.to_json())])
+        if not is_system_topic(name):
             self.user_topics += 1
             self.total_queues += queues
-        info = TopicInfo(name, queues, dict(config or {}))
         self._topics[name] = info
-        self.metadata.apply([Change(KIND_TOPIC, name, info.to_json())])
         return info, True
 
-    def update(self, info: TopicInfo) -> None:
+    async def update(self, info: TopicInfo) -> None:
         previous = self._topics.get(info.name)
         if not is_system_topic(info.name):
             self.user_topics += previous is None
             self.total_queues += info.queues - (previous.queues if previous is not None else 0)
         self._topics[info.name] = info
-        self.metadata.apply([Change(KIND_TOPIC, info.name, info.to_json())])
+        await self.metadata.apply([Change(KIND_TOPIC, info.name, info.to_json())])
 
-    def add_queues(self, name: str, total: int) -> TopicInfo:
+    async def add_queues(self, name: str, total: int) -> TopicInfo:
         info = self._topics.get(name)
         if info is None:
             raise TopicError("unknown", f"no topic {name!r}")
@@ -174,15 +176,15 @@ class TopicRegistry:
             self.check_new_queues(name, total, total - info.queues)
             self.total_queues += total - info.queues
         info.queues = total
-        self.update(info)
+        await self.update(info)
         return info
 
-    def delete(self, name: str) -> bool:
+    async def delete(self, name: str) -> bool:
         info = self._topics.pop(name, None)
         if info is None:
             return False
         if not is_system_topic(name):
             self.user_topics -= 1
             self.total_queues -= info.queues
-        self.metadata.apply([Change(KIND_TOPIC, name, None)])
+        await self.metadata.apply([Change(KIND_TOPIC, name, None)])
         return True

@@ -138,7 +138,15 @@ class LocalMetadata:
 
     # -- changes ---------------------------------------------------------------------------
 
-    def apply(self, changes: Sequence[Change], *, expect: Expectation | None = None) -> int:
+    async def apply(self, changes: Sequence[Change], *, expect: Expectation | None = None) -> int:
+        # No await: done when the coroutine first runs (a caller running it eagerly never
+        # suspends; see the MetadataStore's apply).
+        return self.apply_now(changes, expect=expect)
+
+    def apply_now(self, changes: Sequence[Change], *, expect: Expectation | None = None) -> int:
+        """:meth:`apply` as a plain call: for shard state kept here (redrive intents), which
+        stays in its shard's own log in a cluster too, and for the callers that must finish
+        a change in the same step (no awaiting in between)."""
         for change in changes:
             self._place(change.kind)  # refuse an unknown kind before writing anything
         for (kind, key), wanted in (expect or {}).items():

@@ -87,10 +87,13 @@ class MetadataStore(Protocol):
         """Every ``(key, value)`` of ``kind`` (a snapshot: applying while iterating is safe)."""
         ...
 
-    def apply(self, changes: Sequence[Change], *, expect: Expectation | None = None) -> int:
+    async def apply(self, changes: Sequence[Change], *, expect: Expectation | None = None) -> int:
         """Apply ``changes`` in order, all or none (:class:`MetadataConflict` when ``expect``
         does not hold); returns the new version. Changes that change nothing (deleting an
-        absent key) are left out; when none is left the version stays."""
+        absent key) are left out; when none is left the version stays. Awaitable because a
+        cluster's store answers over the network (a Redis round trip); the single node's
+        completes without suspending, so its callers run it eagerly
+        (core/broker/eager.py) and pay no loop turn."""
         ...
 
     async def wait_durable(self, version: int) -> None:

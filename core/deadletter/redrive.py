@@ -238,7 +238,8 @@ def _move(
         "offsets": [delivery.offset for delivery, _origin in moves],
         "targets": {target: broker.store.queue_bounds(target, 0)[1] for target in targets},
     }
-    broker.metadata.apply([Change(KIND_REDRIVE, key, json.dumps(intent).encode())])  # 1. intent
+    # 1. the intent (shard state: written now, in the log of the LINKs that follow)
+    broker.metadata.apply_now([Change(KIND_REDRIVE, key, json.dumps(intent).encode())])
     linked: list[Delivery] = []
     try:
         for delivery, origin in moves:  # 2. the LINKs
@@ -265,12 +266,12 @@ def _move(
             if delivery.offset not in done:
                 ack.nack(delivery.offset, requeue=True)
         broker.flush_ack_states()
-        broker.metadata.apply([Change(KIND_REDRIVE, key, None)])
+        broker.metadata.apply_now([Change(KIND_REDRIVE, key, None)])
         raise
     for delivery in linked:  # 3. the acks, persisted now, then the intent is done
         ack.ack(delivery.offset)
     broker.flush_ack_states()
-    broker.metadata.apply([Change(KIND_REDRIVE, key, None)])
+    broker.metadata.apply_now([Change(KIND_REDRIVE, key, None)])
     log.info(
         "redrive: %d record(s) of %s moved back to %s",
         result.moved_total,
@@ -293,7 +294,7 @@ def settle_interrupted(broker: Broker) -> int:
         if ack is not None and arrived:
             settled += _ack_offsets(ack, arrived)
             broker.flush_ack_states()
-        broker.metadata.apply([Change(KIND_REDRIVE, dead_letter_queue, None)])
+        broker.metadata.apply_now([Change(KIND_REDRIVE, dead_letter_queue, None)])
         log.warning(
             "redrive of %s was interrupted: %d of %d record(s) had reached their queue and "
             "were acked in the dead-letter queue now; the others stay there",

@@ -66,7 +66,7 @@ class LimitsStore:
         value = self._limits.get((kind, name), {}).get(limit)
         return None if value is None or value < 0 else value
 
-    def set_limit(self, kind: str, name: str, limit: str, value: object) -> int:
+    async def set_limit(self, kind: str, name: str, limit: str, value: object) -> int:
         """Set one limit (RabbitMQ's update_limit); returns the metadata version to wait for."""
         allowed = _NAMES[kind]
         if limit not in allowed:
@@ -76,29 +76,29 @@ class LimitsStore:
             raise LimitError(f"{limit} should be a number, actually was {value!r}")
         values = dict(self._limits.get((kind, name), {}))
         values[limit] = value
-        return self._write(kind, name, values)
+        return await self._write(kind, name, values)
 
-    def clear_limit(self, kind: str, name: str, limit: str) -> int:
+    async def clear_limit(self, kind: str, name: str, limit: str) -> int:
         """Remove one limit (``DELETE``; ``all`` removes every one of a user, as RabbitMQ)."""
         values = dict(self._limits.get((kind, name), {}))
         if limit == "all":
             values.clear()
         values.pop(limit, None)
-        return self._write(kind, name, values)
+        return await self._write(kind, name, values)
 
-    def forget(self, kind: str, name: str) -> None:
+    async def forget(self, kind: str, name: str) -> None:
         """The user or vhost was deleted: its limits go with it."""
         if (kind, name) in self._limits:
-            self._write(kind, name, {})
+            await self._write(kind, name, {})
 
-    def _write(self, kind: str, name: str, values: Mapping[str, int]) -> int:
+    async def _write(self, kind: str, name: str, values: Mapping[str, int]) -> int:
         key = _key(kind, name)
         if values:
             raw = json.dumps(dict(values), sort_keys=True).encode()
+            self._last_version = await self.metadata.apply([Change(KIND_LIMIT, key, raw)])
             self._limits[(kind, name)] = dict(values)
-            self._last_version = self.metadata.apply([Change(KIND_LIMIT, key, raw)])
         else:
-            self._limits.pop((kind, name), None)
             # Deleting an absent key changes nothing and keeps the version (apply's rule).
-            self._last_version = self.metadata.apply([Change(KIND_LIMIT, key, None)])
+            self._last_version = await self.metadata.apply([Change(KIND_LIMIT, key, None)])
+            self._limits.pop((kind, name), None)
         return self._last_version

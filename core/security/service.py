@@ -413,7 +413,7 @@ class SecurityService:
             password_hash, scram = await asyncio.to_thread(self._hash_new_password, password)
         tag_tuple = parse_tags(tags if isinstance(tags, str) else list(tags))
         created = self.store.user(name) is None
-        self.store.put_user(User(name, password_hash or NO_PASSWORD_HASH, tag_tuple, scram))
+        await self.store.put_user(User(name, password_hash or NO_PASSWORD_HASH, tag_tuple, scram))
         await self._durable()
         return created
 
@@ -434,7 +434,7 @@ class SecurityService:
             wanted = self.vhosts if "*" in vhosts else [v for v in vhosts if v in self.vhosts]
             for vhost in wanted:
                 if self.store.permission(vhost, name) is None:
-                    self.store.set_permission(vhost, name, VhostPermission(".*", ".*", ".*"))
+                    await self.store.set_permission(vhost, name, VhostPermission(".*", ".*", ".*"))
         await self._durable()
 
     async def change_password(self, name: str, password: str) -> None:
@@ -442,11 +442,11 @@ class SecurityService:
         if user is None:
             raise SecurityError(f"no user {name!r}", 404)
         password_hash, scram = await asyncio.to_thread(self._hash_new_password, password)
-        self.store.set_password(name, password_hash, scram)
+        await self.store.set_password(name, password_hash, scram)
         await self._durable()
 
     async def delete_user(self, name: str) -> bool:
-        deleted = self.store.delete_user(name)
+        deleted = await self.store.delete_user(name)
         await self._durable()
         return deleted
 
@@ -468,11 +468,11 @@ class SecurityService:
         self._check_expressions(
             configure=permission.configure, write=permission.write, read=permission.read
         )
-        self.store.set_permission(vhost, user, permission)
+        await self.store.set_permission(vhost, user, permission)
         await self._durable()
 
     async def clear_permission(self, vhost: str, user: str) -> bool:
-        cleared = self.store.clear_permission(vhost, user)
+        cleared = await self.store.clear_permission(vhost, user)
         await self._durable()
         return cleared
 
@@ -481,23 +481,23 @@ class SecurityService:
     ) -> None:
         self._check_vhost_and_user(vhost, user)
         self._check_expressions(write=permission.write, read=permission.read)
-        self.store.set_topic_permission(vhost, user, permission)
+        await self.store.set_topic_permission(vhost, user, permission)
         await self._durable()
 
     async def clear_topic_permissions(
         self, vhost: str, user: str, exchange: str | None = None
     ) -> bool:
-        cleared = self.store.clear_topic_permissions(vhost, user, exchange)
+        cleared = await self.store.clear_topic_permissions(vhost, user, exchange)
         await self._durable()
         return cleared
 
     async def add_acls(self, acls: Sequence[KafkaAcl]) -> None:
         for acl in acls:
-            self.store.add_acl(acl)
+            await self.store.add_acl(acl)
         await self._durable()
 
     async def delete_acls(self, selected: KafkaAclFilter) -> list[KafkaAcl]:
-        deleted = self.store.delete_acls(selected)
+        deleted = await self.store.delete_acls(selected)
         await self._durable()
         return deleted
 
@@ -510,7 +510,7 @@ class SecurityService:
         stored = self.store.user(user) or User(check_user_name(user))
         scram = dict(stored.scram)
         scram[mechanism] = credential
-        self.store.put_user(User(stored.name, stored.password, stored.tags, scram))
+        await self.store.put_user(User(stored.name, stored.password, stored.tags, scram))
         await self._durable()
 
     async def delete_scram_credential(self, user: str, mechanism: str) -> bool:
@@ -518,6 +518,6 @@ class SecurityService:
         if stored is None or mechanism not in stored.scram:
             return False
         scram = {m: c for m, c in stored.scram.items() if m != mechanism}
-        self.store.put_user(User(stored.name, stored.password, stored.tags, scram))
+        await self.store.put_user(User(stored.name, stored.password, stored.tags, scram))
         await self._durable()
         return True

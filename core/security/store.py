@@ -23,6 +23,7 @@ import json
 from collections.abc import Callable, Iterator
 from typing import Final
 
+from core.broker.eager import Pending, run_eagerly
 from core.cluster.local import SECURITY_TOPIC as SECURITY_TOPIC  # re-exported: named here
 from core.cluster.metadata import KIND_SECURITY, Change, MetadataStore
 from core.security.model import (
@@ -54,6 +55,29 @@ def _key(*parts: str) -> str:
 
 class SecurityStore:
     def __init__(self, metadata: MetadataStore) -> None:
+        self._setup(metadata)
+        if metadata.get(KIND_SECURITY, _key(_INITIALIZED)) is None:
+            # A store that answers at once (the single node's) is set up now; one that must
+            # wait (Redis) is set up by open(), which awaits it.
+            booting = run_eagerly(self._first_boot())
+            if isinstance(booting, Pending):
+                booting.close()
+                raise ValueError(
+                    "this metadata store waits: make the SecurityStore with "
+                    "await SecurityStore.open(metadata)"
+                )
+
+    @classmethod
+    async def open(cls, metadata: MetadataStore) -> SecurityStore:
+        """The store over ``metadata``, its first-boot user made (awaited) when it is new."""
+        store = cls.__new__(cls)
+        store._setup(metadata)
+        if metadata.get(KIND_SECURITY, _key(_INITIALIZED)) is None:
+            await store._first_boot()
+        return store
+
+    def _setup(self, metadata: MetadataStore) -> None:
+        """The store's state, loaded from ``metadata``."""
         self.metadata = metadata
         self.generation = 0
         self._listeners: list[Callable[[], None]] = []
@@ -63,8 +87,6 @@ class SecurityStore:
         self._acls: dict[str, KafkaAcl] = {}
         self._last_version = 0
         self._load()
-        if metadata.get(KIND_SECURITY, _key(_INITIALIZED)) is None:
-            self._first_boot()
 
     # -- loading ---------------------------------------------------------------------------
 
@@ -101,8 +123,8 @@ class SecurityStore:
             else:
                 self._acls[acl_key] = KafkaAcl.from_key(acl_key)
 
-    def _first_boot(self) -> None:
-        self.put_user(
+    async def _first_boot(self) -> None:
+        await self.put_user(
             User(
                 DEFAULT_USER,
                 hash_password(DEFAULT_PASSWORD),
@@ -110,8 +132,8 @@ class SecurityStore:
                 credentials_from_password(DEFAULT_PASSWORD),
             )
         )
-        self.set_permission(DEFAULT_VHOST, DEFAULT_USER, FULL_ACCESS)
-        self._put(_key(_INITIALIZED), {})
+        await self.set_permission(DEFAULT_VHOST, DEFAULT_USER, FULL_ACCESS)
+        await self._put(_key(_INITIALIZED), {})
 
     # -- changes ---------------------------------------------------------------------------
 
@@ -124,17 +146,17 @@ class SecurityStore:
         for listener in self._listeners:
             listener()
 
-    def _put(self, key: str, value: object) -> int:
+    async def _put(self, key: str, value: object) -> int:
         raw = json.dumps(value, sort_keys=True).encode()
-        self._last_version = self.metadata.apply([Change(KIND_SECURITY, key, raw)])
+        self._last_version = await self.metadata.apply([Change(KIND_SECURITY, key, raw)])
         self._apply(key, raw)
         self._changed()
         return self._last_version
 
-    def _delete(self, key: str) -> bool:
+    async def _delete(self, key: str) -> bool:
         if self.metadata.get(KIND_SECURITY, key) is None:
             return False
-        self._last_version = self.metadata.apply([Change(KIND_SECURITY, key, None)])
+        self._last_version = await self.metadata.apply([Change(KIND_SECURITY, key, None)])
         self._apply(key, None)
         self._changed()
         return True
@@ -152,29 +174,29 @@ class SecurityStore:
     def users(self) -> list[User]:
         return sorted(self._users.values(), key=lambda user: user.name)
 
-    def put_user(self, user: User) -> int:
+    async def put_user(self, user: User) -> int:
         check_user_name(user.name)
-        return self._put(_key(_USER, user.name), user.to_json())
+        return await self._put(_key(_USER, user.name), user.to_json())
 
-    def delete_user(self, name: str) -> bool:
+    async def delete_user(self, name: str) -> bool:
         """Delete the user, its permissions and topic permissions (RabbitMQ does the same);
         False when there was no such user."""
         if name not in self._users:
             return False
         for vhost, user in list(self._permissions):
             if user == name:
-                self._delete(_key(_PERMISSION, vhost, user))
+                await self._delete(_key(_PERMISSION, vhost, user))
         for vhost, user in list(self._topic_permissions):
             if user == name:
                 for exchange in list(self._topic_permissions.get((vhost, user), {})):
-                    self._delete(_key(_TOPIC_PERMISSION, vhost, user, exchange))
-        return self._delete(_key(_USER, name))
+                    await self._delete(_key(_TOPIC_PERMISSION, vhost, user, exchange))
+        return await self._delete(_key(_USER, name))
 
-    def set_password(
+    async def set_password(
         self, name: str, password: PasswordHash, scram: dict[str, ScramCredential]
     ) -> int:
         user = self._users[name]
-        return self.put_user(User(name, password, user.tags, scram))
+        return await self.put_user(User(name, password, user.tags, scram))
 
     # -- vhost permissions -----------------------------------------------------------------
 
@@ -186,11 +208,11 @@ class SecurityStore:
         for (vhost, user), permission in sorted(self._permissions.items()):
             yield vhost, user, permission
 
-    def set_permission(self, vhost: str, user: str, permission: VhostPermission) -> int:
-        return self._put(_key(_PERMISSION, vhost, user), permission.to_json())
+    async def set_permission(self, vhost: str, user: str, permission: VhostPermission) -> int:
+        return await self._put(_key(_PERMISSION, vhost, user), permission.to_json())
 
-    def clear_permission(self, vhost: str, user: str) -> bool:
-        return self._delete(_key(_PERMISSION, vhost, user))
+    async def clear_permission(self, vhost: str, user: str) -> bool:
+        return await self._delete(_key(_PERMISSION, vhost, user))
 
     # -- topic permissions -----------------------------------------------------------------
 
@@ -203,18 +225,20 @@ class SecurityStore:
             for _exchange, permission in sorted(per_exchange.items()):
                 yield vhost, user, permission
 
-    def set_topic_permission(self, vhost: str, user: str, permission: TopicPermission) -> int:
+    async def set_topic_permission(self, vhost: str, user: str, permission: TopicPermission) -> int:
         key = _key(_TOPIC_PERMISSION, vhost, user, permission.exchange)
-        return self._put(key, permission.to_json())
+        return await self._put(key, permission.to_json())
 
-    def clear_topic_permissions(self, vhost: str, user: str, exchange: str | None = None) -> bool:
+    async def clear_topic_permissions(
+        self, vhost: str, user: str, exchange: str | None = None
+    ) -> bool:
         """Clear one exchange's topic permission, or all of the user's in the vhost."""
         exchanges = list(self._topic_permissions.get((vhost, user), {}))
         if exchange is not None:
             exchanges = [name for name in exchanges if name == exchange]
         cleared = False
         for name in exchanges:
-            cleared |= self._delete(_key(_TOPIC_PERMISSION, vhost, user, name))
+            cleared |= await self._delete(_key(_TOPIC_PERMISSION, vhost, user, name))
         return cleared
 
     # -- Kafka ACLs ------------------------------------------------------------------------
@@ -223,14 +247,14 @@ class SecurityStore:
         every = [self._acls[key] for key in sorted(self._acls)]
         return every if selected is None else [acl for acl in every if selected.matches(acl)]
 
-    def add_acl(self, acl: KafkaAcl) -> int:
-        return self._put(_ACL_PREFIX + acl.key()[1:], {})
+    async def add_acl(self, acl: KafkaAcl) -> int:
+        return await self._put(_ACL_PREFIX + acl.key()[1:], {})
 
-    def delete_acls(self, selected: KafkaAclFilter) -> list[KafkaAcl]:
+    async def delete_acls(self, selected: KafkaAclFilter) -> list[KafkaAcl]:
         """Delete every ACL the filter selects; returns them."""
         deleted = self.acls(selected)
         for acl in deleted:
-            self._delete(_ACL_PREFIX + acl.key()[1:])
+            await self._delete(_ACL_PREFIX + acl.key()[1:])
         return deleted
 
 

@@ -235,7 +235,7 @@ class PublishingBroker(Protocol):
     @property
     def topics(self) -> TopicNames: ...
 
-    def declare_topic(self, name: str) -> object: ...
+    async def declare_topic(self, name: str) -> object: ...
 
     async def publish(
         self,
@@ -274,11 +274,11 @@ class HalfMessages:
             if pending.producer_group.startswith(SERVICE_PREFIX):
                 self._register(pending.producer_group)
 
-    def declare_topics(self) -> None:
+    async def declare_topics(self) -> None:
         """Make ``braid.txn`` and ``braid.txn.check`` exist (Kafka metadata, AMQP exchanges)."""
         for topic in (TXN_TOPIC, CHECK_TOPIC):
             if topic not in self.broker.topics:
-                self.broker.declare_topic(topic)
+                await self.broker.declare_topic(topic)
 
     def _register(self, service_group: str) -> None:
         if service_group not in self._groups:

@@ -22,7 +22,7 @@ import contextlib
 import itertools
 import logging
 import os
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Coroutine
 from typing import TYPE_CHECKING, Any, Final
 
 from pamqp import commands
@@ -35,9 +35,11 @@ from core.api import (
     Delivery,
     Publication,
     PublishOutcome,
+    RestOfCoroutine,
     TopicError,
     TransactionError,
     now_ms,
+    run_until_first_wait,
 )
 from gateway.amqp.codec import encode_basic_return, encode_get_ok, encode_method
 from gateway.amqp.constants import (
@@ -102,6 +104,14 @@ _tx_numbers = itertools.count(1)
 
 def next_transaction_id() -> str:
     return f"{_TX_ID_PREFIX}{next(_tx_numbers):x}"
+
+
+def _now_or_later(work: Coroutine[Any, Any, None]) -> Awaitable[None] | None:
+    """Run a handler's coroutine to its first wait: None when it is done (a single node's
+    metadata change never waits, so no task and no loop turn), else the rest, which the
+    session awaits with the frames after it parked (their order stays the wire's)."""
+    started = run_until_first_wait(work)
+    return started if isinstance(started, RestOfCoroutine) else None
 
 
 class Channel:
@@ -203,7 +213,13 @@ class Channel:
 
     # -- exchanges ---------------------------------------------------------------------------
 
-    def exchange_declare(self, m: commands.Exchange.Declare) -> None:
+    # These change metadata, which may have to wait (a cluster's Redis); each runs eagerly
+    # (_now_or_later): on a single node it is done before the next frame, as any handler.
+
+    def exchange_declare(self, m: commands.Exchange.Declare) -> Awaitable[None] | None:
+        return _now_or_later(self._exchange_declare(m))
+
+    async def _exchange_declare(self, m: commands.Exchange.Declare) -> None:
         if not m.passive and m.exchange:  # (passive: no check, as RabbitMQ)
             self._require("amqp exchange.declare", EXCHANGE, m.exchange)
             alternate = (m.arguments or {}).get(ALTERNATE_EXCHANGE_ARG)
@@ -214,7 +230,7 @@ class Channel:
                 # and writes to it.
                 self._require("amqp exchange.declare with alternate-exchange", EXCHANGE, m.exchange)
                 self._require("amqp exchange.declare alternate-exchange", EXCHANGE, alternate)
-        self.vhost.declare_exchange(
+        await self.vhost.declare_exchange(
             self.context,
             m.exchange,
             m.exchange_type,
@@ -227,22 +243,33 @@ class Channel:
         if not m.nowait:
             self.write_method(commands.Exchange.DeclareOk())
 
-    def exchange_delete(self, m: commands.Exchange.Delete) -> None:
+    def exchange_delete(self, m: commands.Exchange.Delete) -> Awaitable[None] | None:
+        return _now_or_later(self._exchange_delete(m))
+
+    async def _exchange_delete(self, m: commands.Exchange.Delete) -> None:
         if m.exchange and not m.exchange.startswith(RESERVED_PREFIX):  # (those: refused anyway)
             self._require("amqp exchange.delete", EXCHANGE, m.exchange)
-        self.vhost.delete_exchange(self.context, m.exchange, if_unused=m.if_unused)
+        await self.vhost.delete_exchange(self.context, m.exchange, if_unused=m.if_unused)
         if not m.nowait:
             self.write_method(commands.Exchange.DeleteOk())
 
-    def exchange_bind(self, m: commands.Exchange.Bind) -> None:
+    def exchange_bind(self, m: commands.Exchange.Bind) -> Awaitable[None] | None:
+        return _now_or_later(self._exchange_bind(m))
+
+    async def _exchange_bind(self, m: commands.Exchange.Bind) -> None:
         self._require_binding("exchange.bind", EXCHANGE, m.destination, m.source, m.routing_key)
-        self.vhost.bind_exchange(self.context, m.destination, m.source, m.routing_key, m.arguments)
+        await self.vhost.bind_exchange(
+            self.context, m.destination, m.source, m.routing_key, m.arguments
+        )
         if not m.nowait:
             self.write_method(commands.Exchange.BindOk())
 
-    def exchange_unbind(self, m: commands.Exchange.Unbind) -> None:
+    def exchange_unbind(self, m: commands.Exchange.Unbind) -> Awaitable[None] | None:
+        return _now_or_later(self._exchange_unbind(m))
+
+    async def _exchange_unbind(self, m: commands.Exchange.Unbind) -> None:
         self._require_binding("exchange.unbind", EXCHANGE, m.destination, m.source, m.routing_key)
-        self.vhost.bind_exchange(
+        await self.vhost.bind_exchange(
             self.context, m.destination, m.source, m.routing_key, m.arguments, unbind=True
         )
         if not m.nowait:
@@ -250,7 +277,10 @@ class Channel:
 
     # -- queues ------------------------------------------------------------------------------
 
-    def queue_declare(self, m: commands.Queue.Declare) -> None:
+    def queue_declare(self, m: commands.Queue.Declare) -> Awaitable[None] | None:
+        return _now_or_later(self._queue_declare(m))
+
+    async def _queue_declare(self, m: commands.Queue.Declare) -> None:
         if m.queue == DIRECT_REPLY_TO or (m.passive and m.queue.startswith(DIRECT_REPLY_TO_PREFIX)):
             if not m.nowait:
                 self.write_method(commands.Queue.DeclareOk(m.queue, 0, 0))
@@ -266,7 +296,7 @@ class Channel:
                 # its dead-letter exchange.
                 self._require("amqp queue.declare with x-dead-letter-exchange", QUEUE, name)
                 self._require("amqp queue.declare x-dead-letter-exchange", EXCHANGE, dead_letter)
-        queue = self.vhost.declare_queue(
+        queue = await self.vhost.declare_queue(
             self.context,
             self.owner,
             name,
@@ -284,19 +314,27 @@ class Channel:
                 )
             )
 
-    def queue_bind(self, m: commands.Queue.Bind) -> None:
+    def queue_bind(self, m: commands.Queue.Bind) -> Awaitable[None] | None:
+        return _now_or_later(self._queue_bind(m))
+
+    async def _queue_bind(self, m: commands.Queue.Bind) -> None:
         name = self._queue_name(m.queue)
         routing_key = m.routing_key if m.routing_key or m.queue else name
         self._require_binding("queue.bind", QUEUE, name, m.exchange, routing_key)
-        self.vhost.bind_queue(self.context, self.owner, name, m.exchange, routing_key, m.arguments)
+        await self.vhost.bind_queue(
+            self.context, self.owner, name, m.exchange, routing_key, m.arguments
+        )
         if not m.nowait:
             self.write_method(commands.Queue.BindOk())
 
-    def queue_unbind(self, m: commands.Queue.Unbind) -> None:
+    def queue_unbind(self, m: commands.Queue.Unbind) -> Awaitable[None] | None:
+        return _now_or_later(self._queue_unbind(m))
+
+    async def _queue_unbind(self, m: commands.Queue.Unbind) -> None:
         name = self._queue_name(m.queue)
         routing_key = m.routing_key if m.routing_key or m.queue else name
         self._require_binding("queue.unbind", QUEUE, name, m.exchange, routing_key)
-        self.vhost.bind_queue(
+        await self.vhost.bind_queue(
             self.context, self.owner, name, m.exchange, routing_key, m.arguments, unbind=True
         )
         self.write_method(commands.Queue.UnbindOk())
@@ -308,10 +346,13 @@ class Channel:
         if not m.nowait:
             self.write_method(commands.Queue.PurgeOk(count))
 
-    def queue_delete(self, m: commands.Queue.Delete) -> None:
+    def queue_delete(self, m: commands.Queue.Delete) -> Awaitable[None] | None:
+        return _now_or_later(self._queue_delete(m))
+
+    async def _queue_delete(self, m: commands.Queue.Delete) -> None:
         name = self._queue_name(m.queue)
         self._require("amqp queue.delete", QUEUE, name)
-        count = self.vhost.delete_queue(
+        count = await self.vhost.delete_queue(
             self.owner, name, if_unused=m.if_unused, if_empty=m.if_empty
         )
         if not m.nowait:

@@ -18,7 +18,7 @@ RabbitMQ does (Connection.Close 320 ``CONNECTION_FORCED - Closed via management 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from core.api import (
@@ -57,13 +57,20 @@ def _as_refusal(action: Callable[[], T]) -> T:
         raise _refusal_of(error) from None
 
 
+async def _awaited_as_refusal(work: Awaitable[T]) -> T:
+    try:
+        return await work
+    except AmqpChannelError as error:
+        raise _refusal_of(error) from None
+
+
 class VhostAdministrator:
     """One vhost's objects for the management API (:class:`~core.api.ObjectAdministrator`)."""
 
     def __init__(self, vhost: VirtualHost) -> None:
         self.vhost = vhost
 
-    def declare_exchange(
+    async def declare_exchange(
         self,
         context: ClientContext,
         name: str,
@@ -75,8 +82,8 @@ class VhostAdministrator:
         arguments: Mapping[str, Any],
     ) -> bool:
         existed = self.vhost.find_exchange(context, name) is not None
-        _as_refusal(
-            lambda: self.vhost.declare_exchange(
+        await _awaited_as_refusal(
+            self.vhost.declare_exchange(
                 context,
                 name,
                 ex_type,
@@ -89,13 +96,13 @@ class VhostAdministrator:
         )
         return not existed
 
-    def delete_exchange(self, context: ClientContext, name: str, *, if_unused: bool) -> bool:
+    async def delete_exchange(self, context: ClientContext, name: str, *, if_unused: bool) -> bool:
         if self.vhost.find_exchange(context, name) is None:
             return False
-        _as_refusal(lambda: self.vhost.delete_exchange(context, name, if_unused=if_unused))
+        await _awaited_as_refusal(self.vhost.delete_exchange(context, name, if_unused=if_unused))
         return True
 
-    def declare_queue(
+    async def declare_queue(
         self,
         context: ClientContext,
         name: str,
@@ -105,8 +112,8 @@ class VhostAdministrator:
         arguments: Mapping[str, Any],
     ) -> bool:
         existed = self.vhost.find_queue(name) is not None
-        _as_refusal(
-            lambda: self.vhost.declare_queue(
+        await _awaited_as_refusal(
+            self.vhost.declare_queue(
                 context,
                 None,
                 name,
@@ -119,17 +126,17 @@ class VhostAdministrator:
         )
         return not existed
 
-    def delete_queue(
+    async def delete_queue(
         self, context: ClientContext, name: str, *, if_unused: bool, if_empty: bool
     ) -> bool:
         if self.vhost.find_queue(name) is None:
             return False
-        _as_refusal(
-            lambda: self.vhost.delete_queue(None, name, if_unused=if_unused, if_empty=if_empty)
+        await _awaited_as_refusal(
+            self.vhost.delete_queue(None, name, if_unused=if_unused, if_empty=if_empty)
         )
         return True
 
-    def bind(
+    async def bind(
         self,
         context: ClientContext,
         source: str,
@@ -141,14 +148,14 @@ class VhostAdministrator:
         unbind: bool,
     ) -> None:
         if destination_type == "queue":
-            _as_refusal(
-                lambda: self.vhost.bind_queue(
+            await _awaited_as_refusal(
+                self.vhost.bind_queue(
                     context, None, destination, source, routing_key, arguments, unbind=unbind
                 )
             )
         else:
-            _as_refusal(
-                lambda: self.vhost.bind_exchange(
+            await _awaited_as_refusal(
+                self.vhost.bind_exchange(
                     context, destination, source, routing_key, arguments, unbind=unbind
                 )
             )

@@ -197,7 +197,7 @@ class AMQPServer:
                 self.context, self.settings.users_to_import(), self.settings.vhosts
             )
         for vhost in self.vhosts.values():
-            vhost.start()
+            await vhost.start()
             # The management API changes this vhost's objects through it (management.py).
             self.api.register_object_administrator(
                 self.context, vhost.name, VhostAdministrator(vhost)

@@ -46,6 +46,7 @@ from core.api import (
     TagFilter,
     TopicError,
     TopicInfo,
+    start_eagerly,
 )
 from gateway.amqp.constants import (
     ACCESS_REFUSED,
@@ -288,7 +289,7 @@ class VirtualHost:
 
     # -- lifecycle ---------------------------------------------------------------------------
 
-    def start(self) -> None:
+    async def start(self) -> None:
         """Load queues, drop what RabbitMQ would not have kept over a restart (transient and
         exclusive queues, transient exchanges), declare the built-in exchanges."""
         self._loop = asyncio.get_running_loop()
@@ -299,13 +300,13 @@ class VirtualHost:
             if not isinstance(config, dict):
                 continue
             if config.get("object") == "queue":
-                self._load_queue(info, config)
+                await self._load_queue(info, config)
             elif config.get("object") == "exchange" and not config.get("durable"):
                 log.info("amqp: transient exchange %r removed on restart", info.name)
-                self.api.delete_exchange(self.context, info.name)
+                await self.api.delete_exchange(self.context, info.name)
         for name, ex_type in BUILTIN_EXCHANGES:
             if not self.api.has_topic(self.context, self.prefix + name):
-                self._create_exchange(self.context, name, ex_type, True, False, False, {})
+                await self._create_exchange(self.context, name, ex_type, True, False, False, {})
         self._schedule_sweep()
 
     def run_in_background(self, work: Coroutine[Any, Any, object]) -> None:
@@ -328,14 +329,15 @@ class VirtualHost:
                 queue.expiry.cancel()
                 queue.expiry = None
 
-    def _load_queue(self, info: TopicInfo, config: Mapping[str, Any]) -> None:
+    async def _load_queue(self, info: TopicInfo, config: Mapping[str, Any]) -> None:
         name = str(config.get("name", self.queue_name(info.name)))
         if not config.get("durable") or config.get("exclusive"):
             log.info("amqp: transient queue %r removed on restart", name)
-            self.api.delete_queue(self.context, info.name)  # its ack queue and index go with it
+            # Its ack queue and index go with it.
+            await self.api.delete_queue(self.context, info.name)
             return
         arguments = dict(config.get("arguments") or {})
-        handle = self.api.open_queue(info.name, self._ack_config(name, arguments))
+        handle = await self.api.open_queue(info.name, self._ack_config(name, arguments))
         queue = Queue(
             name, info.name, True, False, bool(config.get("auto_delete")), arguments, handle
         )
@@ -402,7 +404,7 @@ class VirtualHost:
         if name == "":
             raise _refused("operation not permitted on the default exchange")
 
-    def declare_exchange(
+    async def declare_exchange(
         self,
         context: ClientContext,
         name: str,
@@ -442,9 +444,9 @@ class VirtualHost:
                 f"invalid arg '{ALTERNATE_EXCHANGE_ARG}' for exchange '{name}' in vhost "
                 f"'{self.name}': {_describe(alternate)} is not a string"
             )
-        self._create_exchange(context, name, ex_type, durable, auto_delete, internal, args)
+        await self._create_exchange(context, name, ex_type, durable, auto_delete, internal, args)
 
-    def _create_exchange(
+    async def _create_exchange(
         self,
         context: ClientContext,
         name: str,
@@ -464,7 +466,9 @@ class VirtualHost:
         }
         try:
             # A topic another protocol made becomes this exchange too.
-            self.api.declare_exchange(context, self.exchange_topic(name), {CONFIG_KEY: config})
+            await self.api.declare_exchange(
+                context, self.exchange_topic(name), {CONFIG_KEY: config}
+            )
         except TopicError as error:
             raise _refused(f"cannot declare exchange '{name}': {error}") from None
         self._exchanges.pop(name, None)
@@ -492,7 +496,7 @@ class VirtualHost:
                 )
         _assert_args_equivalent(where, args, existing.arguments, EXCHANGE_EQUIVALENT_ARGS)
 
-    def delete_exchange(self, context: ClientContext, name: str, *, if_unused: bool) -> None:
+    async def delete_exchange(self, context: ClientContext, name: str, *, if_unused: bool) -> None:
         self._check_not_default(name)
         if name.startswith(RESERVED_PREFIX):
             raise _refused(f"deletion of system exchange '{name}' in vhost '{self.name}' refused")
@@ -501,14 +505,14 @@ class VirtualHost:
             return  # RabbitMQ 3.x: deleting a missing exchange is not an error
         if if_unused and self.api.exchange_has_bindings(exchange.topic):
             raise _precondition(f"exchange '{name}' in vhost '{self.name}' in use")
-        self._delete_exchange(context, exchange)
+        await self._delete_exchange(context, exchange)
 
-    def _delete_exchange(self, context: ClientContext, exchange: Exchange) -> None:
-        sources = self.api.delete_exchange(context, exchange.topic)
+    async def _delete_exchange(self, context: ClientContext, exchange: Exchange) -> None:
+        sources = await self.api.delete_exchange(context, exchange.topic)
         self._exchanges.pop(exchange.name, None)
-        self._auto_delete_exchanges(sources)
+        await self._auto_delete_exchanges(sources)
 
-    def _auto_delete_exchanges(self, topics: Iterable[str]) -> None:
+    async def _auto_delete_exchanges(self, topics: Iterable[str]) -> None:
         """Auto-delete exchanges go with their last binding (as a source)."""
         for topic in topics:
             name = self._exchange_of_topic(topic)
@@ -519,7 +523,7 @@ class VirtualHost:
                 and not self.api.exchange_has_bindings(exchange.topic)
             ):
                 log.info("amqp: auto-delete exchange %r deleted (no bindings left)", name)
-                self._delete_exchange(self.context, exchange)
+                await self._delete_exchange(self.context, exchange)
 
     # -- bindings ----------------------------------------------------------------------------
 
@@ -527,7 +531,7 @@ class VirtualHost:
     def _binding_arguments(arguments: Mapping[str, Any] | None) -> dict[str, Any] | None:
         return jsonable(dict(arguments)) if arguments else None  # type: ignore[no-any-return]
 
-    def _bind(
+    async def _bind(
         self,
         context: ClientContext,
         source: Exchange,
@@ -538,8 +542,8 @@ class VirtualHost:
     ) -> None:
         args = self._binding_arguments(arguments)
         if unbind:
-            self.api.unbind(context, source.topic, source.kind, pattern, destination, args)
-            self._auto_delete_exchanges([source.topic])
+            await self.api.unbind(context, source.topic, source.kind, pattern, destination, args)
+            await self._auto_delete_exchanges([source.topic])
             return
         refusal = self.api.binding_limit_refusal(
             context,
@@ -554,7 +558,7 @@ class VirtualHost:
             log.info("amqp: %s: %s", context.peer or context.connection_id, refusal.text)
             raise _precondition(refusal.text)
         try:
-            self.api.bind(context, source.topic, source.kind, pattern, destination, args)
+            await self.api.bind(context, source.topic, source.kind, pattern, destination, args)
         except RoutingError as error:
             raise _precondition(f"invalid binding arguments: {error}") from None
 
@@ -570,7 +574,7 @@ class VirtualHost:
     # error). So the clean-up of a binding whose auto-delete exchange went with its last
     # binding works (aio-pika's suite unbinds src -> dst after dst's last queue left).
 
-    def bind_queue(
+    async def bind_queue(
         self,
         context: ClientContext,
         owner: object,
@@ -586,9 +590,9 @@ class VirtualHost:
             return  # (see above bind_queue)
         target = self.queue(queue, owner)
         source = self.exchange(context, exchange)
-        self._bind(context, source, routing_key, (target.topic, 0), arguments, unbind)
+        await self._bind(context, source, routing_key, (target.topic, 0), arguments, unbind)
 
-    def bind_exchange(
+    async def bind_exchange(
         self,
         context: ClientContext,
         destination: str,
@@ -607,7 +611,9 @@ class VirtualHost:
             return  # (see above bind_queue)
         target = self.exchange(context, destination)
         origin = self.exchange(context, source)
-        self._bind(context, origin, routing_key, (target.topic, EXCHANGE_QUEUE), arguments, unbind)
+        await self._bind(
+            context, origin, routing_key, (target.topic, EXCHANGE_QUEUE), arguments, unbind
+        )
 
     # -- queues ------------------------------------------------------------------------------
 
@@ -631,7 +637,7 @@ class VirtualHost:
             "exclusive property value does not match that of the original declaration.",
         )
 
-    def declare_queue(
+    async def declare_queue(
         self,
         context: ClientContext,
         owner: object,
@@ -688,7 +694,7 @@ class VirtualHost:
         }
         try:
             # A new queue is empty, even where an earlier queue of that name left index entries.
-            handle = self.api.declare_queue(context, topic, {CONFIG_KEY: config}, ack_config)
+            handle = await self.api.declare_queue(context, topic, {CONFIG_KEY: config}, ack_config)
         except TopicError as error:
             raise _precondition(f"cannot declare queue '{name}': {error}") from None
         queue = Queue(
@@ -774,7 +780,9 @@ class VirtualHost:
     def purge_queue(self, owner: object, name: str) -> int:
         return self.queue(name, owner).handle.purge()
 
-    def delete_queue(self, owner: object, name: str, *, if_unused: bool, if_empty: bool) -> int:
+    async def delete_queue(
+        self, owner: object, name: str, *, if_unused: bool, if_empty: bool
+    ) -> int:
         queue = self.queues.get(name)
         if queue is None:
             return 0  # RabbitMQ 3.x: deleting a missing queue is not an error
@@ -785,10 +793,16 @@ class VirtualHost:
         count = queue.handle.message_count()
         if if_empty and count:
             raise _precondition(f"queue '{name}' in vhost '{self.name}' is not empty")
-        self.remove_queue(queue)
+        await self.remove_queue(queue)
         return count
 
-    def remove_queue(self, queue: Queue) -> None:
+    def remove_queue_soon(self, queue: Queue) -> None:
+        """:meth:`remove_queue` from a callback that cannot wait (a timer, a consumer or a
+        connection gone): done before this returns on a single node, else in the
+        background."""
+        start_eagerly(self.remove_queue(queue), self.run_in_background)
+
+    async def remove_queue(self, queue: Queue) -> None:
         """Delete a queue: its consumers are cancelled (Basic.Cancel to clients that take it),
         its bindings go, auto-delete exchanges left without bindings go too."""
         if queue.deleted:
@@ -803,13 +817,13 @@ class VirtualHost:
             consumer.cancelled_by_server()
         queue.consumers.clear()
         # Its ack queue and index go with it; its bindings' sources may be left without any.
-        sources = self.api.delete_queue(self.context, queue.topic)
-        self._auto_delete_exchanges(sources)
+        sources = await self.api.delete_queue(self.context, queue.topic)
+        await self._auto_delete_exchanges(sources)
 
     def owner_gone(self, owner: object) -> None:
         """A connection closed: its exclusive queues go."""
         for queue in [q for q in self.queues.values() if q.owner is owner]:
-            self.remove_queue(queue)
+            self.remove_queue_soon(queue)
 
     # -- consumers and expiry ----------------------------------------------------------------
 
@@ -826,7 +840,7 @@ class VirtualHost:
             return
         if queue.auto_delete:
             log.info("amqp: auto-delete queue %r deleted (last consumer gone)", queue.name)
-            self.remove_queue(queue)
+            self.remove_queue_soon(queue)
         else:
             self._touch(queue)
 
@@ -846,7 +860,7 @@ class VirtualHost:
         if queue.deleted or queue.consumers:
             return
         log.info("amqp: queue %r expired (x-expires %d ms unused)", queue.name, queue.expires_ms)
-        self.remove_queue(queue)
+        self.remove_queue_soon(queue)
 
     def _schedule_sweep(self) -> None:
         if self._loop is not None:

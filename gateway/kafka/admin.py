@@ -144,7 +144,7 @@ def check_queue_limit(
         raise TopicError("policy_violation", refusal.text)
 
 
-def declare_kafka_topic(
+async def declare_kafka_topic(
     context: KafkaContext,
     client: ClientContext,
     name: str,
@@ -153,9 +153,9 @@ def declare_kafka_topic(
 ) -> TopicInfo:
     check_queue_limit(context, client, name, partitions, new_topic=True)
     config: dict[str, Any] = {KAFKA_CONFIGS_KEY: configs} if configs else {}
-    info = context.api.create_topic(client, name, partitions, config)
+    info = await context.api.create_topic(client, name, partitions, config)
     if configs:
-        admin_configs.apply_created_configs(context, client, name, configs)
+        await admin_configs.apply_created_configs(context, client, name, configs)
     context.metrics["topics_created"] = context.metrics.get("topics_created", 0) + 1
     return info
 
@@ -213,7 +213,7 @@ async def handle_metadata(
                     error = ErrorCode.invalid_topic_exception
                 elif allow_create and allowed(context, connection, "kafka CreateTopics", name):
                     try:
-                        info = declare_kafka_topic(
+                        info = await declare_kafka_topic(
                             context,
                             connection.client,
                             name,
@@ -339,7 +339,7 @@ async def handle_create_topics(
                     context.api.check_topic_partitions(connection.client, name, partitions, 0)
                     check_queue_limit(context, connection.client, name, partitions, new_topic=True)
                 else:
-                    declare_kafka_topic(context, connection.client, name, partitions, configs)
+                    await declare_kafka_topic(context, connection.client, name, partitions, configs)
             except TopicError as refused:
                 error, message = _cap_error(refused), str(refused)
                 log.info("kafka: %s CreateTopics %r refused: %s", connection.peer, name, message)
@@ -378,7 +378,7 @@ async def handle_delete_topics(
         elif is_system_topic(name) or not context.api.has_topic(connection.client, name):
             error = ErrorCode.unknown_topic_or_partition
         else:
-            context.api.delete_topic(connection.client, name)
+            await context.api.delete_topic(connection.client, name)
             context.producer_states.forget_topic(name)
         responses.append({"name": name, "error_code": error, "error_message": None})
     return build_response(
@@ -424,7 +424,7 @@ async def handle_create_partitions(
                     context, connection.client, topic.name, added_here, new_topic=False
                 )
                 if not body.validate_only:
-                    context.api.add_partitions(connection.client, topic.name, topic.count)
+                    await context.api.add_partitions(connection.client, topic.name, topic.count)
             except TopicError as refused:
                 error, message = _cap_error(refused), str(refused)
         if error == ErrorCode.policy_violation or error == ErrorCode.invalid_partitions:

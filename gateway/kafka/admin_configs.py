@@ -372,15 +372,17 @@ async def alter_topic(
     storage = api.storage_settings(client)
     limits = retention_of(updated, (storage.retention_ms, storage.retention_bytes))
     try:
-        api.set_topic_retention(client, name, limits)
+        await api.set_topic_retention(client, name, limits)
     except TopicError as refused:
         return _invalid(str(refused))
-    await api.when_durable(api.set_topic_config(client, name, KAFKA_CONFIGS_KEY, updated or None))
+    await api.when_durable(
+        await api.set_topic_config(client, name, KAFKA_CONFIGS_KEY, updated or None)
+    )
     log.info("kafka: topic %r configs now %s", name, updated)
     return _OK
 
 
-def apply_created_configs(
+async def apply_created_configs(
     context: KafkaContext, client: ClientContext, name: str, configs: Mapping[str, str | None]
 ) -> None:
     """Apply the retention a CreateTopics gave a new topic (its configs are kept already);
@@ -393,4 +395,4 @@ def apply_created_configs(
         log.info("kafka: topic %r created with a retention that is not a number: ignored", name)
         return
     if limits is not None:
-        context.api.set_topic_retention(client, name, limits)
+        await context.api.set_topic_retention(client, name, limits)

@@ -197,7 +197,7 @@ class KeyValueTable(Protocol):
     for (``BrokerAPI.when_durable``)."""
 
     def get(self, key: str) -> bytes | None: ...
-    def put(self, key: str, value: bytes) -> int: ...
+    async def put(self, key: str, value: bytes) -> int: ...
     def items(self) -> Iterator[tuple[str, bytes]]: ...
 
 
@@ -214,8 +214,8 @@ class MetadataTable:
     def get(self, key: str) -> bytes | None:
         return self._api.metadata_value(TABLE_CONTEXT, key)
 
-    def put(self, key: str, value: bytes) -> int:
-        return self._api.put_metadata(TABLE_CONTEXT, key, value)
+    async def put(self, key: str, value: bytes) -> int:
+        return await self._api.put_metadata(TABLE_CONTEXT, key, value)
 
     def items(self) -> Iterator[tuple[str, bytes]]:
         return iter(self._api.metadata_items(TABLE_CONTEXT, self.PREFIX))
@@ -238,13 +238,13 @@ class ProducerIdAllocator:
         self._next = int(json.loads(raw)["block_end"]) if raw else 0
         self._block_end = self._next
 
-    def next_id(self) -> tuple[int, int | None]:
+    async def next_id(self) -> tuple[int, int | None]:
         """A producer id, and the durable mark of the block reservation it needed (None: the
         block was reserved before)."""
         reservation = None
         if self._next >= self._block_end:
             self._block_end = self._next + PRODUCER_ID_BLOCK
-            reservation = self._table.put(
+            reservation = await self._table.put(
                 PRODUCER_ID_KEY, json.dumps({"block_end": self._block_end}).encode()
             )
         producer_id = self._next

@@ -181,7 +181,7 @@ class GroupTagFilters:
             return self.configured[group_id], "file"
         return None, "none"
 
-    def set_filter(
+    async def set_filter(
         self, context: ClientContext, group_id: str, expression: str | None
     ) -> int | None:
         """Set (``None``: delete, back to the config file's) a group's filter in ``__meta``,
@@ -190,10 +190,10 @@ class GroupTagFilters:
         end: int | None = None
         if expression is None:
             if self.runtime.pop(group_id, None) is not None:
-                end = self.api.delete_metadata(context, _CONFIG_KEY + group_id)
+                end = await self.api.delete_metadata(context, _CONFIG_KEY + group_id)
         else:
             self.runtime[group_id] = expression
-            end = self.api.put_metadata(context, _CONFIG_KEY + group_id, expression.encode())
+            end = await self.api.put_metadata(context, _CONFIG_KEY + group_id, expression.encode())
         self._refresh()
         return end
 
@@ -201,7 +201,7 @@ class GroupTagFilters:
         self, context: ClientContext, group_id: str, expression: str | None
     ) -> None:
         """``set_filter``, returning once the change is durable (an admin client's answer)."""
-        end = self.set_filter(context, group_id, expression)
+        end = await self.set_filter(context, group_id, expression)
         if end is not None:
             await self.api.when_durable(end)
 

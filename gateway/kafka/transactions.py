@@ -176,8 +176,8 @@ class TransactionCoordinator:
             await self.api.roll_back_transaction(COORDINATOR_CONTEXT, pending.transaction_id)
             txn = self._by_id.get(transactional_id)
             if txn is not None:
-                self._bump_epoch(txn)
-                end = max(end, self.table.put(_TXN_KEY + transactional_id, txn.to_json()))
+                await self._bump_epoch(txn)
+                end = max(end, await self.table.put(_TXN_KEY + transactional_id, txn.to_json()))
             log.warning(
                 "kafka: transaction of %r was open at shutdown (%d batches): aborted, "
                 "producer fenced",
@@ -214,13 +214,15 @@ class TransactionCoordinator:
                 "commit completed" if commit else "aborted, producer fenced",
             )
         for txn in fenced.values():
-            self._bump_epoch(txn)
-            end = max(end, self.table.put(_TXN_KEY + txn.transactional_id, txn.to_json()))
+            await self._bump_epoch(txn)
+            end = max(end, await self.table.put(_TXN_KEY + txn.transactional_id, txn.to_json()))
         for transactional_id in self._committing:
             txn = self._by_id.get(transactional_id)
             if txn is not None and transactional_id not in fenced:
                 state = TxnState.COMPLETE_COMMIT
-                end = max(end, self.table.put(_TXN_KEY + transactional_id, txn.to_json(state)))
+                end = max(
+                    end, await self.table.put(_TXN_KEY + transactional_id, txn.to_json(state))
+                )
         self._committing.clear()
         if end:
             await self.api.when_durable(end)
@@ -233,10 +235,10 @@ class TransactionCoordinator:
         for task in self._tasks:
             task.cancel()
 
-    def _bump_epoch(self, txn: Transaction) -> None:
+    async def _bump_epoch(self, txn: Transaction) -> None:
         self._by_producer.pop(txn.producer_id, None)
         if txn.producer_epoch >= MAX_EPOCH:
-            txn.producer_id, _ = self.producer_ids.next_id()
+            txn.producer_id, _ = await self.producer_ids.next_id()
             txn.producer_epoch = 0
         else:
             txn.producer_epoch += 1
@@ -263,7 +265,7 @@ class TransactionCoordinator:
             return ErrorCode.invalid_transaction_timeout, -1, -1
         txn = self._by_id.get(transactional_id)
         if txn is None:
-            producer_id, _ = self.producer_ids.next_id()
+            producer_id, _ = await self.producer_ids.next_id()
             txn = Transaction(transactional_id, producer_id, 0, timeout_ms)
             self._by_id[transactional_id] = txn
             self._by_producer[producer_id] = txn
@@ -272,10 +274,12 @@ class TransactionCoordinator:
                 return ErrorCode.concurrent_transactions, -1, -1
             if txn.state is TxnState.ONGOING:
                 await self._abort(txn, "a new producer instance initialised its id")
-            self._bump_epoch(txn)
+            await self._bump_epoch(txn)
             txn.timeout_ms = timeout_ms
             self._reset(txn, TxnState.EMPTY)
-        await self.api.when_durable(self.table.put(_TXN_KEY + transactional_id, txn.to_json()))
+        await self.api.when_durable(
+            await self.table.put(_TXN_KEY + transactional_id, txn.to_json())
+        )
         return ErrorCode.none, txn.producer_id, txn.producer_epoch
 
     # -- checks ----------------------------------------------------------------------------
@@ -428,7 +432,7 @@ class TransactionCoordinator:
         # PrepareCommit is in the log before any marker: a restart that finds some partition of
         # the transaction still open completes the commit there (Kafka's transaction log).
         key = _TXN_KEY + txn.transactional_id
-        self.table.put(key, txn.to_json(TxnState.PREPARE_COMMIT))
+        await self.table.put(key, txn.to_json(TxnState.PREPARE_COMMIT))
         end = await self._write_markers(txn, ControlType.COMMIT)
         for group_id, staged in txn.offsets.items():
             if staged:
@@ -436,7 +440,7 @@ class TransactionCoordinator:
                     end,
                     self.api.commit_offsets_nowait(COORDINATOR_CONTEXT, group_id, staged.values()),
                 )
-        end = max(end, self.table.put(key, txn.to_json(TxnState.COMPLETE_COMMIT)))
+        end = max(end, await self.table.put(key, txn.to_json(TxnState.COMPLETE_COMMIT)))
         await self.api.when_durable(end)
         self._reset(txn, TxnState.COMPLETE_COMMIT)
         self.metrics["committed"] += 1
@@ -490,9 +494,9 @@ class TransactionCoordinator:
 
         async def expire() -> None:
             await self._abort(txn, "timed out")
-            self._bump_epoch(txn)
+            await self._bump_epoch(txn)
             await self.api.when_durable(
-                self.table.put(_TXN_KEY + txn.transactional_id, txn.to_json())
+                await self.table.put(_TXN_KEY + txn.transactional_id, txn.to_json())
             )
 
         task = asyncio.get_running_loop().create_task(expire())

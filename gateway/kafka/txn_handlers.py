@@ -33,7 +33,7 @@ async def handle_init_producer_id(
 ) -> ResponseBody:
     body: Any = request.body
     if body.transactional_id is None:
-        producer_id, reservation = context.producer_ids.next_id()
+        producer_id, reservation = await context.producer_ids.next_id()
         if reservation is not None:
             await context.api.when_durable(reservation)
         error, epoch = ErrorCode.none, 0

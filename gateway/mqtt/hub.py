@@ -56,6 +56,7 @@ from core.api import (
     now_ms,
     parse_shared_subscription,
     routing_key_of,
+    start_eagerly,
     tags_from_headers,
     validate_topic_filter,
 )
@@ -160,7 +161,8 @@ class MqttHub:
         self.amqp_exchange = options.amqp_exchange or api.mqtt_compat_exchange()
         api.follow_live_records(self.context, self._on_live_record)
         api.add_route_hook(self.context, self._route_hook, may_route=self._may_route)
-        self._load()
+        # Done before this returns on a single node (its metadata changes never wait).
+        start_eagerly(self._load(), self.spawn)
 
     def close(self) -> None:
         if self.closed:
@@ -200,7 +202,7 @@ class MqttHub:
 
     # -- sessions --------------------------------------------------------------------------
 
-    def open_session(
+    async def open_session(
         self, connection: Connection, client_id: str, clean_start: bool, expiry: int
     ) -> tuple[Session, bool]:
         """The session a CONNECT gets, and whether it existed ("session present")."""
@@ -211,7 +213,7 @@ class MqttHub:
             existing.connection.take_over()
             existing = self.sessions.get(client_id)
         if existing is not None and clean_start:
-            self.end_session(existing)  # [MQTT-3.1.2-4]
+            await self.end_session(existing)  # [MQTT-3.1.2-4]
             existing = None
         if existing is not None:
             self._cancel_timers(existing)
@@ -224,7 +226,7 @@ class MqttHub:
         if session.persistent:
             name = session.queue_name = session_queue_name(client_id)
             # A new session starts empty, whatever an old queue held.
-            self.api.declare_session_queue(connection.context, name, empty=True)
+            await self.api.declare_session_queue(connection.context, name, empty=True)
         self.sessions[client_id] = session
         self.persist(session)
         return session, False
@@ -237,12 +239,17 @@ class MqttHub:
         if will is not None:
             self._schedule_will(session, will, connection.context)
         if session.expiry_interval == 0 or session.ended:
-            self.end_session(session)
+            self.end_session_soon(session)
             return
         self.persist(session)
         self._schedule_expiry(session, session.expiry_interval)
 
-    def end_session(self, session: Session) -> None:
+    def end_session_soon(self, session: Session) -> None:
+        """:meth:`end_session` from a callback that cannot wait (a connection gone, a timer):
+        done before this returns on a single node, else in a task."""
+        start_eagerly(self.end_session(session), self.spawn)
+
+    async def end_session(self, session: Session) -> None:
         if session.ended:
             return
         session.ended = True
@@ -250,9 +257,9 @@ class MqttHub:
         if session.connection is not None:
             session.detach()
         for topic_filter in list(session.subscriptions):
-            self.unsubscribe(session, topic_filter, persist=False)
+            await self.unsubscribe(session, topic_filter, persist=False)
         if session.queue_name is not None:
-            self.api.discard_session_queue(session.context, session.queue_name)
+            await self.api.discard_session_queue(session.context, session.queue_name)
         if session.persistent:
             self.api.delete_session_state(session.context, session.client_id)
         if self.sessions.get(session.client_id) is session:
@@ -292,7 +299,7 @@ class MqttHub:
         session.expiry_timer = None
         if session.connection is None and not session.ended:
             self.metrics["sessions_expired"] += 1
-            self.end_session(session)
+            self.end_session_soon(session)
 
     # -- wills -----------------------------------------------------------------------------
 
@@ -567,7 +574,7 @@ class MqttHub:
 
     # -- subscriptions ---------------------------------------------------------------------
 
-    def subscribe(
+    async def subscribe(
         self,
         session: Session,
         request: Subscription,
@@ -608,7 +615,7 @@ class MqttHub:
                 self._set_tag_filter(session, existing, tag_filter)
             self.persist(session)
             return request.qos, existing, False
-        sub = self._add_sub(
+        sub = await self._add_sub(
             session,
             topic_filter,
             inner,
@@ -626,7 +633,7 @@ class MqttHub:
             sub.group.member_online()
         return request.qos, sub, True
 
-    def _add_sub(
+    async def _add_sub(
         self,
         session: Session,
         topic_filter: str,
@@ -641,7 +648,7 @@ class MqttHub:
         tag_filter: TagFilter | None = None,
     ) -> Sub:
         group = (
-            self._group(session.context, share, inner, plan, tag_filter)
+            await self._group(session.context, share, inner, plan, tag_filter)
             if share is not None
             else None
         )
@@ -662,7 +669,7 @@ class MqttHub:
             session.groups.append(group)
         else:
             if session.queue_name is not None:
-                self._bind(session.context, plan, session.queue_name)
+                await self._bind(session.context, plan, session.queue_name)
             else:
                 self._add_live(session, sub)
             session.plain.append(sub)
@@ -710,7 +717,9 @@ class MqttHub:
             union = TagFilter(tag for sub in plain if sub.tag_filter for tag in sub.tag_filter.tags)
         self.api.set_session_queue_tag_filter(session.context, session.queue_name, union)
 
-    def unsubscribe(self, session: Session, topic_filter: str, *, persist: bool = True) -> bool:
+    async def unsubscribe(
+        self, session: Session, topic_filter: str, *, persist: bool = True
+    ) -> bool:
         sub = session.subscriptions.pop(topic_filter, None)
         if sub is None:
             return False
@@ -719,7 +728,7 @@ class MqttHub:
             session.groups.remove(group)
             group.remove(session)
             if not group.members:
-                self._drop_group(session.context, group)
+                await self._drop_group(session.context, group)
         else:
             session.plain.remove(sub)
             self.sys_subscriptions.discard(sub)
@@ -733,28 +742,28 @@ class MqttHub:
                 }
                 for spec in binding_plan(inner) or ():
                     if spec not in still:
-                        self._unbind(session.context, spec, session.queue_name)
+                        await self._unbind(session.context, spec, session.queue_name)
             else:
                 self._remove_live(session, sub)
         if persist:
             self.persist(session)
         return True
 
-    def _bind(self, context: ClientContext, plan: list[BindingSpec], queue_name: str) -> None:
+    async def _bind(self, context: ClientContext, plan: list[BindingSpec], queue_name: str) -> None:
         bind = self.api.bind_session_queue
         for spec in plan:
-            if bind(context, spec.source, spec.kind, spec.pattern, queue_name) and (
+            if await bind(context, spec.source, spec.kind, spec.pattern, queue_name) and (
                 spec.source == GLOBAL_SOURCE
             ):
                 self.global_bindings += 1
 
-    def _unbind(self, context: ClientContext, spec: BindingSpec, queue_name: str) -> None:
-        if self.api.unbind_session_queue(
+    async def _unbind(self, context: ClientContext, spec: BindingSpec, queue_name: str) -> None:
+        if await self.api.unbind_session_queue(
             context, spec.source, spec.kind, spec.pattern, queue_name
         ) and (spec.source == GLOBAL_SOURCE):
             self.global_bindings -= 1
 
-    def _group(
+    async def _group(
         self,
         context: ClientContext,
         share: str,
@@ -767,29 +776,29 @@ class MqttHub:
         if group is not None:
             return group
         # The group's tag filter is set when its queue is created (durable with it).
-        self.api.declare_session_queue(context, name, tag_filter=tag_filter)
-        self._bind(context, plan, name)
+        await self.api.declare_session_queue(context, name, tag_filter=tag_filter)
+        await self._bind(context, plan, name)
         strategy = self.options.shared_subscription_strategy
         group = self.groups[name] = SharedGroup(self, name, share, inner, plan, strategy)
         return group
 
-    def _drop_group(self, context: ClientContext, group: SharedGroup) -> None:
+    async def _drop_group(self, context: ClientContext, group: SharedGroup) -> None:
         self.groups.pop(group.name, None)
         group.stop()
         global_specs = sum(1 for spec in group.plan if spec.source == GLOBAL_SOURCE)
-        if self.api.discard_session_queue(context, group.name):
+        if await self.api.discard_session_queue(context, group.name):
             self.global_bindings -= global_specs
 
     # -- restart ---------------------------------------------------------------------------
 
-    def _load(self) -> None:
+    async def _load(self) -> None:
         """Rebuild persistent sessions from ``__sessions`` and reconcile queues and bindings."""
         now = now_ms()
         api = self.api
         context = self.context
         for client_id, raw in api.session_states():
             try:
-                self._restore(client_id, json.loads(raw), now)
+                await self._restore(client_id, json.loads(raw), now)
             except (ValueError, KeyError, TypeError):
                 log.exception("mqtt: session %r cannot be restored; dropped", client_id)
                 api.delete_session_state(context, client_id)
@@ -797,7 +806,7 @@ class MqttHub:
         expected_queues = {s.queue_name for s in self.sessions.values()} | set(self.groups)
         for name in api.session_queue_names(ours):
             if name not in expected_queues:
-                api.discard_session_queue(context, name)
+                await api.discard_session_queue(context, name)
         expected: set[tuple[str, str, str, str]] = set()
         for session in self.sessions.values():
             if session.queue_name is not None:
@@ -811,18 +820,19 @@ class MqttHub:
         for key in api.session_queue_bindings(ours):
             source, kind, pattern, name = key
             if key not in expected:
-                api.unbind_session_queue(context, source, kind, pattern, name)
+                await api.unbind_session_queue(context, source, kind, pattern, name)
             elif source == GLOBAL_SOURCE:
                 self.global_bindings += 1
         if self.sessions:
             log.info("mqtt: %d persistent sessions restored", len(self.sessions))
 
-    def _restore(self, client_id: str, data: dict[str, Any], now: int) -> None:
+    async def _restore(self, client_id: str, data: dict[str, Any], now: int) -> None:
         expiry = int(data["expiry"])
         context = ClientContext(PROTOCOL_MQTT, connection_id="mqtt-hub", client_id=client_id)
         session = Session(self, client_id, expiry, context)
         session.queue_name = name = session_queue_name(client_id)
-        self.api.declare_session_queue(context, name)  # one lost with its index starts empty
+        # One lost with its index starts empty.
+        await self.api.declare_session_queue(context, name)
         self.sessions[client_id] = session
         for entry in data["subs"]:
             topic_filter, qos, no_local, rap, handling, identifier = entry[:6]
@@ -833,7 +843,7 @@ class MqttHub:
             plan = binding_plan(inner)
             if plan is None:
                 continue
-            self._add_sub(
+            await self._add_sub(
                 session,
                 topic_filter,
                 inner,
@@ -857,7 +867,7 @@ class MqttHub:
             left = expiry - (now - gone) / 1000
             if left <= 0:
                 self.metrics["sessions_expired"] += 1
-                self.end_session(session)
+                await self.end_session(session)
                 return
             self._schedule_expiry(session, left)
         if not data.get("disconnected_ms"):

@@ -48,7 +48,7 @@ import enum
 import itertools
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
@@ -56,8 +56,10 @@ from core.api import (
     PROTOCOL_MQTT,
     ClientContext,
     LoginResult,
+    RestOfCoroutine,
     TagFilter,
     now_ms,
+    run_until_first_wait,
 )
 from gateway.mqtt.access import Access
 from gateway.mqtt.client_session import Session
@@ -144,6 +146,14 @@ class State(enum.Enum):
 # ---------------------------------------------------------------------------------------------
 
 Handler = Callable[["Connection", Any], "Awaitable[None] | None"]
+
+
+def _now_or_later(work: Coroutine[Any, Any, None]) -> Awaitable[None] | None:
+    """Run a handler's coroutine to its first wait: None when it is done (a single node's
+    session queues and bindings change without waiting: no task, no loop turn), else the
+    rest, which the transport awaits with the packets after it parked."""
+    started = run_until_first_wait(work)
+    return started if isinstance(started, RestOfCoroutine) else None
 
 
 class Connection:
@@ -366,14 +376,14 @@ class Connection:
         if self.certificate_user is not None and options.use_identity_as_username:
             # The verified certificate names the user; CONNECT's user name and password are
             # not looked at (Mosquitto's use_identity_as_username).
-            self._logged_in(packet, api.login_certificate(context, self.certificate_user))
-            return None
+            return _now_or_later(
+                self._logged_in(packet, api.login_certificate(context, self.certificate_user))
+            )
         if self.tls and options.use_identity_as_username:
             self._refuse(ReasonCode.NOT_AUTHORIZED, "no client certificate")
             return None
         if packet.username is None:
-            self._logged_in(packet, api.login_anonymous(context))
-            return None
+            return _now_or_later(self._logged_in(packet, api.login_anonymous(context)))
         return self._login(packet, packet.username, packet.password or b"")
 
     async def _login(self, packet: Connect, user: str, password: bytes) -> None:
@@ -385,9 +395,9 @@ class Connection:
             text = "\0" + password.hex()
         result = await self.hub.api.login_password(self.context, user, text, "MQTT")
         if self.state is State.AWAIT_CONNECT:  # not closed while the check ran
-            self._logged_in(packet, result)
+            await self._logged_in(packet, result)
 
-    def _logged_in(self, packet: Connect, result: LoginResult) -> None:
+    async def _logged_in(self, packet: Connect, result: LoginResult) -> None:
         if not result.ok:
             code = (
                 ReasonCode.NOT_AUTHORIZED
@@ -396,9 +406,9 @@ class Connection:
             )
             self._refuse(code, f"login refused ({result.reason}): user {result.user!r}")
             return
-        self._accept(packet, result.user)
+        await self._accept(packet, result.user)
 
-    def _accept(self, packet: Connect, user: str) -> None:
+    async def _accept(self, packet: Connect, user: str) -> None:
         hub = self.hub
         link = self.link
         if isinstance(link, GatewayTransport):  # the TCP listener (WebSocket: its own marks)
@@ -451,7 +461,9 @@ class Connection:
             return
         self.keep_alive = keep_alive
         self.will = will
-        session, present = hub.open_session(self, client_id, packet.clean_start, granted_expiry)
+        session, present = await hub.open_session(
+            self, client_id, packet.clean_start, granted_expiry
+        )
         self.session = session
         self.state = State.CONNECTED
         connack_props = NO_PROPERTIES
@@ -613,7 +625,10 @@ class Connection:
 
     # -- SUBSCRIBE / UNSUBSCRIBE -----------------------------------------------------------
 
-    def _on_subscribe(self, packet: Subscribe) -> None:
+    def _on_subscribe(self, packet: Subscribe) -> Awaitable[None] | None:
+        return _now_or_later(self._subscribe(packet))
+
+    async def _subscribe(self, packet: Subscribe) -> None:
         session = self.session
         assert session is not None
         identifier = packet.subscription_identifier or 0
@@ -622,7 +637,7 @@ class Connection:
             if name == TAG_FILTER_PROPERTY:
                 tag_filter = TagFilter.parse(value)
         results = [
-            self._subscribe_one(session, subscription, identifier, tag_filter)
+            await self._subscribe_one(session, subscription, identifier, tag_filter)
             for subscription in packet.subscriptions
         ]
         codes = tuple(code for code, _, _ in results)
@@ -636,7 +651,7 @@ class Connection:
                 continue
             self.hub.send_retained(session, sub)
 
-    def _subscribe_one(
+    async def _subscribe_one(
         self,
         session: Session,
         subscription: SubscribeEntry,
@@ -659,14 +674,21 @@ class Connection:
                     refusal.text,
                 )
                 return ReasonCode.QUOTA_EXCEEDED, None, False
-        return self.hub.subscribe(session, subscription, identifier, tag_filter)
+        return await self.hub.subscribe(session, subscription, identifier, tag_filter)
 
-    def _on_unsubscribe(self, packet: Unsubscribe) -> None:
+    def _on_unsubscribe(self, packet: Unsubscribe) -> Awaitable[None] | None:
+        return _now_or_later(self._unsubscribe(packet))
+
+    async def _unsubscribe(self, packet: Unsubscribe) -> None:
         session = self.session
         assert session is not None
         codes = tuple(
-            0 if self.hub.unsubscribe(session, topic_filter) else ReasonCode.NO_SUBSCRIPTION_EXISTED
-            for topic_filter in packet.topic_filters
+            [
+                0
+                if await self.hub.unsubscribe(session, topic_filter)
+                else ReasonCode.NO_SUBSCRIPTION_EXISTED
+                for topic_filter in packet.topic_filters
+            ]
         )
         if self.version != MQTT_5:
             codes = ()

@@ -106,11 +106,11 @@ async def test_builtin_exchanges_exist_in_every_vhost(server: ServerUnderTest) -
         assert (exchange.name, exchange.topic) == (name, f"amq.vhost.staging.{name}")
     # "/" does not see staging's topics as exchanges; staging does not see "/"'s.
     assert root.find_exchange(root.context, "amq.vhost.staging.amq.topic") is None
-    server.broker.declare_topic("kafka-made", 1)
+    await server.broker.declare_topic("kafka-made", 1)
     assert root.find_exchange(root.context, "kafka-made") is not None
     assert staging.find_exchange(staging.context, "kafka-made") is None
     # A topic another protocol made under staging's prefix is a staging (topic) exchange.
-    server.broker.declare_topic("amq.vhost.staging.kafka-made", 1)
+    await server.broker.declare_topic("amq.vhost.staging.kafka-made", 1)
     found = staging.find_exchange(staging.context, "kafka-made")
     assert found is not None
     assert (found.type, found.topic) == ("topic", "amq.vhost.staging.kafka-made")

@@ -175,7 +175,7 @@ async def test_transaction_and_timer_metrics_are_exported(tmp_path):
     try:
         broker = server.broker
         assert broker is not None
-        broker.declare_topic("orders", 1)
+        await broker.declare_topic("orders", 1)
         # One half message left open, one committed through the braid.txn convention, one
         # delayed record pending.
         await broker.publish("orders", b"open", headers=[("x-braid-txn-id", b"t-open")])

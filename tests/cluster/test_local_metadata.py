@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from core.api import PROTOCOL_AMQP, AckQueueConfig, BrokerAPI, ClientContext
 from core.broker import Broker
+from core.broker.eager import Pending, run_eagerly
 from core.cluster import (
     KIND_BINDING,
     KIND_LIMIT,
@@ -113,7 +116,7 @@ def test_a_data_dir_written_before_reads_the_same(stores):
     assert dict(metadata.items(KIND_LIMIT)) == {k: v.encode() for k, v in OLD_LIMITS.items()}
 
 
-def test_the_stores_over_it_see_the_old_data_and_write_the_old_keys(stores):
+async def test_the_stores_over_it_see_the_old_data_and_write_the_old_keys(stores):
     write_old_layout(stores())
     broker = Broker(stores())
     topic = broker.topics.get("orders")
@@ -127,11 +130,11 @@ def test_the_stores_over_it_see_the_old_data_and_write_the_old_keys(stores):
     limits = LimitsStore(broker.metadata)
     assert limits.limits("vhost") == {"/": {"max-queues": 5}}
 
-    broker.declare_topic("events", 3)
-    broker.bind("events", "topic", "#", ("q", 0))
-    broker.declare_ack_queue("events", 0)
-    security.put_user(User("carol"))
-    limits.set_limit(USER, "carol", MAX_CONNECTIONS, 3)
+    await broker.declare_topic("events", 3)
+    await broker.bind("events", "topic", "#", ("q", 0))
+    await broker.declare_ack_queue("events", 0)
+    await security.put_user(User("carol"))
+    await limits.set_limit(USER, "carol", MAX_CONNECTIONS, 3)
     store = broker.store
     store.flush()
 
@@ -152,16 +155,16 @@ def test_the_stores_over_it_see_the_old_data_and_write_the_old_keys(stores):
     assert LimitsStore(again.metadata).limit(USER, "carol", MAX_CONNECTIONS) == 3
 
 
-def test_apply_is_versioned_conditional_and_all_or_nothing(stores):
+async def test_apply_is_versioned_conditional_and_all_or_nothing(stores):
     store = stores()
     metadata = LocalMetadata(store)
     assert metadata.version == 0
-    first = metadata.apply([Change(KIND_TOPIC, "a", b"1"), Change(KIND_TOPIC, "b", b"2")])
+    first = await metadata.apply([Change(KIND_TOPIC, "a", b"1"), Change(KIND_TOPIC, "b", b"2")])
     assert first == 1
     assert metadata.get(KIND_TOPIC, "a") == b"1"
     end = metadata.durable_mark
     with pytest.raises(MetadataConflict) as refused:
-        metadata.apply(
+        await metadata.apply(
             [Change(KIND_TOPIC, "a", b"changed"), Change(KIND_TOPIC, "c", b"3")],
             expect={(KIND_TOPIC, "a"): b"1", (KIND_TOPIC, "b"): None},
         )
@@ -169,17 +172,17 @@ def test_apply_is_versioned_conditional_and_all_or_nothing(stores):
     assert metadata.get(KIND_TOPIC, "a") == b"1"
     assert metadata.get(KIND_TOPIC, "c") is None
     assert (metadata.version, metadata.durable_mark) == (1, end)  # nothing written
-    second = metadata.apply(
+    second = await metadata.apply(
         [Change(KIND_TOPIC, "a", None)],
         expect={(KIND_TOPIC, "a"): b"1", (KIND_TOPIC, "c"): None},
     )
     assert second == 2
     assert metadata.get(KIND_TOPIC, "a") is None
     # Deleting what is absent changes nothing: no record, no version.
-    assert metadata.apply([Change(KIND_TOPIC, "a", None)]) == 2
+    assert await metadata.apply([Change(KIND_TOPIC, "a", None)]) == 2
     assert metadata.durable_mark > end
     with pytest.raises(ValueError, match="unknown metadata kind"):
-        metadata.apply([Change(KIND_TOPIC, "d", b"4"), Change("nonsense", "x", b"")])
+        await metadata.apply([Change(KIND_TOPIC, "d", b"4"), Change("nonsense", "x", b"")])
     assert metadata.get(KIND_TOPIC, "d") is None
 
 
@@ -194,15 +197,15 @@ def test_one_local_metadata_per_log_store(stores):
 async def test_wait_durable_covers_the_version(stores):
     store = stores()
     metadata = LocalMetadata(store)
-    version = metadata.apply([Change(KIND_SETTING, "k", b"v")])
+    version = await metadata.apply([Change(KIND_SETTING, "k", b"v")])
     await asyncio.wait_for(metadata.wait_durable(version), 30)
     assert store.commitlog.flushed_position >= metadata.durable_mark
 
 
 async def test_watch_replays_then_follows(stores):
     metadata = LocalMetadata(stores())
-    metadata.apply([Change(KIND_TOPIC, "a", b"1")])
-    metadata.apply([Change(KIND_TOPIC, "b", b"2"), Change(KIND_QUEUE, "b\x000", b"{}")])
+    await metadata.apply([Change(KIND_TOPIC, "a", b"1")])
+    await metadata.apply([Change(KIND_TOPIC, "b", b"2"), Change(KIND_QUEUE, "b\x000", b"{}")])
     seen: list[tuple[int, str, str]] = []
 
     async def follow() -> None:
@@ -214,7 +217,7 @@ async def test_watch_replays_then_follows(stores):
     follower = asyncio.create_task(follow())
     await asyncio.sleep(0)  # the follower has replayed version 2 and waits
     assert seen == [(2, KIND_TOPIC, "b"), (2, KIND_QUEUE, "b\x000")]
-    metadata.apply([Change(KIND_TOPIC, "b", None)])
+    await metadata.apply([Change(KIND_TOPIC, "b", None)])
     await asyncio.wait_for(follower, 30)
     assert seen[-1] == (3, KIND_TOPIC, "b")
 
@@ -222,8 +225,53 @@ async def test_watch_replays_then_follows(stores):
 async def test_watch_from_too_far_back_is_a_gap(stores):
     metadata = LocalMetadata(stores())
     for number in range(WATCH_BACKLOG + 2):
-        metadata.apply([Change(KIND_SETTING, f"k{number}", b"v")])
+        await metadata.apply([Change(KIND_SETTING, f"k{number}", b"v")])
     with pytest.raises(MetadataGap):
         await anext(aiter(metadata.watch(0)))
     latest = await anext(aiter(metadata.watch(metadata.version - 1)))
     assert latest.version == metadata.version
+
+
+def test_apply_is_done_in_its_first_step(stores):
+    """The single node's change completes without suspending, so its callers run it eagerly
+    (core/broker/eager.py) and pay no loop turn: an await point inside would fail this."""
+    metadata = LocalMetadata(stores())
+    assert run_eagerly(metadata.apply([Change(KIND_TOPIC, "a", b"1")])) == 1
+    assert metadata.get(KIND_TOPIC, "a") == b"1"
+
+
+async def test_the_broker_api_changes_metadata_without_suspending(stores):
+    """Every awaitable metadata call of the Broker API completes at once on a single node, so
+    a gateway that runs it eagerly handles the next frame in the same loop turn."""
+    api = BrokerAPI(Broker(stores()))
+    context = ClientContext(PROTOCOL_AMQP, user="guest")
+    changes: list[tuple[str, Callable[[], Coroutine[Any, Any, object]]]] = [
+        ("declare_exchange", lambda: api.declare_exchange(context, "x", {"k": 1})),
+        ("declare_queue", lambda: api.declare_queue(context, "q", {}, AckQueueConfig())),
+        ("open_queue", lambda: api.open_queue("q2", AckQueueConfig())),
+        ("bind", lambda: api.bind(context, "x", "exact", "k", ("q", 0))),
+        ("unbind", lambda: api.unbind(context, "x", "exact", "k", ("q", 0))),
+        ("create_topic", lambda: api.create_topic(context, "t", 2)),
+        ("add_partitions", lambda: api.add_partitions(context, "t", 3)),
+        ("set_topic_config", lambda: api.set_topic_config(context, "t", "k", 1)),
+        ("set_topic_retention", lambda: api.set_topic_retention(context, "t", (1000, None))),
+        ("put_metadata", lambda: api.put_metadata(context, "s", b"v")),
+        ("delete_metadata", lambda: api.delete_metadata(context, "s")),
+        ("declare_session_queue", lambda: api.declare_session_queue(context, "s1")),
+        ("bind_session_queue", lambda: api.bind_session_queue(context, "x", "topic", "#", "s1")),
+        (
+            "unbind_session_queue",
+            lambda: api.unbind_session_queue(context, "x", "topic", "#", "s1"),
+        ),
+        ("discard_session_queue", lambda: api.discard_session_queue(context, "s1")),
+        ("set_user_limit", lambda: api.set_user_limit(context, "guest", MAX_CONNECTIONS, 5)),
+        ("clear_user_limit", lambda: api.clear_user_limit(context, "guest", MAX_CONNECTIONS)),
+        ("delete_queue", lambda: api.delete_queue(context, "q")),
+        ("delete_exchange", lambda: api.delete_exchange(context, "x")),
+        ("delete_topic", lambda: api.delete_topic(context, "t")),
+    ]
+    for name, change in changes:
+        assert not isinstance(run_eagerly(change()), Pending), f"{name} waited"
+    assert not api.has_topic(context, "x")
+    assert api.topic_info(context, "q2") is None  # open_queue made only its ack queue
+    assert api.has_session_queue(context, "q2")

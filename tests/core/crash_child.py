@@ -26,7 +26,7 @@ async def main(data_dir: str, first_seq: int) -> None:
     broker = open_broker(data_dir)
     await broker.store.start()
     await broker.start()
-    queue, _ = broker.declare_ack_queue("jobs")
+    queue, _ = await broker.declare_ack_queue("jobs")
     out = sys.stdout
     acked = 0
 

@@ -48,7 +48,7 @@ async def publish_n(broker, topic, n, **kw):
 
 async def test_prefetch_limits_in_flight_and_acks_release_more(broker_factory):
     broker = broker_factory()
-    queue, _ = broker.declare_ack_queue("jobs")
+    queue, _ = await broker.declare_ack_queue("jobs")
     await publish_n(broker, "jobs", 10)
     collector = Collector()
     queue.add_consumer("c1", 3, collector)
@@ -68,7 +68,7 @@ async def test_prefetch_limits_in_flight_and_acks_release_more(broker_factory):
 
 async def test_competing_consumers_share_round_robin(broker_factory):
     broker = broker_factory()
-    queue, _ = broker.declare_ack_queue("work")
+    queue, _ = await broker.declare_ack_queue("work")
     a, b = Collector(), Collector()
     queue.add_consumer("a", 0, a)
     queue.add_consumer("b", 0, b)
@@ -81,7 +81,7 @@ async def test_competing_consumers_share_round_robin(broker_factory):
 
 async def test_single_active_consumer(broker_factory):
     broker = broker_factory()
-    queue, _ = broker.declare_ack_queue("sac", 0, AckQueueConfig(single_active_consumer=True))
+    queue, _ = await broker.declare_ack_queue("sac", 0, AckQueueConfig(single_active_consumer=True))
     a, b = Collector(), Collector()
     consumer_a = queue.add_consumer("a", 0, a)
     queue.add_consumer("b", 0, b)
@@ -101,7 +101,7 @@ async def test_nack_requeue_redelivers_first_and_reject_dead_letters(broker_fact
     broker = broker_factory()
     dead = []
     broker.dead_letter_hook = lambda q, m, reason: dead.append((m.body, reason))
-    queue, _ = broker.declare_ack_queue("n")
+    queue, _ = await broker.declare_ack_queue("n")
     await publish_n(broker, "n", 3)
     c = Collector()
     queue.add_consumer("c", 1, c)
@@ -122,7 +122,7 @@ async def test_delivery_limit_dead_letters(broker_factory):
     broker = broker_factory()
     dead = []
     broker.dead_letter_hook = lambda q, m, reason: dead.append((m.body, reason))
-    queue, _ = broker.declare_ack_queue("limited", 0, AckQueueConfig(delivery_limit=2))
+    queue, _ = await broker.declare_ack_queue("limited", 0, AckQueueConfig(delivery_limit=2))
     await broker.publish("limited", b"poison")
     c = Collector()
     queue.add_consumer("c", 1, c)
@@ -138,7 +138,7 @@ async def test_message_ttl_and_per_message_expiry(broker_factory):
     broker = broker_factory()
     dead = []
     broker.dead_letter_hook = lambda q, m, reason: dead.append((m.body, reason))
-    queue, _ = broker.declare_ack_queue("ttl", 0, AckQueueConfig(message_ttl_ms=50))
+    queue, _ = await broker.declare_ack_queue("ttl", 0, AckQueueConfig(message_ttl_ms=50))
     await broker.publish("ttl", b"old")
     await asyncio.sleep(0.08)
     await broker.publish("ttl", b"fresh")
@@ -156,7 +156,7 @@ async def test_message_ttl_and_per_message_expiry(broker_factory):
 
 async def test_get_and_purge(broker_factory):
     broker = broker_factory()
-    queue, _ = broker.declare_ack_queue("g")
+    queue, _ = await broker.declare_ack_queue("g")
     await publish_n(broker, "g", 5)
     first = queue.get(no_ack=True)
     assert first.message.body == b"m0"
@@ -172,7 +172,9 @@ async def test_get_and_purge(broker_factory):
 
 async def test_tag_filtered_queue(broker_factory):
     broker = broker_factory()
-    queue, _ = broker.declare_ack_queue("t", 0, AckQueueConfig(tag_filter=TagFilter(["A", "B"])))
+    queue, _ = await broker.declare_ack_queue(
+        "t", 0, AckQueueConfig(tag_filter=TagFilter(["A", "B"]))
+    )
     for i, tag in enumerate(["A", "C", "B", "C", "C", "A"]):
         await broker.publish("t", str(i).encode(), tags=[tag])
     c = Collector()
@@ -186,7 +188,7 @@ async def test_tag_filtered_queue(broker_factory):
 
 async def test_ack_state_survives_restart(broker_factory):
     broker = broker_factory()
-    queue, _ = broker.declare_ack_queue("durable")
+    queue, _ = await broker.declare_ack_queue("durable")
     await publish_n(broker, "durable", 6)
     c = Collector()
     queue.add_consumer("c", 0, c)
@@ -211,7 +213,7 @@ async def test_ack_state_survives_restart(broker_factory):
 
 async def test_ack_state_writes_are_batched(broker_factory):
     broker = broker_factory()
-    queue, _ = broker.declare_ack_queue("batched")
+    queue, _ = await broker.declare_ack_queue("batched")
     await publish_n(broker, "batched", 200)
     c = Collector()
     queue.add_consumer("c", 0, c)
@@ -239,7 +241,7 @@ async def test_offset_groups_commit_and_fetch_durably(broker_factory):
 
 async def test_long_poll_wakes_on_append(broker_factory):
     broker = broker_factory()
-    broker.declare_topic("lp")
+    await broker.declare_topic("lp")
     waiter = asyncio.create_task(broker.wait_for_records([("lp", 0)], 5))
     await asyncio.sleep(0.01)
     await broker.publish("lp", b"x")
@@ -249,7 +251,7 @@ async def test_long_poll_wakes_on_append(broker_factory):
 
 async def test_backpressure_blocks_publishers_until_consumers_catch_up(broker_factory):
     broker = broker_factory(backlog_high_watermark=5)
-    queue, _ = broker.declare_ack_queue("bp")
+    queue, _ = await broker.declare_ack_queue("bp")
     signals = []
     broker.flow.add_listener(lambda blocked, reason: signals.append(blocked))
     c = Collector()
@@ -272,7 +274,7 @@ async def test_backpressure_blocks_publishers_until_consumers_catch_up(broker_fa
 
 async def test_retention_keeps_segments_owed_to_an_ack_queue(broker_factory):
     broker = broker_factory()
-    queue, _ = broker.declare_ack_queue("owed")
+    queue, _ = await broker.declare_ack_queue("owed")
     broker.store.config.retention_bytes = 2 * broker.store.commitlog.segment_size
     body = b"x" * 4000
     for _ in range(300):
@@ -292,7 +294,7 @@ async def test_retention_keeps_segments_owed_to_an_ack_queue(broker_factory):
 
 async def test_removing_a_consumer_twice_is_harmless(broker_factory):
     broker = broker_factory()
-    queue, _ = broker.declare_ack_queue("twice")
+    queue, _ = await broker.declare_ack_queue("twice")
     consumer = queue.add_consumer("c", 0, Collector())
     assert queue.remove_consumer(consumer) == 0
     assert queue.remove_consumer(consumer) == 0

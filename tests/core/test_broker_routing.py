@@ -30,13 +30,13 @@ async def drain(queue, n, prefetch=0, timeout=2.0):
 
 async def test_topic_exchange_routes_one_record_to_many_queues(broker_factory):
     broker = broker_factory()
-    broker.declare_topic("amq.topic")
-    q1, _ = broker.declare_ack_queue("q.eu", 0)
-    q2, _ = broker.declare_ack_queue("q.all", 0)
-    broker.declare_topic("q.eu")
-    broker.declare_topic("q.all")
-    broker.bind("amq.topic", "topic", "weather.eu.*", ("q.eu", 0))
-    broker.bind("amq.topic", "topic", "weather.#", ("q.all", 0))
+    await broker.declare_topic("amq.topic")
+    q1, _ = await broker.declare_ack_queue("q.eu", 0)
+    q2, _ = await broker.declare_ack_queue("q.all", 0)
+    await broker.declare_topic("q.eu")
+    await broker.declare_topic("q.all")
+    await broker.bind("amq.topic", "topic", "weather.eu.*", ("q.eu", 0))
+    await broker.bind("amq.topic", "topic", "weather.#", ("q.all", 0))
     result = await broker.publish("amq.topic", b"rain", subject="weather.eu.paris")
     assert set(result.destinations) == {("amq.topic", 0), ("q.eu", 0), ("q.all", 0)}
     await broker.publish("amq.topic", b"sun", subject="weather.us.nyc")
@@ -52,11 +52,11 @@ async def test_topic_exchange_routes_one_record_to_many_queues(broker_factory):
 async def test_exchange_to_exchange_and_cycles(broker_factory):
     broker = broker_factory()
     for name in ("a", "b", "q"):
-        broker.declare_topic(name)
-    queue, _ = broker.declare_ack_queue("q", 0)
-    broker.bind("a", "fanout", "", ("b", EXCHANGE_QUEUE))
-    broker.bind("b", "fanout", "", ("a", EXCHANGE_QUEUE))  # a cycle
-    broker.bind("b", "exact", "k", ("q", 0))
+        await broker.declare_topic(name)
+    queue, _ = await broker.declare_ack_queue("q", 0)
+    await broker.bind("a", "fanout", "", ("b", EXCHANGE_QUEUE))
+    await broker.bind("b", "fanout", "", ("a", EXCHANGE_QUEUE))  # a cycle
+    await broker.bind("b", "exact", "k", ("q", 0))
     result = await broker.publish("a", b"x", subject="k")
     assert set(result.destinations) == {("a", 0), ("b", 0), ("q", 0)}
     _, got = await drain(queue, 1)
@@ -65,10 +65,10 @@ async def test_exchange_to_exchange_and_cycles(broker_factory):
 
 async def test_headers_and_mqtt_bindings(broker_factory):
     broker = broker_factory()
-    broker.declare_topic("h")
-    broker.declare_topic("sensors")
-    broker.bind("h", "headers", "", ("h-any", 0), {"x-match": "any", "a": 1, "b": 2})
-    broker.bind("sensors", "mqtt", "+/temp", ("session-1", 0))
+    await broker.declare_topic("h")
+    await broker.declare_topic("sensors")
+    await broker.bind("h", "headers", "", ("h-any", 0), {"x-match": "any", "a": 1, "b": 2})
+    await broker.bind("sensors", "mqtt", "+/temp", ("session-1", 0))
     r1 = await broker.publish("h", b"1", routing_headers={"a": 1})
     r2 = await broker.publish("h", b"2", routing_headers={"c": 3})
     assert ("h-any", 0) in r1.destinations
@@ -84,14 +84,14 @@ async def test_unknown_topic_without_auto_create_and_reserved_names(broker_facto
     with pytest.raises(TopicError):
         await broker.publish("missing", b"x")
     with pytest.raises(TopicError):
-        broker.declare_topic("__offsets")
+        await broker.declare_topic("__offsets")
 
 
 async def test_keyed_publish_uses_kafka_partitioner(broker_factory):
     from kafka.partitioner.default import murmur2
 
     broker = broker_factory()
-    broker.declare_topic("orders", queues=6)
+    await broker.declare_topic("orders", queues=6)
     for key in (b"alice", b"bob", b"carol", b"dave"):
         result = await broker.publish("orders", b"v", key=key)
         assert result.queue == (murmur2(key) & 0x7FFFFFFF) % 6
@@ -99,12 +99,12 @@ async def test_keyed_publish_uses_kafka_partitioner(broker_factory):
 
 async def test_bindings_topics_and_queues_are_durable(broker_factory, tmp_path):
     broker = broker_factory()
-    broker.declare_topic("ex", config={"type": "topic"})
-    broker.declare_topic("q")
-    broker.declare_ack_queue("q", 0, AckQueueConfig(max_length=5))
-    broker.bind("ex", "topic", "a.*", ("q", 0))
-    broker.bind("ex", "topic", "b.*", ("q", 0))
-    broker.unbind("ex", "topic", "b.*", ("q", 0))
+    await broker.declare_topic("ex", config={"type": "topic"})
+    await broker.declare_topic("q")
+    await broker.declare_ack_queue("q", 0, AckQueueConfig(max_length=5))
+    await broker.bind("ex", "topic", "a.*", ("q", 0))
+    await broker.bind("ex", "topic", "b.*", ("q", 0))
+    await broker.unbind("ex", "topic", "b.*", ("q", 0))
     await close_broker(broker)
     reopened = broker_factory()
     assert reopened.topics.get("ex").config == {"type": "topic"}
@@ -116,12 +116,12 @@ async def test_bindings_topics_and_queues_are_durable(broker_factory, tmp_path):
 
 async def test_max_length_drop_head_and_reject_publish(broker_factory):
     broker = broker_factory()
-    broker.declare_topic("ex")
-    drop, _ = broker.declare_ack_queue("drop", 0, AckQueueConfig(max_length=3))
-    reject, _ = broker.declare_ack_queue(
+    await broker.declare_topic("ex")
+    drop, _ = await broker.declare_ack_queue("drop", 0, AckQueueConfig(max_length=3))
+    reject, _ = await broker.declare_ack_queue(
         "reject", 0, AckQueueConfig(max_length=2, overflow=OVERFLOW_REJECT_PUBLISH)
     )
-    broker.bind("ex", "fanout", "", ("drop", 0))
+    await broker.bind("ex", "fanout", "", ("drop", 0))
     dead: list[tuple[str, bytes, str]] = []
     broker.dead_letter_hook = lambda q, m, reason: dead.append((q.topic, m.body, reason))
     for i in range(5):
@@ -130,8 +130,8 @@ async def test_max_length_drop_head_and_reject_publish(broker_factory):
     assert [(t, b) for t, b, _ in dead] == [("drop", b"0"), ("drop", b"1")]
     _, got = await drain(drop, 3)
     assert [d.message.body for d in got] == [b"2", b"3", b"4"]
-    broker.declare_topic("direct")
-    broker.bind("direct", "fanout", "", ("reject", 0))
+    await broker.declare_topic("direct")
+    await broker.bind("direct", "fanout", "", ("reject", 0))
     accepted = [await broker.publish("direct", m) for m in (b"a", b"b")]
     assert all(not r.refused for r in accepted)
     third = await broker.publish("direct", b"c")

@@ -46,7 +46,7 @@ def run_child(data_dir: Path, first_seq: int, rng: random.Random) -> list[str]:
 
 async def drain_without_ack(data_dir: Path) -> tuple[dict[int, bool], int | None]:
     broker = open_broker(str(data_dir))
-    queue, _ = broker.declare_ack_queue("jobs")
+    queue, _ = await broker.declare_ack_queue("jobs")
     delivered: dict[int, bool] = {}
     queue.add_consumer(
         "checker", 0, lambda d: delivered.__setitem__(int(d.message.body), d.redelivered)

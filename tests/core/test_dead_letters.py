@@ -15,11 +15,11 @@ from .test_ack_queues import Collector, settle
 
 async def test_reject_without_requeue_goes_to_dead_letter_exchange(broker_factory):
     broker = broker_factory()
-    broker.declare_topic("dlx")
-    dead_queue, _ = broker.declare_ack_queue("dead", 0)
-    broker.bind("dlx", "topic", "failed.#", ("dead", 0))
+    await broker.declare_topic("dlx")
+    dead_queue, _ = await broker.declare_ack_queue("dead", 0)
+    await broker.bind("dlx", "topic", "failed.#", ("dead", 0))
     policy = DeadLetterPolicy(dead_letter_topic="dlx", dead_letter_subject="failed.orders")
-    work, _ = broker.declare_ack_queue("work", 0, AckQueueConfig(dead_letter=policy))
+    work, _ = await broker.declare_ack_queue("work", 0, AckQueueConfig(dead_letter=policy))
     position = (
         await broker.publish("work", b"order-1", headers=[("h", b"v")], subject="o")
     ).appended.position
@@ -47,11 +47,11 @@ async def test_reject_without_requeue_goes_to_dead_letter_exchange(broker_factor
 
 async def test_ttl_expiry_dead_letters_and_automatic_cycles_are_cut(broker_factory):
     broker = broker_factory()
-    broker.declare_topic("dlx")
+    await broker.declare_topic("dlx")
     policy = DeadLetterPolicy(dead_letter_topic="dlx")
     config = AckQueueConfig(message_ttl_ms=10, dead_letter=policy)
-    first, _ = broker.declare_ack_queue("first", 0, config)
-    broker.bind("dlx", "fanout", "", ("first", 0))  # dead letters cycle back into "first"
+    first, _ = await broker.declare_ack_queue("first", 0, config)
+    await broker.bind("dlx", "fanout", "", ("first", 0))  # dead letters cycle back into "first"
     await broker.publish("first", b"m", subject="k")
     await asyncio.sleep(0.03)
     c = Collector()
@@ -80,7 +80,7 @@ async def test_retry_schedule_then_group_dlq(broker_factory):
     broker = broker_factory()
     group_dlq = dlq_topic_for_group("billing")
     policy = DeadLetterPolicy(dead_letter_topic=group_dlq, retry_delays_ms=(50, 100))
-    queue, _ = broker.declare_ack_queue("billing-in", 0, AckQueueConfig(dead_letter=policy))
+    queue, _ = await broker.declare_ack_queue("billing-in", 0, AckQueueConfig(dead_letter=policy))
     await broker.publish("billing-in", b"charge")
     c = Collector()
     queue.add_consumer("c", 1, c)
@@ -113,7 +113,7 @@ async def test_dead_letter_policy_is_durable(broker_factory):
     policy = DeadLetterPolicy(
         dead_letter_topic="dlx", dead_letter_subject="rk", retry_delays_ms=(5,)
     )
-    broker.declare_ack_queue("q", 0, AckQueueConfig(dead_letter=policy))
+    await broker.declare_ack_queue("q", 0, AckQueueConfig(dead_letter=policy))
     await close_broker(broker)
     reopened = broker_factory()
     assert reopened.ack_queue("q").config.dead_letter == policy

@@ -81,7 +81,7 @@ class _Table:
     def get(self, key: str) -> bytes | None:
         return self.values.get(key)
 
-    def put(self, key: str, value: bytes) -> int:
+    async def put(self, key: str, value: bytes) -> int:
         """The durable mark of the write (here: how many writes so far)."""
         self.values[key] = value
         self.writes += 1
@@ -91,15 +91,15 @@ class _Table:
         return iter(self.values.items())
 
 
-def test_producer_ids_are_reserved_in_durable_blocks() -> None:
+async def test_producer_ids_are_reserved_in_durable_blocks() -> None:
     table = _Table()
     allocator = ProducerIdAllocator(table)
-    first, reservation = allocator.next_id()
+    first, reservation = await allocator.next_id()
     assert (first, reservation is not None) == (0, True)
-    ids = [allocator.next_id() for _ in range(PRODUCER_ID_BLOCK)]
+    ids = [await allocator.next_id() for _ in range(PRODUCER_ID_BLOCK)]
     assert [i for i, _ in ids] == list(range(1, PRODUCER_ID_BLOCK + 1))
     assert [r is not None for _, r in ids].count(True) == 1  # the second block
     assert table.writes == 2
     # After a restart, ids continue after everything that may have been handed out.
     restarted = ProducerIdAllocator(table)
-    assert restarted.next_id()[0] == 2 * PRODUCER_ID_BLOCK
+    assert (await restarted.next_id())[0] == 2 * PRODUCER_ID_BLOCK

@@ -199,7 +199,7 @@ async def test_records_of_other_protocols_are_served_as_record_batches(
     kafka_server: KafkaServer,
 ) -> None:
     broker = broker_of(kafka_server)
-    broker.declare_topic("mixed", 1)
+    await broker.declare_topic("mixed", 1)
     await broker.publish(
         "mixed", b"from amqp", key=b"rk", headers=[("h", b"1")], born_ms=T0, queue=0
     )
@@ -277,7 +277,7 @@ async def test_list_offsets_by_the_timestamps_of_records_of_every_protocol(
     kafka_server: KafkaServer,
 ) -> None:
     broker = broker_of(kafka_server)
-    broker.declare_topic("timed-mixed", 1)
+    await broker.declare_topic("timed-mixed", 1)
     await broker.publish("timed-mixed", b"amqp", born_ms=T0 + 100, queue=0)  # offset 0
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap(kafka_server))
     await producer.start()

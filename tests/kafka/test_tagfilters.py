@@ -208,7 +208,8 @@ async def test_runtime_setting_overrides_the_file_and_is_kept_in_meta(tmp_path: 
         again.configure({"billing": "TagA", "audit": "TagB"})
         assert again.setting("billing") == ("TagC || TagD", "runtime")
         assert again.setting("audit") == ("*", "runtime")
-        assert again.set_filter(ADMIN, "nobody", None) is None  # nothing to delete, nothing written
+        # Nothing to delete, nothing written.
+        assert await again.set_filter(ADMIN, "nobody", None) is None
         await again.store_filter(ADMIN, "billing", None)  # back to the file's
         assert again.setting("billing") == ("TagA", "file")
         assert tags_of(again.filters["billing"]) == {"TagA"}

@@ -285,14 +285,14 @@ def open_broker(data: Path) -> tuple[LogStore, Broker, BrokerAPI]:
     return store, broker, BrokerAPI(broker)
 
 
-def test_a_redrive_cut_by_a_crash_leaves_each_record_in_one_queue(tmp_path: Path) -> None:
+async def test_a_redrive_cut_by_a_crash_leaves_each_record_in_one_queue(tmp_path: Path) -> None:
     data = tmp_path / "data"
     store, broker, api_ = open_broker(data)
-    broker.declare_topic("dlx")
-    dead, _ = broker.declare_ack_queue("dlq")
-    broker.bind("dlx", "fanout", "", ("dlq", 0))
+    await broker.declare_topic("dlx")
+    dead, _ = await broker.declare_ack_queue("dlq")
+    await broker.bind("dlx", "fanout", "", ("dlq", 0))
     policy = DeadLetterPolicy(dead_letter_topic="dlx")
-    work, _ = broker.declare_ack_queue("work", 0, AckQueueConfig(dead_letter=policy))
+    work, _ = await broker.declare_ack_queue("work", 0, AckQueueConfig(dead_letter=policy))
     for index in range(5):
         broker.store.append("work", 0, f"job {index}".encode(), subject="job")
     for _ in range(5):

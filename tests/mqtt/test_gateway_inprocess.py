@@ -184,8 +184,8 @@ async def test_records_of_other_protocols_reach_mqtt_subscribers(
 
 async def test_mqtt_publish_reaches_amqp_bindings(broker: Broker, server: MQTTServer) -> None:
     base = unique("X")
-    queue, _ = broker.declare_ack_queue("amqp-q", 0)
-    broker.bind(base, "topic", "a.*", ("amqp-q", 0))
+    queue, _ = await broker.declare_ack_queue("amqp-q", 0)
+    await broker.bind(base, "topic", "a.*", ("amqp-q", 0))
     got: list[Delivery] = []
     queue.add_consumer("c", 10, got.append)
     async with aio(server) as pub:
@@ -330,7 +330,7 @@ async def test_kafka_record_batches_reach_clean_subscribers(
     from aiokafka.record.default_records import DefaultRecordBatchBuilder
 
     topic = unique("K")
-    broker.declare_topic(topic)
+    await broker.declare_topic(topic)
     builder = DefaultRecordBatchBuilder(2, 0, False, -1, -1, -1, 1 << 20)
     for delta, key in enumerate((b"dev.1", b"dev.2", b"other")):
         builder.append(delta, timestamp=0, key=key, value=b"v" + key, headers=[("h", b"1")])

@@ -65,9 +65,9 @@ def all_but(permission: str) -> VhostPermission:
 
 
 @pytest.fixture
-def security(stores):
+async def security(stores):
     store = SecurityStore(LocalMetadata(stores()))
-    store.put_user(User("alice"))
+    await store.put_user(User("alice"))
     return store
 
 
@@ -76,33 +76,33 @@ def decide(authorizer, rule, name, user="alice", host="10.0.0.1", routing_key=No
 
 
 @pytest.mark.parametrize("rule", OPERATION_LIST, ids=lambda rule: rule.name)
-def test_each_operation_needs_exactly_its_permission(security, rule):
+async def test_each_operation_needs_exactly_its_permission(security, rule):
     authorizer = Authorizer(security, anonymous_user=None)
     name = NAMES[rule.resource]
     if rule.permission == ADMINISTRATOR:
-        security.set_permission("/", "alice", VhostPermission(".*", ".*", ".*"))
+        await security.set_permission("/", "alice", VhostPermission(".*", ".*", ".*"))
         assert not decide(authorizer, rule, name)
-        security.put_user(User("alice", tags=("administrator",)))
+        await security.put_user(User("alice", tags=("administrator",)))
         assert decide(authorizer, rule, name)
         return
     if rule.permission == DESCRIBE:
         for granted in (CONFIGURE, WRITE, READ):
-            security.set_permission("/", "alice", only(granted))
+            await security.set_permission("/", "alice", only(granted))
             assert decide(authorizer, rule, name), granted
-        security.set_permission("/", "alice", VhostPermission("", "", ""))
+        await security.set_permission("/", "alice", VhostPermission("", "", ""))
         assert not decide(authorizer, rule, name)
     else:
-        security.set_permission("/", "alice", only(rule.permission))
+        await security.set_permission("/", "alice", only(rule.permission))
         assert decide(authorizer, rule, name)
         assert not decide(authorizer, rule, OTHER_NAMES[rule.resource])
-        security.set_permission("/", "alice", all_but(rule.permission))
+        await security.set_permission("/", "alice", all_but(rule.permission))
         assert not decide(authorizer, rule, name)
-    security.clear_permission("/", "alice")
+    await security.clear_permission("/", "alice")
     assert not decide(authorizer, rule, name)
 
 
 @pytest.mark.parametrize("rule", OPERATION_LIST, ids=lambda rule: rule.name)
-def test_each_operation_is_its_kafka_acl(security, rule):
+async def test_each_operation_is_its_kafka_acl(security, rule):
     authorizer = Authorizer(security, anonymous_user=None)
     name = NAMES[rule.resource]
     resource = resource_of(rule.resource, name)
@@ -116,21 +116,21 @@ def test_each_operation_is_its_kafka_acl(security, rule):
         "ALLOW",
     )
     assert not decide(authorizer, rule, name)
-    security.add_acl(allow)  # an ALLOW ACL grants without any vhost permission
+    await security.add_acl(allow)  # an ALLOW ACL grants without any vhost permission
     assert decide(authorizer, rule, name)
     assert not decide(authorizer, rule, name, user="bob")
     deny = KafkaAcl(
         resource.acl_type, resource.acl_name, "LITERAL", "User:*", "10.0.0.1", "ALL", "DENY"
     )
-    security.set_permission("/", "alice", VhostPermission(".*", ".*", ".*"))
-    security.put_user(User("alice", tags=("administrator",)))
-    security.add_acl(deny)  # a DENY wins over both
+    await security.set_permission("/", "alice", VhostPermission(".*", ".*", ".*"))
+    await security.put_user(User("alice", tags=("administrator",)))
+    await security.add_acl(deny)  # a DENY wins over both
     assert not decide(authorizer, rule, name)
     assert decide(authorizer, rule, name, host="10.0.0.2")  # another host: not denied
 
 
-def test_the_issues_example_needs_no_kafka_acl(security):
-    security.set_permission("/", "alice", VhostPermission(ALICE, ALICE, ALICE))
+async def test_the_issues_example_needs_no_kafka_acl(security):
+    await security.set_permission("/", "alice", VhostPermission(ALICE, ALICE, ALICE))
     authorizer = Authorizer(security, anonymous_user=None)
     assert authorizer.decide("alice", "h", "", "kafka Produce", "alice.t").allowed
     refused = authorizer.decide("alice", "h", "", "kafka Produce", "bob.t")
@@ -143,11 +143,11 @@ def test_the_issues_example_needs_no_kafka_acl(security):
     )
 
 
-def test_a_private_vhost_is_protected_on_every_protocol(security):
+async def test_a_private_vhost_is_protected_on_every_protocol(security):
     """The issue's example: guest has '/' only, so vhost secret's queue payroll is refused to
     an anonymous Kafka consumer, an MQTT publisher and a Kafka DeleteTopics."""
-    security.put_user(User("guest"))
-    security.set_permission("/", "guest", VhostPermission(".*", ".*", ".*"))
+    await security.put_user(User("guest"))
+    await security.set_permission("/", "guest", VhostPermission(".*", ".*", ".*"))
     authorizer = Authorizer(security, anonymous_user="guest")
     payroll = "amq.vhost.secret.amq.queue.payroll"
     for operation in ("kafka Fetch", "mqtt PUBLISH", "kafka DeleteTopics", "kafka Produce"):
@@ -155,17 +155,17 @@ def test_a_private_vhost_is_protected_on_every_protocol(security):
         assert not decision.allowed, operation
         assert (decision.resource.vhost, decision.resource.kind) == ("secret", QUEUE)
     assert authorizer.decide("", "127.0.0.1", "", "kafka Fetch", "amq.queue.payroll").allowed
-    security.set_permission("secret", "alice", VhostPermission("", "", "^payroll$"))
+    await security.set_permission("secret", "alice", VhostPermission("", "", "^payroll$"))
     assert authorizer.decide("alice", "h", "", "kafka Fetch", payroll).allowed
     assert not authorizer.decide("alice", "h", "", "kafka Produce", payroll).allowed
 
 
-def test_anonymous_acts_as_the_anonymous_user_and_is_user_anonymous_in_acls(security):
-    security.set_permission("/", "alice", VhostPermission("", ALICE, ""))
+async def test_anonymous_acts_as_the_anonymous_user_and_is_user_anonymous_in_acls(security):
+    await security.set_permission("/", "alice", VhostPermission("", ALICE, ""))
     authorizer = Authorizer(security, anonymous_user="alice")
     assert authorizer.decide("", "h", "", "mqtt PUBLISH", "alice.t").allowed
     assert not authorizer.decide("", "h", "", "mqtt SUBSCRIBE", "alice.t").allowed
-    security.add_acl(
+    await security.add_acl(
         KafkaAcl("TOPIC", "alice.", "PREFIXED", ANONYMOUS_PRINCIPAL, "*", "WRITE", "DENY")
     )
     assert not authorizer.decide("", "h", "", "mqtt PUBLISH", "alice.t").allowed
@@ -177,9 +177,9 @@ def test_anonymous_acts_as_the_anonymous_user_and_is_user_anonymous_in_acls(secu
     )
 
 
-def test_topic_permissions_apply_to_routing_keys_with_variables(security):
-    security.set_permission("/", "alice", VhostPermission(".*", ".*", ".*"))
-    security.set_topic_permission(
+async def test_topic_permissions_apply_to_routing_keys_with_variables(security):
+    await security.set_permission("/", "alice", VhostPermission(".*", ".*", ".*"))
+    await security.set_topic_permission(
         "/", "alice", TopicPermission("sensors", "^{username}\\.", "^{client_id}\\.")
     )
     authorizer = Authorizer(security, anonymous_user=None)
@@ -197,14 +197,14 @@ def test_topic_permissions_apply_to_routing_keys_with_variables(security):
     assert authorizer.decide("alice", "h", "", "kafka Produce", "sensors").allowed
 
 
-def test_changes_apply_at_once(security):
+async def test_changes_apply_at_once(security):
     authorizer = Authorizer(security, anonymous_user=None)
-    security.set_permission("/", "alice", VhostPermission("", ALICE, ""))
+    await security.set_permission("/", "alice", VhostPermission("", ALICE, ""))
     assert authorizer.decide("alice", "h", "", "kafka Produce", "alice.t").allowed  # cached
-    security.set_permission("/", "alice", VhostPermission("", "", ""))
+    await security.set_permission("/", "alice", VhostPermission("", "", ""))
     assert not authorizer.decide("alice", "h", "", "kafka Produce", "alice.t").allowed
-    security.set_permission("/", "alice", VhostPermission("", ALICE, ""))
-    security.delete_user("alice")
+    await security.set_permission("/", "alice", VhostPermission("", ALICE, ""))
+    await security.delete_user("alice")
     assert not authorizer.decide("alice", "h", "", "kafka Produce", "alice.t").allowed
 
 

@@ -30,9 +30,9 @@ def test_a_fresh_store_has_guest_loopback_administrator(stores):
     assert security.permission("/", DEFAULT_USER) == FULL_ACCESS
 
 
-def test_deleting_guest_survives_a_restart(stores):
+async def test_deleting_guest_survives_a_restart(stores):
     security = SecurityStore(LocalMetadata(stores()))
-    assert security.delete_user(DEFAULT_USER)
+    assert await security.delete_user(DEFAULT_USER)
     assert security.permission("/", DEFAULT_USER) is None
     security.metadata.store.flush()
     again = SecurityStore(LocalMetadata(stores()))
@@ -40,20 +40,20 @@ def test_deleting_guest_survives_a_restart(stores):
     assert again.users() == []
 
 
-def test_restart_keeps_users_hashes_permissions_and_acls(stores, tmp_path: Path):
+async def test_restart_keeps_users_hashes_permissions_and_acls(stores, tmp_path: Path):
     security = SecurityStore(LocalMetadata(stores()))
     alice_hash = hash_password("alice-secret")
-    security.put_user(
+    await security.put_user(
         User("alice", alice_hash, ("management",), credentials_from_password("alice-secret"))
     )
     imported = PasswordHash(RABBIT_SHA256, "kI3GCqW5JLMJa4iX1lo7X4D6XbYqlLgxIs30+P6tENUV2POR")
-    security.put_user(User("imported", imported, ("monitoring",)))
-    security.set_permission("/", "alice", ALICE_PERMISSION)
-    security.set_permission("staging", "alice", FULL_ACCESS)
-    security.set_topic_permission(
+    await security.put_user(User("imported", imported, ("monitoring",)))
+    await security.set_permission("/", "alice", ALICE_PERMISSION)
+    await security.set_permission("staging", "alice", FULL_ACCESS)
+    await security.set_topic_permission(
         "/", "alice", TopicPermission("amq.topic", "^{username}\\.", ".*")
     )
-    security.add_acl(ACL)
+    await security.add_acl(ACL)
     security.metadata.store.flush()
     generation = security.generation
 
@@ -80,13 +80,13 @@ def test_restart_keeps_users_hashes_permissions_and_acls(stores, tmp_path: Path)
             assert b"test12" not in raw, path
 
 
-def test_deleting_a_user_deletes_its_permissions(stores):
+async def test_deleting_a_user_deletes_its_permissions(stores):
     security = SecurityStore(LocalMetadata(stores()))
-    security.put_user(User("alice"))
-    security.set_permission("/", "alice", ALICE_PERMISSION)
-    security.set_topic_permission("/", "alice", TopicPermission("x", ".*", ".*"))
-    assert security.delete_user("alice")
-    assert not security.delete_user("alice")
+    await security.put_user(User("alice"))
+    await security.set_permission("/", "alice", ALICE_PERMISSION)
+    await security.set_topic_permission("/", "alice", TopicPermission("x", ".*", ".*"))
+    assert await security.delete_user("alice")
+    assert not await security.delete_user("alice")
     assert security.permission("/", "alice") is None
     assert security.topic_permissions_of("/", "alice") == {}
     security.metadata.store.flush()
@@ -95,13 +95,13 @@ def test_deleting_a_user_deletes_its_permissions(stores):
     assert [user for _, user, _ in again.permissions()] == [DEFAULT_USER]
 
 
-def test_acls_are_selected_and_deleted_by_filter(stores):
+async def test_acls_are_selected_and_deleted_by_filter(stores):
     security = SecurityStore(LocalMetadata(stores()))
     prefixed = KafkaAcl("TOPIC", "alice.", "PREFIXED", "User:alice", "*", "WRITE", "ALLOW")
     group = KafkaAcl("GROUP", "*", "LITERAL", "User:*", "*", "READ", "ALLOW")
     for acl in (ACL, prefixed, group):
-        security.add_acl(acl)
-    security.add_acl(ACL)  # the same binding twice is one
+        await security.add_acl(acl)
+    await security.add_acl(ACL)  # the same binding twice is one
     assert len(security.acls()) == 3
     assert security.acls(KafkaAclFilter(resource_type="TOPIC")) == sorted(
         [ACL, prefixed], key=lambda acl: acl.key()
@@ -115,7 +115,7 @@ def test_acls_are_selected_and_deleted_by_filter(stores):
         prefixed,
     ]
     assert security.acls(KafkaAclFilter(resource_name="g1", pattern_type="MATCH")) == [group]
-    assert security.delete_acls(KafkaAclFilter(principal="User:bob")) == [ACL]
+    assert await security.delete_acls(KafkaAclFilter(principal="User:bob")) == [ACL]
     security.metadata.store.flush()
     again = SecurityStore(LocalMetadata(stores()))
     assert sorted(again.acls(), key=lambda acl: acl.key()) == sorted(
@@ -123,21 +123,21 @@ def test_acls_are_selected_and_deleted_by_filter(stores):
     )
 
 
-def test_every_change_is_a_record_of_the_system_topic(stores):
+async def test_every_change_is_a_record_of_the_system_topic(stores):
     security = SecurityStore(LocalMetadata(stores()))
     _, before = security.metadata.store.queue_bounds(SECURITY_TOPIC, 0)
-    security.put_user(User("alice"))
-    security.set_permission("/", "alice", ALICE_PERMISSION)
+    await security.put_user(User("alice"))
+    await security.set_permission("/", "alice", ALICE_PERMISSION)
     _, after = security.metadata.store.queue_bounds(SECURITY_TOPIC, 0)
     assert after == before + 2
     assert security.last_version > 0
 
 
-def test_listeners_hear_every_change(stores):
+async def test_listeners_hear_every_change(stores):
     security = SecurityStore(LocalMetadata(stores()))
     heard: list[int] = []
     security.add_listener(lambda: heard.append(security.generation))
-    security.put_user(User("alice"))
-    security.clear_permission("/", "nobody")  # nothing to clear: no change
-    security.set_permission("/", "alice", ALICE_PERMISSION)
+    await security.put_user(User("alice"))
+    await security.clear_permission("/", "nobody")  # nothing to clear: no change
+    await security.set_permission("/", "alice", ALICE_PERMISSION)
     assert heard == [heard[0], heard[0] + 1]

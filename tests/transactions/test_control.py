@@ -60,9 +60,9 @@ async def broker(tmp_path: Path):  # type: ignore[no-untyped-def]
 
 
 async def test_half_is_invisible_until_committed_with_its_routes(broker: Broker) -> None:
-    broker.declare_topic("orders")
-    broker.declare_topic("audit")
-    broker.bind("orders", "topic", "eu.*", ("audit", 0))
+    await broker.declare_topic("orders")
+    await broker.declare_topic("audit")
+    await broker.bind("orders", "topic", "eu.*", ("audit", 0))
     result = await broker.publish("orders", b"o-1", subject="eu.paris", headers=half("t1"))
     assert result.half
     assert result.offset == -1
@@ -84,7 +84,7 @@ async def test_half_is_invisible_until_committed_with_its_routes(broker: Broker)
 
 
 async def test_rollback_and_errors(broker: Broker) -> None:
-    broker.declare_topic("orders")
+    await broker.declare_topic("orders")
     await broker.publish("orders", b"gone", headers=half("t2"))
     rolled = await broker.publish(TXN_TOPIC, b"ROLLBACK_MESSAGE", subject="t2")
     assert rolled.refused == []
@@ -153,7 +153,7 @@ async def test_check_back_answered_unknown_then_commit(tmp_path: Path) -> None:
     )
     await broker.start()
     try:
-        broker.declare_topic("orders")
+        await broker.declare_topic("orders")
         headers = half("t3", "shop", app="yes")
         await broker.publish("orders", b"pay", subject="eu", headers=headers)
         checks = await wait_records(broker, CHECK_TOPIC, 1)

@@ -4,7 +4,7 @@ core (topics with their ``amqp`` config, ack queue counts, bindings)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
 from aiohttp import web
@@ -195,7 +195,15 @@ class ResourceBase:
         except ManagementRefusal as refusal:
             raise refusal_response(refusal) from None
 
-    def _bind(
+    @staticmethod
+    async def managed_change(change: Awaitable[T]) -> T:
+        """Await a ``manage_*`` change; its refusal becomes RabbitMQ's HTTP answer."""
+        try:
+            return await change
+        except ManagementRefusal as refusal:
+            raise refusal_response(refusal) from None
+
+    async def _bind(
         self,
         context: ClientContext,
         source: str,
@@ -206,8 +214,8 @@ class ResourceBase:
         *,
         unbind: bool,
     ) -> None:
-        self.managed(
-            lambda: self.api.manage_bind(
+        await self.managed_change(
+            self.api.manage_bind(
                 context,
                 source,
                 destination_type,

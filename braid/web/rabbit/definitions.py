@@ -175,12 +175,12 @@ class DefinitionResources(ResourceBase):
         except SecurityError as error:
             raise bad_request(str(error)) from None
         for item in items("exchanges"):
-            self._import_exchange(request, item)
+            await self._import_exchange(request, item)
         for item in items("queues"):
-            self._import_queue(request, item)
+            await self._import_queue(request, item)
         for item in items("bindings"):
             vhost = str(item["vhost"])
-            self._bind(
+            await self._bind(
                 self.context(request, vhost),
                 str(item["source"]),
                 str(item.get("destination_type", "queue")),
@@ -191,10 +191,10 @@ class DefinitionResources(ResourceBase):
             )
         log.info("management: %s imported definitions", request[REQUEST_USER])
 
-    def _import_exchange(self, request: web.Request, item: Json) -> None:
+    async def _import_exchange(self, request: web.Request, item: Json) -> None:
         context = self.context(request, str(item["vhost"]))
-        self.managed(
-            lambda: self.api.manage_declare_exchange(
+        await self.managed_change(
+            self.api.manage_declare_exchange(
                 context,
                 str(item["name"]),
                 str(item.get("type", "direct")),
@@ -205,10 +205,10 @@ class DefinitionResources(ResourceBase):
             )
         )
 
-    def _import_queue(self, request: web.Request, item: Json) -> None:
+    async def _import_queue(self, request: web.Request, item: Json) -> None:
         context = self.context(request, str(item["vhost"]))
-        self.managed(
-            lambda: self.api.manage_declare_queue(
+        await self.managed_change(
+            self.api.manage_declare_queue(
                 context,
                 str(item["name"]),
                 durable=bool(item.get("durable", True)),

@@ -70,8 +70,8 @@ class ExchangeResources(ResourceBase):
             raise not_found()
         if request.method == "DELETE":
             if_unused = request.query.get("if-unused") == "true"
-            deleted = self.managed(
-                lambda: self.api.manage_delete_exchange(context, name, if_unused=if_unused)
+            deleted = await self.managed_change(
+                self.api.manage_delete_exchange(context, name, if_unused=if_unused)
             )
             if not deleted:
                 raise not_found()
@@ -81,8 +81,8 @@ class ExchangeResources(ResourceBase):
         arguments = body.get("arguments") or {}
         if not isinstance(ex_type, str) or not isinstance(arguments, dict):
             raise bad_request("type must be a string and arguments an object")
-        created = self.managed(
-            lambda: self.api.manage_declare_exchange(
+        created = await self.managed_change(
+            self.api.manage_declare_exchange(
                 context,
                 name,
                 ex_type,
@@ -171,7 +171,7 @@ class ExchangeResources(ResourceBase):
             arguments = body.get("arguments") or {}
             if not isinstance(routing_key, str) or not isinstance(arguments, dict):
                 raise bad_request("routing_key must be a string and arguments an object")
-            self._bind(
+            await self._bind(
                 amqp_context,
                 source,
                 destination_type,
@@ -194,7 +194,7 @@ class ExchangeResources(ResourceBase):
         if request.method in ("GET", "HEAD"):
             return json_response(found[0])
         binding = found[0]
-        self._bind(
+        await self._bind(
             amqp_context,
             source,
             destination_type,

@@ -75,18 +75,18 @@ class LimitResources(ResourceBase):
         api = self.api
         if request.method == "DELETE":
             if kind == "user":
-                position = api.clear_user_limit(context, name, limit)
+                position = await api.clear_user_limit(context, name, limit)
             else:
-                position = api.clear_vhost_limit(context, name, limit)
+                position = await api.clear_vhost_limit(context, name, limit)
         else:
             body: Json = await read_json(request)
             if "value" not in body:
                 raise bad_request("[{key_missing,value}]")  # rabbit_mgmt_util:with_decode
             try:
                 if kind == "user":
-                    position = api.set_user_limit(context, name, limit, body["value"])
+                    position = await api.set_user_limit(context, name, limit, body["value"])
                 else:
-                    position = api.set_vhost_limit(context, name, limit, body["value"])
+                    position = await api.set_vhost_limit(context, name, limit, body["value"])
             except LimitError as error:
                 raise bad_request(str(error)) from None
         await api.when_durable(position)

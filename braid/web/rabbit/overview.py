@@ -196,8 +196,8 @@ class OverviewResources(ResourceBase):
         vhost = segments[1]
         self._check_vhost(request, vhost)
         context = self.context(request, vhost)
-        self.managed(
-            lambda: self.api.manage_declare_queue(
+        await self.managed_change(
+            self.api.manage_declare_queue(
                 context, ALIVENESS_QUEUE, durable=False, auto_delete=False, arguments={}
             )
         )

@@ -80,10 +80,8 @@ class QueueResources(ResourceBase):
         if request.method == "DELETE":
             if_unused = request.query.get("if-unused") == "true"
             if_empty = request.query.get("if-empty") == "true"
-            deleted = self.managed(
-                lambda: self.api.manage_delete_queue(
-                    context, name, if_unused=if_unused, if_empty=if_empty
-                )
+            deleted = await self.managed_change(
+                self.api.manage_delete_queue(context, name, if_unused=if_unused, if_empty=if_empty)
             )
             if not deleted:
                 raise not_found()
@@ -93,8 +91,8 @@ class QueueResources(ResourceBase):
         arguments = body.get("arguments") or {}
         if not isinstance(arguments, dict):
             raise bad_request("arguments must be an object")
-        created = self.managed(
-            lambda: self.api.manage_declare_queue(
+        created = await self.managed_change(
+            self.api.manage_declare_queue(
                 context,
                 name,
                 durable=bool(body.get("durable", True)),
