@@ -13,6 +13,7 @@
     braid session list, braid dlq list|redrive      (clients, groups: braid/admin_nouns.py)
     braid cluster init ROOT [--shards N] [--adopt], braid cluster check ROOT
                                                     (a cluster's data root: braid/cluster_cli.py)
+    braid cluster status [--cluster URL] [ROOT] [--json]   (nodes, shard owners and epochs)
 
 Exit codes: 0 success; 1 runtime failure (a listener could not start, corruption found);
 2 usage or configuration error (argparse's convention).

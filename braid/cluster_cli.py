@@ -1,4 +1,5 @@
-"""``braid cluster init ROOT [--shards N] [--adopt]`` and ``braid cluster check ROOT``.
+"""``braid cluster init ROOT [--shards N] [--adopt]``, ``braid cluster check ROOT`` and
+``braid cluster status [--cluster URL] [ROOT] [--json]``.
 
 ``init`` makes a cluster's data root (core/cluster/layout.py; docs/cluster.md section 2), or with
 ``--adopt`` turns a stopped single-node data directory into one whose shard 0 holds its files.
@@ -11,12 +12,19 @@ and that a file one process created and fsynced is seen by the other's next ``st
 right after that process saw it absent: an NFS client's cached negative lookup fails this).
 It uses the epoch-file functions the nodes use (core/cluster/epochs.py) in a scratch directory
 it removes afterwards.
+
+``status`` reads the cluster's Redis (section 9): the live nodes (addresses, lease left,
+incarnation), every shard's owner, epoch and since when, and the shards nobody serves. It only
+reads: a Redis that does not hold the cluster is reported, not given one.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import datetime
 import fcntl
+import json
 import multiprocessing
 import os
 import shutil
@@ -41,6 +49,8 @@ DEFAULT_CHECK_ROUNDS = 100
 # answers in well under this, and a dead partner must not hang the command.
 CHECK_STEP_TIMEOUT_S = 30.0
 CHECK_DIR_PREFIX = ".braid-check-"
+# Where `braid serve --workers N` puts its private Redis's socket (docs/cluster.md section 9).
+SUPERVISOR_SOCKET = "run/redis.sock"
 
 
 def _positive(text: str) -> int:
@@ -104,10 +114,32 @@ def build_cluster_parser(commands: Any) -> None:
         help=f"rounds of each check (default: {DEFAULT_CHECK_ROUNDS})",
     )
 
+    status = cluster_commands.add_parser(
+        "status",
+        help="show a cluster's nodes, shard owners and epochs, and unowned shards",
+        description=(
+            "Show what the cluster's Redis says: the live nodes (addresses, lease left, "
+            "incarnation), each shard's owner, epoch and since when, and the shards nobody "
+            "serves. ROOT (a data root) names the cluster by its cluster.json; without ROOT "
+            "the Redis must hold exactly one cluster. Without --cluster: the supervisor's "
+            f"Redis, unix://ROOT/{SUPERVISOR_SOCKET}."
+        ),
+    )
+    status.add_argument("root", metavar="ROOT", nargs="?")
+    status.add_argument(
+        "--cluster",
+        metavar="URL",
+        help="the cluster's Redis: redis://, rediss://, unix:// or redis+sentinel://",
+    )
+    status.add_argument("--json", action="store_true", help="one JSON object")
+
 
 def run(args: argparse.Namespace) -> int:
     if args.cluster_command == "init":
         return init(Path(args.root), shards=args.shards, adopting=args.adopt)
+    if args.cluster_command == "status":
+        root = Path(args.root) if args.root is not None else None
+        return status(root, url=args.cluster, as_json=args.json)
     return check(Path(args.root), rounds=args.rounds)
 
 
@@ -332,3 +364,192 @@ def check(root: Path, *, rounds: int, out: TextIO | None = None) -> int:
     failed = [verdict.name for verdict in verdicts if not verdict.ok]
     print(f"{root}: {'FAIL (' + ', '.join(failed) + ')' if failed else 'OK'}", file=out)
     return EXIT_FAILED if failed else 0
+
+
+# -- status ------------------------------------------------------------------------------------
+
+# A shard's state in `status`: who serves it now.
+OWNED = "owned"  # its recorded owner holds a lease with the incarnation that claimed it
+STALE = "stale"  # the owner is live under another incarnation (fenced, not claimed back yet)
+DOWN = "down"  # the owner holds no lease: nobody serves it until it is back (section 11)
+NEVER = "never claimed"
+
+
+class StatusError(Exception):
+    """What stops ``status`` before it shows anything; the message says why."""
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterStatus:
+    """What ``status`` shows, as its JSON."""
+
+    cluster_id: str
+    shard_count: int
+    nodes: list[dict[str, Any]]
+    shards: list[dict[str, Any]]
+
+    @property
+    def unowned(self) -> list[int]:
+        return [shard["shard"] for shard in self.shards if shard["state"] != OWNED]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "cluster_id": self.cluster_id,
+            "shard_count": self.shard_count,
+            "nodes": self.nodes,
+            "shards": self.shards,
+            "unowned": self.unowned,
+        }
+
+
+def _cluster_of(
+    recorded: layout.ClusterLayout | None, url: str, found: dict[str, int]
+) -> tuple[str, int]:
+    """The cluster id and shard count: ROOT's cluster.json's (which the Redis must hold), or
+    the one cluster the Redis holds."""
+    if recorded is not None:
+        if recorded.cluster_id not in found:
+            raise StatusError(
+                f"{url} holds no cluster {recorded.cluster_id} (ROOT {recorded.root}): no node "
+                "of this root has started with that Redis"
+            )
+        return recorded.cluster_id, recorded.shards
+    if len(found) != 1:
+        held = ", ".join(found) if found else "none"
+        raise StatusError(f"{url} holds {len(found)} clusters ({held}): name one by its ROOT")
+    return next(iter(found.items()))
+
+
+async def read_status(url: str, recorded: layout.ClusterLayout | None) -> ClusterStatus:
+    """Connect to the cluster's Redis and read its nodes and shard owners (the cluster of
+    ``recorded``, a root's layout, or the only one that Redis holds)."""
+    from core.cluster import redis_metadata
+    from core.cluster.membership import node_order
+
+    found = await redis_metadata.find_clusters(url)
+    cluster_id, shard_count = _cluster_of(recorded, url, found)
+    metadata = await redis_metadata.connect(url, cluster_id, shards=shard_count)
+    try:
+        live = await metadata.live_nodes()
+        owners = await metadata.shard_owners()
+    finally:
+        await metadata.aclose()
+    nodes = []
+    for node_id, info in sorted(live.items(), key=lambda item: node_order(item[0])):
+        fields = info.fields
+        nodes.append(
+            {
+                "node": node_id,
+                "incarnation": info.incarnation,
+                "lease_left_ms": info.lease_left_ms,
+                "host": fields.get("host", ""),
+                "grpc": fields.get("grpc", ""),
+                "kafka": fields.get("kafka", ""),
+                "kafka_tls": fields.get("kafka_tls", ""),
+                "pid": int(fields["pid"]) if fields.get("pid", "").isdigit() else None,
+                "started_ms": int(fields["started_ms"]) if "started_ms" in fields else None,
+                # The registered incarnation differs from the lease's while a node re-registers.
+                "registered_incarnation": int(fields.get("incarnation", "0")) or None,
+            }
+        )
+    shards = []
+    for shard in range(shard_count):
+        record = owners.get(shard)
+        owner = record.owner if record is not None else None
+        if owner is None:
+            state = NEVER
+        elif owner not in live:
+            state = DOWN
+        elif record is not None and record.incarnation != live[owner].incarnation:
+            state = STALE
+        else:
+            state = OWNED
+        shards.append(
+            {
+                "shard": shard,
+                "owner": owner,
+                "incarnation": record.incarnation if record is not None else None,
+                "epoch": record.epoch if record is not None else 0,
+                "since_ms": record.since_ms if record is not None else None,
+                "state": state,
+            }
+        )
+    return ClusterStatus(cluster_id, shard_count, nodes, shards)
+
+
+def _when(ms: int | None) -> str:
+    if ms is None:
+        return "-"
+    moment = datetime.datetime.fromtimestamp(ms / 1000, tz=datetime.UTC)
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _table(rows: list[list[str]]) -> list[str]:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return [
+        "  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+        for row in rows
+    ]
+
+
+def format_status(found: ClusterStatus, url: str) -> str:
+    lines = [f"cluster {found.cluster_id}: {found.shard_count} shards, metadata at {url}"]
+    lines.append(f"nodes ({len(found.nodes)} live):")
+    if found.nodes:
+        rows = [["node", "incarnation", "lease_left_ms", "host", "grpc", "kafka", "pid", "started"]]
+        for node in found.nodes:
+            kafka = node["kafka"] + (f" (tls {node['kafka_tls']})" if node["kafka_tls"] else "")
+            rows.append(
+                [
+                    node["node"],
+                    str(node["incarnation"]),
+                    "-" if node["lease_left_ms"] is None else str(node["lease_left_ms"]),
+                    node["host"] or "-",
+                    node["grpc"] or "-",
+                    kafka or "-",
+                    "-" if node["pid"] is None else str(node["pid"]),
+                    _when(node["started_ms"]),
+                ]
+            )
+        lines += _table(rows)
+    lines.append("shards:")
+    rows = [["shard", "owner", "epoch", "since", "state"]]
+    for shard in found.shards:
+        rows.append(
+            [
+                str(shard["shard"]),
+                shard["owner"] or "-",
+                str(shard["epoch"]),
+                _when(shard["since_ms"]),
+                shard["state"],
+            ]
+        )
+    lines += _table(rows)
+    unowned = found.unowned
+    lines.append(f"unowned: {', '.join(map(str, unowned)) if unowned else 'none'}")
+    return "\n".join(lines)
+
+
+def status(root: Path | None, *, url: str | None, as_json: bool, out: TextIO | None = None) -> int:
+    name = "braid cluster status"
+    out = out or sys.stdout
+    if url is None and root is None:
+        print(f"{name}: error: give --cluster URL or ROOT", file=sys.stderr)
+        return EXIT_REFUSED
+    try:
+        recorded = layout.ClusterLayout.open(root) if root is not None else None
+        if url is None:
+            assert root is not None
+            url = f"unix://{(root / SUPERVISOR_SOCKET).absolute()}"
+        found = asyncio.run(read_status(url, recorded))
+    except (layout.LayoutError, ValueError) as error:
+        print(f"{name}: error: {error}", file=sys.stderr)
+        return EXIT_REFUSED
+    except Exception as error:  # Redis unreachable, a cluster it does not hold, ...
+        print(f"{name}: error: {error}", file=sys.stderr)
+        return EXIT_FAILED
+    if as_json:
+        print(json.dumps(found.to_json(), indent=2), file=out)
+    else:
+        print(format_status(found, url), file=out)
+    return 0

@@ -142,6 +142,7 @@ class NodeInfo:
     node_id: str
     incarnation: int  # the live lease's
     fields: dict[str, str]  # node:<id> as registered
+    lease_left_ms: int | None = None  # the lease's PTTL when read (None: no expiry set)
 
 
 @dataclass(frozen=True, slots=True)
@@ -263,20 +264,10 @@ class _SentinelConnection(SentinelManagedConnection):
         await super().connect_check_health(check_health, retry_socket_connect)
 
 
-async def connect(
-    url: str,
-    cluster_id: str,
-    *,
-    shards: int,
-    metadata_wait_ms: int = METADATA_WAIT_MS,
-    heartbeat_ms: int = HEARTBEAT_MS,
-    stream_maxlen: int = STREAM_MAXLEN,
-    sentinel_kwargs: Mapping[str, Any] | None = None,
-) -> RedisMetadata:
-    """Open the metadata of cluster ``cluster_id`` at ``url`` (``redis://``, ``rediss://``,
-    ``unix://`` or ``redis+sentinel://``): records ``format`` and ``shards`` if the cluster is
-    new, refuses (:class:`ClusterMismatch`) if they differ, loads the cache and starts
-    watching."""
+def _client(
+    url: str, metadata_wait_ms: int, sentinel_kwargs: Mapping[str, Any] | None
+) -> tuple[Redis, _Closers]:
+    """A client of the Redis at ``url`` and what closes it."""
     closers = _Closers()
     # A WAIT may block a command for metadata_wait_ms: the socket timeout leaves room for it.
     # The retry policy is redis-py's default for a plain client, given explicitly because
@@ -308,6 +299,24 @@ async def connect(
     else:
         raise ValueError(f"want a redis://, rediss://, unix:// or redis+sentinel:// URL: {url!r}")
     closers.callbacks.insert(0, client.aclose)
+    return client, closers
+
+
+async def connect(
+    url: str,
+    cluster_id: str,
+    *,
+    shards: int,
+    metadata_wait_ms: int = METADATA_WAIT_MS,
+    heartbeat_ms: int = HEARTBEAT_MS,
+    stream_maxlen: int = STREAM_MAXLEN,
+    sentinel_kwargs: Mapping[str, Any] | None = None,
+) -> RedisMetadata:
+    """Open the metadata of cluster ``cluster_id`` at ``url`` (``redis://``, ``rediss://``,
+    ``unix://`` or ``redis+sentinel://``): records ``format`` and ``shards`` if the cluster is
+    new, refuses (:class:`ClusterMismatch`) if they differ, loads the cache and starts
+    watching."""
+    client, closers = _client(url, metadata_wait_ms, sentinel_kwargs)
     try:
         return await RedisMetadata.open(
             client,
@@ -321,6 +330,28 @@ async def connect(
     except BaseException:
         await closers.run()
         raise
+
+
+async def find_clusters(
+    url: str, *, sentinel_kwargs: Mapping[str, Any] | None = None
+) -> dict[str, int]:
+    """Every cluster the Redis at ``url`` holds (its ``braid:<id>:cluster`` hash), id -> shard
+    count; reads only, so a caller can check a cluster exists before :func:`connect`, which
+    would record a new one."""
+    client, closers = _client(url, METADATA_WAIT_MS, sentinel_kwargs)
+    try:
+        found: dict[str, int] = {}
+        async for raw in client.scan_iter(match="braid:*:cluster", count=1000):
+            key = raw.decode()
+            cluster_id = key[len("braid:") : -len(":cluster")]
+            if not _NAME.match(cluster_id):  # e.g. braid:<id>:node:cluster
+                continue
+            shards = await client.hget(key, "shards")
+            if shards is not None:
+                found[cluster_id] = int(shards)
+        return dict(sorted(found.items()))
+    finally:
+        await closers.run()
 
 
 class RedisMetadata:
@@ -798,13 +829,15 @@ class RedisMetadata:
             for node_id in ids:
                 pipe.get(self._keys.lease(node_id))
                 pipe.hgetall(self._keys.node(node_id))
+                pipe.pttl(self._keys.lease(node_id))
             replies = await pipe.execute()
         nodes: dict[str, NodeInfo] = {}
         for i, node_id in enumerate(ids):
-            holder, record = replies[2 * i], replies[2 * i + 1]
+            holder, record, left_ms = replies[3 * i : 3 * i + 3]
             if holder is not None:  # not expired between the SCAN and the GET
                 fields = {k.decode(): v.decode() for k, v in record.items()}
-                nodes[node_id] = NodeInfo(node_id, int(holder), fields)
+                left = int(left_ms) if int(left_ms) >= 0 else None
+                nodes[node_id] = NodeInfo(node_id, int(holder), fields, left)
         return nodes
 
     # -- shards ----------------------------------------------------------------------------
