@@ -10,10 +10,14 @@ callback (called synchronously by the queue's pump) numbers the delivery on this
 writes the Basic.Deliver frames.
 
 Prefetch: ``basic.qos`` with ``global=false`` limits each consumer created afterwards (the core's
-per-consumer in-flight limit); ``global=true`` limits the channel as a whole and ``channel.flow``
-pauses it. The core has no per-channel limit yet, so the channel lends its consumers a per-consumer
-limit equal to what the channel still allows (``update_capacity``), recomputed on every delivery
-and acknowledgement (a limit of -1 means "none now").
+per-consumer in-flight limit); ``global=true`` limits the channel as a whole. The core has no
+per-channel limit yet, so the channel lends its consumers a per-consumer limit equal to what the
+channel still allows (``update_capacity``), recomputed on every delivery and acknowledgement (a
+limit of -1 means "none now").
+
+``channel.flow``: ``active=true`` is answered Flow-Ok; ``active=false`` closes the connection with
+540 ``NOT_IMPLEMENTED - active=false``, as RabbitMQ has since 3.3 (rabbit_channel.erl; 3.10.8
+answers exactly that). Pausing a client's deliveries is the outgoing bound's job (session.py).
 """
 
 from __future__ import annotations
@@ -143,8 +147,7 @@ class Channel:
         self.delivery_tag = 0
         self.prefetch_consumer = 0  # basic.qos global=false: for consumers made afterwards
         self.prefetch_global = 0  # basic.qos global=true: the whole channel
-        self.flow_active = True
-        self.limited = False  # prefetch_global or flow off: consumers' limits are lent
+        self.limited = False  # prefetch_global: consumers' limits are lent
         self.confirm = False
         self.next_seq = 1  # publish sequence number in confirm mode
         self.tx: list[tuple[int, Any, bool]] | None = None
@@ -373,13 +376,16 @@ class Channel:
         self.write_method(commands.Basic.QosOk())
 
     def channel_flow(self, m: commands.Channel.Flow) -> None:
-        self.flow_active = bool(m.active)
-        self._limits_changed()
-        self.write_method(commands.Channel.FlowOk(self.flow_active))
+        if not m.active:
+            # RabbitMQ refuses to stop sending to a client on its say-so (a hard error, so the
+            # connection closes); a client that cannot keep up stops reading and the outgoing
+            # bound holds its deliveries back.
+            raise AmqpConnectionError(NOT_IMPLEMENTED, "NOT_IMPLEMENTED - active=false")
+        self.write_method(commands.Channel.FlowOk(True))
 
     def _limits_changed(self) -> None:
         was_limited = self.limited
-        self.limited = self.prefetch_global > 0 or not self.flow_active
+        self.limited = self.prefetch_global > 0
         if self.limited or was_limited:
             self.update_capacity(notify=True)
 
@@ -393,9 +399,7 @@ class Channel:
             if subscription is None or consumer.no_ack:
                 continue
             own = consumer.prefetch
-            if not self.flow_active:
-                limit = NO_CAPACITY
-            elif self.prefetch_global:
+            if self.prefetch_global:
                 if remaining <= 0:
                     limit = NO_CAPACITY
                 else:

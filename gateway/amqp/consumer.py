@@ -136,10 +136,16 @@ class ChannelConsumer:
             channel.update_capacity(notify=False)
 
     def deliver_direct(self, routing_key: str, properties_raw: bytes, body: bytes) -> None:
-        """A direct reply-to message: straight to this consumer, never stored."""
+        """A direct reply-to message: straight to this consumer, never stored; dropped (and
+        counted) instead while the requester's outgoing buffer is over its bound: a reply has
+        no queue to wait in, and holding it would let one requester that does not read grow
+        the broker's memory (RabbitMQ 4's volatile queue drops what it cannot hand over)."""
         channel = self.channel
-        tag = channel.delivery_tag = channel.delivery_tag + 1
         session = channel.session
+        if session.deliveries_stopped or session.outgoing_room <= 0:
+            session.reply_dropped()
+            return
+        tag = channel.delivery_tag = channel.delivery_tag + 1
         frames = encode_deliver(
             channel.number,
             self.tag_bytes,
@@ -153,8 +159,11 @@ class ChannelConsumer:
         )
         session.write(frames)
         session.metrics["delivered"] += 1
-        # Counted against the bound (stored consumers stop at it; a reply is never held back).
+        # The bound, as for stored deliveries: the reply that crosses it goes out and stops the
+        # connection's other consumers too (the next replies are dropped until it drains).
         session.outgoing_room -= len(frames)
+        if session.outgoing_room <= 0:
+            session.stop_deliveries()
 
     def cancelled_by_server(self) -> None:
         """Its queue was deleted: consumer_cancel_notify clients get a Basic.Cancel."""
@@ -174,7 +183,7 @@ def stop_channel_deliveries(channel: Channel) -> None:
 
 def resume_channel_deliveries(channel: Channel) -> None:
     """The buffer drained: each consumer gets its own credit back (a channel with a global
-    prefetch or flow off lends it, ``Channel.update_capacity``; no-ack consumers have none)."""
+    prefetch lends it, ``Channel.update_capacity``; no-ack consumers have none)."""
     if channel.closed:
         return
     limited = channel.limited

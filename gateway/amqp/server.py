@@ -9,8 +9,9 @@ its deliveries or replies does not get to send more).
 
 The outgoing bound (issue 21 item 4): ``[limits] max_outgoing_buffer_bytes`` lowers that mark
 where it is smaller (``GatewayTransport.bound_outgoing``); deliveries to the connection's
-consumers stop above it and resume when it drains (session.py), and a connection that stays
-above it for ``stalled_client_timeout_s`` is aborted with a log line (gateway/transport.py).
+consumers stop above it and resume when it drains, direct reply-to replies to it are dropped
+and counted meanwhile (session.py), and a connection that stays above it for
+``stalled_client_timeout_s`` is aborted with a log line (gateway/transport.py).
 
 ``AMQPServer(api, settings)``, over the Broker API (``core.api.BrokerAPI``): one ``VirtualHost``
 per name in ``settings.vhosts`` (a vhost's exchanges, queues and bindings are loaded from the
@@ -66,6 +67,7 @@ METRIC_NAMES: Final = (
     "bytes_received",
     "bytes_sent",
     "stalled_disconnects",  # clients over the outgoing bound past stalled_client_timeout_s
+    "replies_dropped",  # direct reply-to replies to a client over the outgoing bound
 )
 
 

@@ -33,7 +33,10 @@ A client that does not read (issue 21 item 4): deliveries to the connection's co
 buffered bytes reach ``outgoing_bound`` (``[limits] max_outgoing_buffer_bytes``): the transport's
 ``pause_writing``, or the deliveries written in this loop iteration on top of the transport's
 buffer (a queue's pump would write a whole backlog in one iteration). The messages stay in their
-queues (AMQP drops nothing); deliveries resume when the buffer drains (``outgoing_drained``).
+queues; deliveries resume when the buffer drains (``outgoing_drained``). Direct reply-to replies
+have no queue to stay in: while deliveries are stopped they are dropped and counted
+(``reply_dropped``: ``replies_dropped``, and a log line at most every ``REPLY_DROP_LOG_S`` per
+connection); the responder's publish is confirmed all the same, as RabbitMQ's.
 """
 
 from __future__ import annotations
@@ -100,6 +103,9 @@ CLOSE_OK_TIMEOUT_S: Final = 10.0
 PUBLISH_SLICE: Final = 64
 # A client is gone when nothing arrived for this many heartbeat intervals (rabbit_heartbeat).
 HEARTBEAT_MISSES: Final = 2
+# A requester that does not read has every reply to it dropped: one log line per this many
+# seconds per connection says how many (the counter has them all).
+REPLY_DROP_LOG_S: Final = 10.0
 
 HEADER, START_OK, TUNE_OK, OPEN, OPENED, CLOSING, CLOSED = (
     "header",
@@ -321,6 +327,9 @@ class Session:
         self.outgoing_bound = outgoing_bound
         self.outgoing_room = outgoing_bound
         self.deliveries_stopped = False
+        # Direct replies dropped since the last log line, and when that line was written.
+        self._replies_dropped = 0
+        self._reply_drop_logged_ms: float | None = None
         self._confirms: dict[Channel, _ConfirmBatch] = {}
         self._confirm_end = 0
         self._confirm_groups: deque[_ConfirmGroup] = deque()
@@ -789,6 +798,25 @@ class Session:
         self.deliveries_stopped = True
         for channel in self.channels.values():
             stop_channel_deliveries(channel)
+
+    def reply_dropped(self) -> None:
+        """A direct reply-to reply for this connection was dropped (deliveries are stopped):
+        counted, and logged at most once per ``REPLY_DROP_LOG_S``."""
+        self.metrics["replies_dropped"] += 1
+        self._replies_dropped += 1
+        now = self.clock.now_ms()
+        last = self._reply_drop_logged_ms
+        if last is not None and now - last < REPLY_DROP_LOG_S * 1000:
+            return
+        log.warning(
+            "amqp: %s: %d direct reply-to replies dropped: the client's outgoing buffer is over "
+            "[limits] max_outgoing_buffer_bytes (%d bytes)",
+            self.peer,
+            self._replies_dropped,
+            self.outgoing_bound,
+        )
+        self._replies_dropped = 0
+        self._reply_drop_logged_ms = now
 
     def outgoing_drained(self, buffered: int, writing_paused: bool) -> None:
         """After a flush (or ``resume_writing``) with ``buffered`` bytes left in the transport:

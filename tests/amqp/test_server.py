@@ -1,5 +1,5 @@
 """``AMQPServer`` in process, over ``BrokerAPI(Broker)`` on a temporary directory, driven by
-aio-pika and by raw frames: handshake and errors, heartbeats, flow control, channel flow, global
+aio-pika and by raw frames: handshake and errors, heartbeats, flow control, global
 prefetch, queue and exchange lifecycles, messages from other protocols."""
 
 from __future__ import annotations
@@ -222,7 +222,7 @@ async def test_blocked_publish_is_confirmed_after_unblock(server: ServerUnderTes
 # --- channels, consumers ----------------------------------------------------------------------
 
 
-async def test_channel_flow_and_global_prefetch(server: ServerUnderTest) -> None:
+async def test_global_prefetch_limits_the_whole_channel(server: ServerUnderTest) -> None:
     async with await aio_pika.connect(url(server)) as connection:
         channel = await connection.channel()
         await channel.set_qos(prefetch_count=3, global_=True)
@@ -243,14 +243,9 @@ async def test_channel_flow_and_global_prefetch(server: ServerUnderTest) -> None
         await held[0].ack()
         await asyncio.sleep(0.2)
         assert len(held) == 4
-        # channel.flow(false) stops deliveries; true resumes them.
-        underlay = await channel.get_underlay_channel()
-        await underlay.flow(active=False)
+        # (channel.flow(false) is refused with 540, as RabbitMQ: test_slow_requester.py.)
         for message in held[1:]:
             await message.ack()
-        await asyncio.sleep(0.2)
-        assert len(held) == 4
-        await underlay.flow(active=True)
         await asyncio.sleep(0.3)
         assert len(held) == 7
 
