@@ -181,6 +181,9 @@ class SegmentStat:
     allocated: int  # bytes the file system really holds for it
     used: int  # bytes holding frames
     sealed: bool
+    # A cluster shard's epoch seal (core/log/fence.py): the end of the segment's valid bytes
+    # after an unclean change of owner; what lies past it was a fenced owner's and is ignored.
+    epoch_seal: int | None = None
 
 
 @dataclass
@@ -247,10 +250,19 @@ def collect_stat(reader: LogReader) -> LogStat:
         info = os.stat(segment.path)
         sealed = number != numbers[-1]
         used = segment.size if sealed else _used_bytes(reader, number)
+        epoch_seal = commitlog.seals.get(segment.base)
+        if epoch_seal is not None:
+            used = min(used, epoch_seal - segment.base)
         end = number * commitlog.segment_size + used
         segments.append(
             SegmentStat(
-                segment.path.name, segment.base, info.st_size, info.st_blocks * 512, used, sealed
+                segment.path.name,
+                segment.base,
+                info.st_size,
+                info.st_blocks * 512,
+                used,
+                sealed,
+                epoch_seal,
             )
         )
     topics: dict[str, TopicStat] = {}
@@ -358,6 +370,11 @@ def _stat_lines(info: LogStat) -> list[str]:
         lines.append(
             f"  {segment.file}  size {segment.size}  used {segment.used}"
             f"  allocated {segment.allocated}  {'sealed' if segment.sealed else 'active'}"
+            + (
+                ""
+                if segment.epoch_seal is None
+                else f"  epoch seal at {segment.epoch_seal}: bytes past it ignored"
+            )
         )
     lines.append(f"topics       {len(info.topics)}")
     for topic, topic_stat in info.topics.items():
@@ -787,9 +804,10 @@ def verify(data_dir: str, *, out: TextIO, shard: int | None = None) -> int:
 
 def _verify_one(data_dir: str, prefix: str, out: TextIO) -> int:
     with open_reader(data_dir) as reader:
-        errors = reader.verify()
+        errors = reader.verify()  # up to each segment's epoch seal (core/log/fence.py)
         numbers = reader.commitlog.segment_numbers()
         segment_size = reader.commitlog.segment_size
+        seals = len([base for base in reader.commitlog.seals if base // segment_size in numbers])
     for error in errors:
         number, offset = divmod(error.position, segment_size)
         out.write(
@@ -800,5 +818,6 @@ def _verify_one(data_dir: str, prefix: str, out: TextIO) -> int:
     if errors:
         out.write(f"{prefix}FAILED: {len(errors)} of {len(numbers)} segments corrupt\n")
         return EXIT_CORRUPT
-    out.write(f"{prefix}ok: {len(numbers)} segments verified\n")
+    sealed = f" ({seals} up to an epoch seal: bytes past it ignored)" if seals else ""
+    out.write(f"{prefix}ok: {len(numbers)} segments verified{sealed}\n")
     return EXIT_OK

@@ -287,6 +287,19 @@ class _Plan(NamedTuple):
     shard: int | None
 
 
+def _within_seals(
+    entries: npt.NDArray[Any], seals: dict[int, int], segment_size: int
+) -> npt.NDArray[Any]:
+    """``entries`` without those pointing past their segment's seal (a cluster shard's fenced
+    owner wrote them after a newer owner took over: core/log/fence.py), as LogReader skips
+    them."""
+    positions = entries["position"].astype(np.int64)
+    keep = np.ones(len(entries), dtype=bool)
+    for base, end in seals.items():
+        keep &= (positions < end) | (positions >= base + segment_size)
+    return entries if keep.all() else entries[keep]
+
+
 def _runs(keys: npt.NDArray[Any]) -> list[tuple[int, int]]:
     """``(start, stop)`` of each run of equal consecutive values."""
     cuts = [0, *(np.flatnonzero(keys[1:] != keys[:-1]) + 1).tolist(), len(keys)]
@@ -297,6 +310,10 @@ def _decode_entries(
     reader: LogReader, plan: _Plan, entries: npt.NDArray[Any]
 ) -> Iterator[pa.RecordBatch]:
     commitlog = reader.commitlog
+    if commitlog.seals:
+        entries = _within_seals(entries, commitlog.seals, commitlog.segment_size)
+        if not len(entries):
+            return
     positions = entries["position"].astype(np.int64)
     numbers = positions // commitlog.segment_size
     # Positions grow along a queue, so each segment's entries are one contiguous run.

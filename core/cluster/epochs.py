@@ -3,6 +3,9 @@
 Layout, in each shard directory::
 
     SHARD/epochs/00000000000000000007          one file per ownership, created O_CREAT|O_EXCL
+    SHARD/epochs/00000000000000000007.sealed   where epoch 7's owner started writing and what it
+                                               sealed, written (tmp + rename) when it opened the
+                                               log, before its first write
     SHARD/epochs/00000000000000000007.closed   present once epoch 7's owner stopped cleanly
 
 An epoch file holds one JSON object, written once by the node that claimed the shard::
@@ -10,6 +13,16 @@ An epoch file holds one JSON object, written once by the node that claimed the s
     {"node": "2", "incarnation": 1234, "claimed_ms": 1764547200000,
      "start": <commit-log position it starts writing at>,
      "sealed": {"<segment base position>": <end position>, ...}}
+
+The claim is written before the log is opened, so it holds ``start: 0`` and no seals; what
+opening the log decided goes to the ``.sealed`` companion, same two fields::
+
+    {"start": <position>, "sealed": {"<segment base position>": <end position>}}
+
+:func:`read_claim` returns the claim with the companion's values when there is one. The
+companion is separate so that the claim stays created once with ``O_EXCL`` (the fence) and is
+never rewritten. Readers in core/log read both files (:mod:`core.log.fence`), since the log
+must not import this package.
 
 Who writes: the claiming node, before it opens the shard, after Redis granted it the epoch
 (section 4's claim script); the file, not Redis, makes the grant real: ``O_EXCL`` lets exactly
@@ -20,7 +33,7 @@ before it recovers, so a record released by the old owner was on disk before the
 the log. The ``.closed`` marker says the owner stopped after its last fsync: the next owner then
 continues the segment; without it the next owner seals the recovered end (``sealed``) and starts
 at the next segment boundary, so bytes a paused old owner writes later are past every reader's
-bound (:func:`sealed_bounds`).
+bound (:func:`sealed_bounds`). :func:`log_fence` hands all this to the shard's LogStore.
 
 Not checksummed: a file is fsynced before its directory entry is, so a crash leaves either no
 file, or an empty or partial one whose claimer never opened the shard (it writes before it
@@ -33,12 +46,38 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, Final
 
-EPOCHS_DIR: Final = "epochs"
+from core.log import fence as log_fences
+from core.log.config import write_atomically
+from core.log.fence import EPOCHS_DIR, SEALED_SUFFIX, Fence
+
+__all__ = [
+    "CLOSED_SUFFIX",
+    "EPOCHS_DIR",
+    "SEALED_SUFFIX",
+    "EpochClaim",
+    "EpochTaken",
+    "claim_epoch",
+    "closed_path",
+    "continues_segment",
+    "epoch_path",
+    "epochs",
+    "highest_epoch",
+    "is_fenced",
+    "log_fence",
+    "mark_closed",
+    "read_claim",
+    "record_start",
+    "sealed_bounds",
+    "sealed_path",
+    "was_closed",
+]
+
 CLOSED_SUFFIX: Final = ".closed"
-_EPOCH_DIGITS: Final = 20  # as segment names (core/log/names.py): a listing sorts numerically
+_EPOCH_DIGITS: Final = log_fences.EPOCH_DIGITS  # as segment names: a listing sorts numerically
 _FILE_MODE: Final = 0o644
 
 
@@ -109,6 +148,10 @@ def closed_path(shard_dir: Path, epoch: int) -> Path:
     return shard_dir / EPOCHS_DIR / f"{epoch_name(epoch)}{CLOSED_SUFFIX}"
 
 
+def sealed_path(shard_dir: Path, epoch: int) -> Path:
+    return shard_dir / EPOCHS_DIR / f"{epoch_name(epoch)}{SEALED_SUFFIX}"
+
+
 def fsync_dir(path: Path) -> None:
     """Make the directory's entries (a create, a rename) durable."""
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
@@ -163,16 +206,42 @@ def highest_epoch(shard_dir: Path) -> int | None:
 
 
 def read_claim(shard_dir: Path, epoch: int) -> EpochClaim | None:
-    """What epoch ``epoch``'s file says, or None when it is absent or was never completely
-    written (its claimer crashed before the fsync, so it never opened the shard)."""
+    """What epoch ``epoch``'s file says, with ``start`` and ``sealed`` from its ``.sealed``
+    companion once its owner opened the log; None when the claim is absent or was never
+    completely written (its claimer crashed before the fsync, so it never opened the shard)."""
     try:
         data = epoch_path(shard_dir, epoch).read_bytes()
     except FileNotFoundError:
         return None
     try:
-        return EpochClaim.from_json(data)
+        claim = EpochClaim.from_json(data)
     except (ValueError, KeyError, TypeError, AttributeError):
         return None
+    try:
+        opened: Any = json.loads(sealed_path(shard_dir, epoch).read_bytes())
+    except FileNotFoundError:
+        return claim
+    return EpochClaim(
+        node=claim.node,
+        incarnation=claim.incarnation,
+        claimed_ms=claim.claimed_ms,
+        start=int(opened["start"]),
+        sealed={int(base): int(end) for base, end in opened["sealed"].items()},
+    )
+
+
+def record_start(shard_dir: Path, epoch: int, start: int, sealed: dict[int, int]) -> Path:
+    """Write epoch ``epoch``'s ``.sealed`` companion: the commit-log position its owner starts
+    writing at and the seal it made (section 5.4). Atomic (tmp + fsync + rename + fsync of the
+    directory): readers see all of it or nothing. Called by the store before its first write
+    (:func:`log_fence`)."""
+    path = sealed_path(shard_dir, epoch)
+    data = json.dumps(
+        {"start": start, "sealed": {str(base): end for base, end in sorted(sealed.items())}},
+        separators=(",", ":"),
+    ).encode()
+    write_atomically(path, data)
+    return path
 
 
 def is_fenced(shard_dir: Path, epoch: int) -> bool:
@@ -206,15 +275,32 @@ def was_closed(shard_dir: Path, epoch: int) -> bool:
 
 
 def sealed_bounds(shard_dir: Path) -> dict[int, int]:
-    """Segment base position -> the end of its valid bytes, merged over every epoch file: the
-    smallest end recorded for a segment, because nobody writes into a segment after it was
-    sealed (the new owner starts at the next segment boundary), so bytes past the first seal
-    came from a fenced owner. Segments absent from the result are bounded by their frames."""
-    bounds: dict[int, int] = {}
-    for epoch in epochs(shard_dir):
-        claim = read_claim(shard_dir, epoch)
-        if claim is None:
-            continue
-        for base, end in claim.sealed.items():
-            bounds[base] = min(end, bounds.get(base, end))
-    return bounds
+    """Segment base position -> the end of its valid bytes, merged over every epoch file and
+    companion: the smallest end recorded for a segment, because nobody writes into a segment
+    after it was sealed (the new owner starts at the next segment boundary), so bytes past the
+    first seal came from a fenced owner. Segments absent from the result are bounded by their
+    frames. The log's readers compute the same (:func:`core.log.fence.sealed_bounds`)."""
+    return log_fences.sealed_bounds(shard_dir)
+
+
+def continues_segment(shard_dir: Path, epoch: int) -> bool:
+    """Whether epoch ``epoch``'s owner continues the last segment (section 5.4): the epoch
+    before it on disk closed cleanly, or there is none (a new shard, or an adopted single-node
+    directory, whose broker was stopped). Otherwise that owner may still be writing, paused:
+    the new owner seals the recovered end and starts at the next segment boundary. An earlier
+    epoch whose claimer never opened the log still counts as unclean: it may be paused between
+    its recovery and its first write."""
+    earlier = [found for found in epochs(shard_dir) if found < epoch]
+    return not earlier or was_closed(shard_dir, earlier[-1])
+
+
+def log_fence(shard_dir: Path, epoch: int) -> Fence:
+    """The fence the owner of ``epoch`` opens the shard's LogStore with: fenced once
+    ``epoch + 1`` exists (:func:`is_fenced`), a new segment unless :func:`continues_segment`,
+    and the start and seal written to the ``.sealed`` companion before the first write. Call it
+    after :func:`claim_epoch` (it reads the earlier epochs then)."""
+    return Fence(
+        is_fenced=partial(is_fenced, shard_dir, epoch),
+        start_at_segment_boundary=not continues_segment(shard_dir, epoch),
+        record_start=partial(record_start, shard_dir, epoch),
+    )

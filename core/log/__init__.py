@@ -10,6 +10,7 @@ entries; ``durability``: group commit and flushes; ``recovery``; ``retention``),
 """
 
 from core.log.config import DURABILITY_ASYNC, DURABILITY_SYNC, LogConfig
+from core.log.fence import Fence, StoreFenced
 from core.log.reader import LogReader, QueueRecord
 from core.log.record import CorruptRecordError, Record
 from core.log.store import Appended, LogStore
@@ -20,10 +21,12 @@ __all__ = [
     "DURABILITY_SYNC",
     "Appended",
     "CorruptRecordError",
+    "Fence",
     "LogConfig",
     "LogReader",
     "LogStore",
     "QueueRecord",
     "Record",
+    "StoreFenced",
     "TagFilter",
 ]

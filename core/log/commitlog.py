@@ -8,6 +8,12 @@ search). Named positions, as RocketMQ's MappedFile keeps them:
 - ``flushed_position``: everything before it has been fdatasync'ed;
 - ``start_position``: base of the oldest segment still on disk (retention moves it).
 
+Seals (docs/cluster.md section 5.4, :mod:`core.log.fence`): ``seals`` maps a segment's base
+position to the end of its valid bytes when an owner took the log over after an unclean stop;
+what lies past a seal was written by a fenced owner, and scans and reads ignore it. Nobody
+writes into a sealed segment. With a fence (``fence_check``), :meth:`sync_to` asks it after each
+fsync and moves ``flushed_position`` only when it says not fenced.
+
 One writer thread appends; ``sync_to`` may run in another thread (it only calls fdatasync).
 Readers (this process or another, read-only) use :meth:`read_frame`, which verifies the CRC.
 """
@@ -24,6 +30,7 @@ from crc32c import crc32c
 
 from core.log import names
 from core.log import record as rec
+from core.log.fence import StoreFenced
 from core.log.segment import DiskFullError, Segment, preallocate, pwrite_all, start_writeback
 
 log = logging.getLogger(__name__)
@@ -67,6 +74,14 @@ class CommitLog:
         # appended, and at each new segment), and when a reservation finds the disk full: the
         # store checks the free space then (core.log.diskspace), beside its periodic check.
         self.on_reserve: Callable[[bool], None] | None = None
+        # Segment base position -> end of its valid bytes (see the module docstring); set by
+        # the reader from the epoch files and by recovery when it seals.
+        self.seals: dict[int, int] = {}
+        # Whether a newer owner claimed the log (core.log.fence.Fence.is_fenced): asked once per
+        # fsync by sync_to; None for a single node. Once it said yes, ``fenced`` stays True and
+        # nothing is synced again.
+        self.fence_check: Callable[[], bool] | None = None
+        self.fenced = False
         self._sync_lock = threading.Lock()
         if writable:
             directory.mkdir(parents=True, exist_ok=True)
@@ -104,6 +119,13 @@ class CommitLog:
     def _segment(self, number: int) -> Segment:
         segment = self.segments.get(number)
         if segment is None:
+            check = self.fence_check
+            if check is not None and check():
+                # A writer rolling into a new segment asks the fence first: a newer owner may
+                # have started writing there (it starts at the segment boundary after the end
+                # it recovered, which is where this writer rolls to). Once per segment.
+                self.refuse_appends()
+                raise StoreFenced(self.directory.parent)
             path = self.directory / names.segment_name(number * self.segment_size)
             segment = Segment(path, number * self.segment_size, self.segment_size, writable=True)
             self.segments[number] = segment
@@ -305,8 +327,15 @@ class CommitLog:
         self.write_position = start + len(data)
 
     def sync_to(self, position: int) -> int:
-        """Make everything before ``position`` durable; returns the new flushed position."""
+        """Make everything before ``position`` durable; returns the new flushed position.
+
+        With a ``fence_check``, it is asked after the fsyncs and before ``flushed_position``
+        moves (section 5.3: what is released was on disk before the check found no newer
+        owner); fenced, it raises :class:`~core.log.fence.StoreFenced`, now and at every later
+        call, without syncing again."""
         with self._sync_lock:
+            if self.fenced:
+                raise StoreFenced(self.directory.parent)
             if position <= self.flushed_position:
                 return self.flushed_position
             first = self.flushed_position // self.segment_size
@@ -315,8 +344,48 @@ class CommitLog:
                 segment = self.segments.get(number)
                 if segment is not None:
                     segment.sync()
+            check = self.fence_check
+            if check is not None and check():
+                self.fenced = True
+                raise StoreFenced(self.directory.parent)
             self.flushed_position = position
             return position
+
+    def refuse_appends(self) -> None:
+        """After a fence (on the writer's thread): every later append raises StoreFenced. The
+        cached segment is dropped, so the in-place writers go through :meth:`activate`, which
+        refuses; replacing the method here keeps any check off the unfenced append path."""
+        self.fenced = True
+        self._deactivate()
+        self.activate = self._refuse  # type: ignore[method-assign]
+
+    def _refuse(self, size: int) -> bool:
+        raise StoreFenced(self.directory.parent)
+
+    # -- seals -----------------------------------------------------------------------------
+
+    def seal(self, end: int) -> int:
+        """Seal the segment holding ``end`` at ``end`` (the recovered end after an unclean
+        ownership change) and return the base of that segment."""
+        base = end - end % self.segment_size
+        self.seals = {**self.seals, base: min(end, self.seals.get(base, end))}
+        return base
+
+    def first_unsealed(self, position: int) -> int:
+        """``position``, or the next segment boundary whose segment carries no seal if the
+        segment holding ``position`` has one: nobody writes into a sealed segment."""
+        while self.seals:
+            base = position - position % self.segment_size
+            if base not in self.seals:
+                break
+            position = base + self.segment_size
+        return position
+
+    def _next_segment_after(self, number: int) -> int | None:
+        """The number of the first segment on disk after ``number`` (segments after a seal may
+        skip a number: the new owner starts at the next boundary)."""
+        later = [n for n in self.segments if n > number]
+        return min(later) if later else None
 
     # -- reading ---------------------------------------------------------------------------
 
@@ -334,6 +403,8 @@ class CommitLog:
                 segment = self.segments.get(number)
             if segment is None:
                 raise KeyError(position)
+        if self.seals and position >= self.seals.get(segment.base, position + 1):
+            raise KeyError(position)  # past its segment's seal: a fenced owner's, not the log's
         try:
             size = rec.verify_frame(segment.buf, offset, len(segment.buf))
         except rec.CorruptRecordError as error:
@@ -358,6 +429,7 @@ class CommitLog:
     def scan(self, start: int, end: int | None = None) -> Iterator[tuple[int, int, int]]:
         """Yield ``(position, frame size, magic)`` of each frame from ``start`` (to ``end``); BLANK
         fillers are skipped. Stops at unwritten space. A corrupt frame raises CorruptRecordError.
+        A sealed segment ends at its seal; the scan goes on with the next segment on disk.
 
         The inner loop runs once per frame over one segment with everything in locals and one
         prefix unpack per frame (the prefix used to be read three times per frame)."""
@@ -369,15 +441,23 @@ class CommitLog:
         blank_magic = rec.BLANK_MAGIC
         header_size = rec.HEADER_SIZE
         crc_start = rec.CRC_START
+        seals = self.seals
         while stop_at is None or position < stop_at:
             number, offset = divmod(position, segment_size)
+            base = number * segment_size
+            seal = seals.get(base) if seals else None
             segment = self.segments.get(number)
             if segment is None:
-                return
+                following = None if seal is None else self._next_segment_after(number)
+                if following is None:
+                    return
+                position = following * segment_size
+                continue
             buf = segment.buf
             limit = len(buf)
-            base = number * segment_size
             segment_stop = limit if stop_at is None else min(limit, stop_at - base)
+            if seal is not None:
+                segment_stop = min(segment_stop, seal - base)
             while offset < segment_stop:
                 if offset + 12 > limit:
                     break
@@ -398,6 +478,12 @@ class CommitLog:
                 offset += total
             if stop_at is not None and base + offset >= stop_at:
                 return
+            if seal is not None:
+                following = self._next_segment_after(number)
+                if following is None:
+                    return
+                position = following * segment_size
+                continue
             if offset < limit and (offset == 0 or number + 1 not in self.segments):
                 return  # unwritten space in the last segment: the end of the log
             # A full segment, or zeros before the end of a sealed one (its tail never written).

@@ -3,8 +3,9 @@
 :class:`LogReader` opens a data directory read-only, so another process (Spark, ``braid log``)
 can read the files of a running broker or a stopped one; :class:`~core.log.store.LogStore`
 extends it with the writer. Every frame read is CRC-checked: a corrupt record raises
-:class:`~core.log.record.CorruptRecordError` and is never returned. Not thread-safe for writes;
-concurrent reads from several threads are fine.
+:class:`~core.log.record.CorruptRecordError` and is never returned. In a cluster's shard, what
+lies past a segment's seal (a fenced owner's writes, :mod:`core.log.fence`) is never returned.
+Not thread-safe for writes; concurrent reads from several threads are fine.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from core.log import record as rec
 from core.log.commitlog import CommitLog
 from core.log.config import LogMeta
 from core.log.consumequeue import ConsumeQueue, IndexEntry
+from core.log.fence import Seals
 from core.log.openfiles import DEFAULT_MAX_OPEN_FILES, OpenFiles
 from core.log.tags import TagFilter
 
@@ -138,6 +140,10 @@ class LogReader:
         self.commitlog = CommitLog(
             self.data_dir / names.COMMITLOG_DIR, meta.segment_size, writable=_writable
         )
+        # The seals of a cluster shard's epoch files (core.log.fence): bytes past a segment's
+        # seal are a fenced owner's, and no read returns them.
+        self._seals = Seals(self.data_dir)
+        self.commitlog.seals = self._seals.refresh()
         self._queues: dict[tuple[str, int], ConsumeQueue] = {}
         self._index_root = str(self.data_dir / names.INDEX_DIR)  # shared by every queue
         self._discover_queues()
@@ -172,6 +178,7 @@ class LogReader:
         """Pick up what a running broker appended since this reader looked (read-only readers)."""
         if self.writable:
             return
+        self.commitlog.seals = self._seals.refresh()
         self.commitlog.refresh()
         self._discover_queues()
         for queue in self._queues.values():
@@ -260,6 +267,7 @@ class LogReader:
         # raises (and logs) exactly as before.
         trusted_start = commitlog.trusted_start
         trusted_end = commitlog.write_position
+        seals = commitlog.seals
         unpack_prefix = rec.PREFIX.unpack_from
         record_magic = rec.RECORD_MAGIC
         header_size = rec.HEADER_SIZE
@@ -301,6 +309,11 @@ class LogReader:
                     buf = segment.view
                     limit = len(buf)
                     start = position - base
+                    if seals and base in seals:
+                        # Entries past the seal point at a fenced owner's bytes (core.log.fence).
+                        limit = min(limit, seals[base] - base)
+                        if start >= limit:
+                            continue
                 if trusted_start <= position < trusted_end:
                     size = entry[1]
                 else:

@@ -12,13 +12,20 @@ nothing to replay):
 4. At the first bad frame: if nothing valid follows in a later segment it is a torn tail, erased
    and reported in bytes; inside a sealed segment the rest of that segment is reported lost and
    the scan continues with the next segment.
-5. Flush, and write a new checkpoint.
+5. After an unclean change of owner (``start_at_segment_boundary``, docs/cluster.md section
+   5.4): seal the segment holding the recovered end at that end and start writing at the next
+   segment boundary, so whatever a paused old owner writes after waking lies past the seal.
+   Writing never starts inside a segment sealed earlier either.
+6. Flush, and write a new checkpoint.
+
+Seals recorded before (the reader loads them from the epoch files, :mod:`core.log.fence`)
+bound the scan: bytes past a segment's seal are not replayed.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from core.log import names
 from core.log import record as rec
@@ -35,9 +42,13 @@ class RecoveryReport:
     clean_shutdown: bool
     checkpoint_position: int
     replayed_records: int
-    end_position: int
+    end_position: int  # the end of the recovered log
     truncated_bytes: int
     corrupt_positions: list[int]
+    # Where appends start: end_position, or a later segment boundary (step 5).
+    start_position: int = 0
+    # The seal step 5 made, {segment base: end_position}; empty when the segment continues.
+    sealed: dict[int, int] = field(default_factory=dict)
 
 
 def recover(
@@ -47,11 +58,12 @@ def recover(
     checkpoints: Checkpoints,
     *,
     check_own_writes: bool,
+    start_at_segment_boundary: bool = False,
 ) -> RecoveryReport:
     """Run the procedure above on an opened store's parts: frames are indexed again through
     ``indexes`` (the path every append takes), ``durability`` flushes and ``checkpoints``
     writes the new checkpoint. ``check_own_writes``: do not trust this process's own frames
-    on reads (see CommitLog.trust_from)."""
+    on reads (see CommitLog.trust_from). ``start_at_segment_boundary``: step 5."""
     marker = checkpoints.data_dir / names.CLEAN_SHUTDOWN_FILE
     clean = marker.exists()
     position, counts = read_checkpoint(checkpoints.data_dir)
@@ -93,15 +105,31 @@ def recover(
                 "commit log torn tail at %d (%s): %d bytes erased", bad, error.reason, truncated
             )
             break
-    commitlog.write_position = end
-    commitlog.flushed_position = min(position, commitlog.write_position)
+    sealed: dict[int, int] = {}
+    start = end
+    if start_at_segment_boundary:
+        base = commitlog.seal(end)
+        sealed[base] = end
+        start = base + commitlog.segment_size
+    start = commitlog.first_unsealed(start)
+    if start != end:
+        log.info(
+            "commit log: segment %s sealed at %d; writing starts at segment %s",
+            names.segment_name(end - end % commitlog.segment_size),
+            end,
+            names.segment_name(start),
+        )
+    commitlog.write_position = start
+    commitlog.flushed_position = min(position, end)
     if not check_own_writes:
         # Only what this process appends from here on skips the CRC check on reads.
-        commitlog.trust_from(end)
+        commitlog.trust_from(start)
     marker.unlink(missing_ok=True)
     durability.flush()
     checkpoints.write()
-    report = RecoveryReport(clean, position, replayed, commitlog.write_position, truncated, corrupt)
+    report = RecoveryReport(
+        clean, position, replayed, end, truncated, corrupt, commitlog.write_position, sealed
+    )
     # An empty log (a brand-new data directory) has nothing to recover and no shutdown to
     # report: it would log clean_shutdown=False on every first start.
     if replayed or truncated or corrupt or (not clean and commitlog.write_position):

@@ -9,7 +9,9 @@ visible where they belong. The other jobs, each in its module:
 - durability, group commit and flushes: :mod:`core.log.durability`;
 - checkpoints: :mod:`core.log.checkpoint`; recovery on open: :mod:`core.log.recovery`;
 - retention: :mod:`core.log.retention`;
-- a transaction's commit decision frame: ``core/transactions/decisions.py``.
+- a transaction's commit decision frame: ``core/transactions/decisions.py``;
+- the storage fence of a shard owned by a cluster node (a newer owner stops this one's
+  acknowledgements and writes): :mod:`core.log.fence`.
 
 Thread-safety: appends and reads from the event-loop thread; fdatasync and background
 checkpoints run in one worker thread.
@@ -33,6 +35,7 @@ from core.log.config import DURABILITY_SYNC, LogConfig, LogMeta
 from core.log.consumequeue import ConsumeQueue
 from core.log.diskspace import DiskSpace
 from core.log.durability import GroupCommit
+from core.log.fence import Fence, StoreFenced
 from core.log.frames import (
     CACHED_TOPICS,
     FrameHead,
@@ -88,13 +91,20 @@ class LogStore(LogReader):
     """Open (and recover) a data directory for writing. Use one per directory."""
 
     def __init__(
-        self, config: LogConfig, *, check_own_writes: bool = False, fast_paths: bool = True
+        self,
+        config: LogConfig,
+        *,
+        check_own_writes: bool = False,
+        fast_paths: bool = True,
+        fence: Fence | None = None,
     ) -> None:
         """``check_own_writes`` (or ``config.check_own_writes``): CRC-check on reads also the
         frames this store appended itself (by default they are trusted; see
         CommitLog.trust_from and docs/storage.md). ``fast_paths=False``: every frame takes the
         reference encoder and every entry the general dispatch (same bytes, more CPU: what
-        the parity tests compare the fast paths with)."""
+        the parity tests compare the fast paths with). ``fence``: the directory is a shard a
+        cluster node owns (:mod:`core.log.fence`): checked at each fsync, a new segment after
+        an unclean change of owner, the start recorded before the first write."""
         self.config = config
         self.check_own_writes = check_own_writes or config.check_own_writes
         self.fast_paths = fast_paths
@@ -132,13 +142,31 @@ class LogStore(LogReader):
         self._background: list[asyncio.Task[None]] = []
         self.closed = False
         self.verification = SegmentVerification()
-        self.recovery = recover(
-            self.commitlog,
-            self.indexes,
-            self.durability,
-            self.checkpoints,
-            check_own_writes=self.check_own_writes,
-        )
+        self.fence = fence
+        try:
+            self.recovery = recover(
+                self.commitlog,
+                self.indexes,
+                self.durability,
+                self.checkpoints,
+                check_own_writes=self.check_own_writes,
+                start_at_segment_boundary=fence is not None and fence.start_at_segment_boundary,
+            )
+            if fence is not None:
+                if fence.record_start is not None:
+                    fence.record_start(self.recovery.start_position, dict(self.recovery.sealed))
+                # From here on (recovery's own flush is acknowledged to nobody).
+                self.commitlog.fence_check = fence.is_fenced
+                self.durability.on_fenced.append(self._stop_writers)
+        except BaseException:
+            self._executor.shutdown(wait=True)
+            LogReader.close(self)
+            raise
+
+    @property
+    def fenced(self) -> StoreFenced | None:
+        """Why this store stopped acknowledging and writing (a newer owner), or None."""
+        return self.durability.fenced
 
     @property
     def metrics(self) -> dict[str, int]:
@@ -465,7 +493,10 @@ class LogStore(LogReader):
         self.checkpoints.write()
 
     async def checkpoint_async(self) -> None:
-        await self.checkpoints.write_async()
+        try:
+            await self.checkpoints.write_async()
+        except StoreFenced as error:  # its fsync found a newer owner: no checkpoint written
+            self.durability.fence(error)
 
     # -- background tasks ------------------------------------------------------------------
 
@@ -552,8 +583,27 @@ class LogStore(LogReader):
 
     def enforce_retention(self, now: int | None = None) -> list[int]:
         """Delete whole sealed segments past the time or size limit, oldest first, unless a
-        retention guard says a record in one is still owed. Returns deleted base positions."""
+        retention guard says a record in one is still owed. Returns deleted base positions.
+        A fenced store deletes nothing (with a fence it is asked first: one stat a run)."""
+        if self._found_fenced():
+            return []
         return self.retention.enforce(now)
+
+    def _found_fenced(self) -> bool:
+        """Whether the store is fenced, asking the fence now if it has one and is not yet: for
+        writes outside the group commit (retention, close) that no fsync check precedes."""
+        if self.durability.fenced is not None:
+            return True
+        fence = self.fence
+        if fence is None or not fence.is_fenced():
+            return False
+        self.durability.fence(StoreFenced(self.data_dir))
+        return True
+
+    def _stop_writers(self, error: StoreFenced) -> None:
+        """on_fenced: the background tasks write (checkpoints, retention, flushes): stop them."""
+        for task in self._background:
+            task.cancel()
 
     # -- dropping a topic's indexes -------------------------------------------------------
 
@@ -564,6 +614,8 @@ class LogStore(LogReader):
         The records stay in the commit log until retention deletes their segments; only the
         index entries that made them readable go. A checkpoint follows at once: recovery
         replays from the checkpoint, and must not index the topic's older records again."""
+        if self.durability.fenced is not None:
+            raise StoreFenced(self.data_dir)
         dropped = self.indexes.drop(topic, self.data_dir)
         if not dropped:
             return []
@@ -587,13 +639,45 @@ class LogStore(LogReader):
         self.close()
 
     def close(self) -> None:
+        """Flush, checkpoint and mark a clean shutdown; a fenced store (with a fence, asked
+        first) writes nothing: see :meth:`abandon`."""
         if self.closed:
             return
+        try:
+            fenced = self._found_fenced()
+        except OSError:
+            log.exception(
+                "%s: cannot tell whether a newer owner exists: closing unwritten", self.data_dir
+            )
+            fenced = True
+        if fenced:
+            self.abandon()
+            return
+        try:
+            self.durability.write_held_back()
+            self.flush()
+        except StoreFenced as error:  # the flush's fsync found a newer owner
+            self.durability.fence(error)
+            self.abandon()
+            return
         self.closed = True
-        self.durability.write_held_back()
-        self.flush()
         self.durability.release_waiters()  # durable now (waiters of a group commit never run)
         self.checkpoint()
         (self.data_dir / names.CLEAN_SHUTDOWN_FILE).touch()
+        self._executor.shutdown(wait=True)
+        super().close()
+
+    def abandon(self) -> None:
+        """Close without writing anything more to the directory (no flush, checkpoint or
+        clean-shutdown marker): for a store that is fenced, or whose node lost its lease and
+        drops its shards (docs/cluster.md section 11). Waiters not yet released fail with
+        StoreFenced; what was appended and not acknowledged is left to the next owner's
+        recovery."""
+        if self.closed:
+            return
+        self.closed = True
+        self.durability.fence(
+            self.durability.fenced or StoreFenced(self.data_dir, "abandoned by its owner")
+        )
         self._executor.shutdown(wait=True)
         super().close()
