@@ -32,7 +32,7 @@ from bench.half_commit import TARGET_PHASES as HALF_TARGET_PHASES
 from bench.half_commit import bench_half_commit_async
 from bench.timers import TARGET_LATENESS_P99_MS, bench_timers
 from bench.timers import format_results as format_timers
-from core.broker import Broker, BrokerConfig
+from core.broker import BrokerConfig, Node
 from core.delivery import Delivery
 from core.log import DURABILITY_ASYNC, DURABILITY_SYNC, LogConfig, LogStore, TagFilter
 
@@ -49,11 +49,11 @@ TAGGED_RECORDS = 200_000
 TAGS = ("TagA", "TagB", "TagC", "TagD", "TagE", "TagF", "TagG", "TagH", "TagI", "TagJ")
 
 
-def open_broker(data_dir: Path, durability: str) -> Broker:
+def open_broker(data_dir: Path, durability: str) -> Node:
     store = LogStore(
         LogConfig(data_dir, segment_size=256 << 20, durability=durability, retention_ms=None)
     )
-    return Broker(store, BrokerConfig())
+    return Node(store, BrokerConfig())
 
 
 def timed(action: Callable[[], object]) -> tuple[float, float]:
@@ -87,7 +87,7 @@ async def bench_publish(
     elapsed = time.perf_counter() - wall
     used = time.process_time() - cpu
     await broker.close()
-    await broker.store.aclose()
+    await broker.shard.store.aclose()
     return elapsed / publishes, used / publishes
 
 
@@ -96,7 +96,7 @@ async def bench_deliver_ack(root: Path, records: int) -> tuple[float, float]:
     queue, _ = await broker.declare_ack_queue("jobs")
     bodies = [b"y" * 100] * 1000
     for _ in range(records // 1000):
-        broker.store.append_many("jobs", 0, bodies)
+        broker.shard.store.append_many("jobs", 0, bodies)
     done = asyncio.Event()
     count = 0
 
@@ -114,31 +114,31 @@ async def bench_deliver_ack(root: Path, records: int) -> tuple[float, float]:
     elapsed = time.perf_counter() - wall
     used = time.process_time() - cpu
     await broker.close()
-    await broker.store.aclose()
+    await broker.shard.store.aclose()
     return elapsed, used
 
 
 async def bench_commits(root: Path, commits: int, awaited: bool) -> tuple[float, float]:
     broker = open_broker(root / f"commits-{awaited}", DURABILITY_SYNC)
-    await broker.store.start()
+    await broker.shard.store.start()
     cpu = time.process_time()
     wall = time.perf_counter()
     if awaited:
 
         async def committer(worker: int) -> None:
             for n in range(commits // 64):
-                await broker.offsets.commit(f"g{worker}", [("t", 0, n, -1, "")])
+                await broker.shard.offsets.commit(f"g{worker}", [("t", 0, n, -1, "")])
 
         await asyncio.gather(*(committer(w) for w in range(64)))
     else:
         end = 0
         for n in range(commits):
-            end = broker.offsets.commit_nowait("g", [("t", n % 8, n, -1, "")])
-        await broker.store.wait_durable(end)
+            end = broker.shard.offsets.commit_nowait("g", [("t", n % 8, n, -1, "")])
+        await broker.shard.store.wait_durable(end)
     elapsed = time.perf_counter() - wall
     used = time.process_time() - cpu
     await broker.close()
-    await broker.store.aclose()
+    await broker.shard.store.aclose()
     return elapsed, used
 
 

@@ -1,8 +1,9 @@
 """``braid serve``: assemble the broker process and run it until SIGINT or SIGTERM.
 
 Start order: take the data-directory lock, open (and recover) the :class:`~core.log.LogStore`,
-start its background tasks (flush, checkpoint, retention), build the :class:`~core.broker.Broker`
-facade on it (the one object gateways talk to) and start its tasks, start the listeners of
+start its background tasks (flush, checkpoint, retention), build the broker's
+:class:`~core.broker.Node` on it (its one shard over the store; the Broker API gateways talk to
+is built over it) and start its tasks, start the listeners of
 :data:`LISTENERS` (the protocol gateways and the HTTP operations endpoint), then print exactly
 one ready line to stdout::
 
@@ -54,7 +55,7 @@ from braid.web.rabbit import ManagementSources
 from braid.web.server import ResponseCounter
 from core.api import BrokerAPI
 from core.api.limits import attach_limits
-from core.broker import Broker
+from core.broker import Node
 from core.cluster import layout as cluster_layout
 from core.limits import LimitsService, LimitsStore
 from core.log import LogStore, names
@@ -63,7 +64,7 @@ from core.security import SecurityService
 log = logging.getLogger(__name__)
 
 NOT_LISTENING = "-"
-# Help texts of Broker.metrics counters (exported as braid_broker_<key>_total).
+# Help texts of Node.metrics counters (exported as braid_broker_<key>_total).
 BROKER_METRICS = {
     "retried": "Unconsumed records re-queued for another attempt after a retry delay.",
     "dead_lettered": "Unconsumed records moved (linked) to a dead-letter topic.",
@@ -85,7 +86,7 @@ class ServerContext:
     """What a listener factory gets to build its server from."""
 
     settings: ServerSettings
-    broker: Broker  # the core itself: for braid's own metrics and health, never a gateway
+    broker: Node  # the core itself: for braid's own metrics and health, never a gateway
     api: BrokerAPI  # the Broker API (core/api/): the only thing a gateway talks to
     metrics: MetricsRegistry  # register(...) / register_counters(...) the listener's metrics
     health: HealthCheck
@@ -355,7 +356,7 @@ LISTENERS: tuple[ListenerSlot, ...] = (
 )
 
 
-def broker_collector(broker: Broker) -> Collector:
+def broker_collector(broker: Node) -> Collector:
     def collect() -> list[Family]:
         return [
             Family(
@@ -368,31 +369,31 @@ def broker_collector(broker: Broker) -> Collector:
                 "braid_disk_alarm",
                 GAUGE,
                 "1 while free space on the log's volume is below disk_free_limit_bytes.",
-                1 if broker.store.disk_space.alarm else 0,
+                1 if broker.shards.home.store.disk_space.alarm else 0,
             ),
             Family(
                 "braid_disk_free_bytes",
                 GAUGE,
                 "Bytes free on the log's volume at the last check.",
-                broker.store.disk_space.free_bytes,
+                broker.shards.home.store.disk_space.free_bytes,
             ),
             Family(
                 "braid_broker_ack_queues",
                 GAUGE,
                 "Ack queues (AMQP queues, MQTT session queues) the broker holds open.",
-                len(broker.ack_queues),
+                len(broker.ack_queues()),
             ),
             Family(
                 "braid_transactions_pending",
                 GAUGE,
                 "Open transactions (half messages neither committed nor rolled back).",
-                broker.transactions.metrics["pending"],
+                sum(shard.transactions.metrics["pending"] for shard in broker.shards),
             ),
             Family(
                 "braid_timers_pending",
                 GAUGE,
                 "Delayed records (and delayed retries) waiting for their time.",
-                broker.timers.pending_count(),
+                sum(shard.timers.pending_count() for shard in broker.shards),
             ),
         ]
 
@@ -445,7 +446,7 @@ def format_address(address: tuple[str, int] | None) -> str:
 
 
 class BraidServer:
-    """The broker process: the log store, the Broker facade on it, and the listeners.
+    """The broker process: the log store, the broker's Node on it, and the listeners.
     ``await start()``, then ``await stop()``."""
 
     def __init__(
@@ -455,7 +456,7 @@ class BraidServer:
         self.slots = tuple(listeners)
         self.metrics = MetricsRegistry()
         self.store: LogStore | None = None
-        self.broker: Broker | None = None
+        self.broker: Node | None = None
         self.listeners: dict[str, Listener] = {}
         self.stopping = False
         self._lock_fd: int | None = None
@@ -473,22 +474,23 @@ class BraidServer:
             self._refuse_cluster_root()
             self.store = self._open_store()
             await self.store.start()
-            self.broker = broker = Broker(self.store, self.settings.broker_config())
+            self.broker = broker = Node(self.store, self.settings.broker_config())
+            shard = broker.shard  # the node's one shard, over self.store (cluster.md section 6)
             # The disk alarm (core/log/diskspace.py) is one of flow control's reasons.
             broker.flow.watch_disk(self.store.disk_space)
             await broker.start()
             self.metrics.register("log", store_collector(self.store))
             self.metrics.register_counters("braid_broker_", lambda: broker.metrics, BROKER_METRICS)
             self.metrics.register("broker", broker_collector(self.broker))
-            transactions = broker.transactions
+            transactions = shard.transactions
             self.metrics.register_counters(
                 "braid_transactions_",
                 lambda: {k: v for k, v in transactions.metrics.items() if k != "pending"},
             )
             self.metrics.register_counters(
-                "braid_half_messages_", lambda: broker.half_messages.metrics
+                "braid_half_messages_", lambda: shard.half_messages.metrics
             )
-            self.metrics.register_counters("braid_timers_", lambda: broker.timers.metrics)
+            self.metrics.register_counters("braid_timers_", lambda: shard.timers.metrics)
             self.metrics.register("process", process_collector)
             self.security = security = SecurityService(
                 broker.metadata, self.settings.auth, vhosts=self.settings.amqp.vhosts

@@ -72,8 +72,8 @@ SPARK_MAY_IMPORT_FROM_CORE = (
 
 # A gateway never reaches through the API into the broker's parts.
 REACH_THROUGH = re.compile(
-    r"\b(?:broker|api)\.(?:_broker|store|topics|flow|bindings|ack_queues|offsets|groups"
-    r"|transactions|half_messages|timers)\b"
+    r"\b(?:broker|node|api)\.(?:_broker|_node|store|topics|flow|bindings|ack_queues|offsets"
+    r"|groups|transactions|half_messages|timers|shard|shards)\b"
 )
 
 
@@ -174,8 +174,9 @@ def test_every_codec_module_named_here_exists() -> None:
         ("gateway/mqtt/session.py", "from gateway.amqp import codec", "imports gateway.amqp"),
         ("gateway/amqp/codec.py", "import asyncio", "a codec imports asyncio"),
         ("gateway/kafka/fetch.py", "api._broker.store.read(0)", "reaches through the broker"),
+        ("gateway/amqp/vhost.py", "api._node.shard.store.read(0)", "reaches through the broker"),
         ("core/log/store.py", "from gateway.kafka import wire", "core imports gateway"),
-        ("spark/source.py", "from core.broker import Broker", "spark imports core.broker"),
+        ("spark/source.py", "from core.broker import Node", "spark imports core.broker"),
         ("gateway/transport.py", "from gateway.mqtt import hub", "imports gateway.mqtt"),
         ("gateway/mqtt/decoder.py", "import gateway.transport", "a codec imports gateway.tr"),
     ],

@@ -224,6 +224,7 @@ class BrokerAPI(
     logins and access checks (``security.py``), listings and operator actions for the
     management API (``management.py``), the open connections (``connections.py``) and the
     limits on counts and sizes (``limits.py``).
-    ``BrokerAPI(broker, security)``: the process
-    passes its :class:`~core.security.SecurityService`; without one, a default one over the
-    broker's log is made at the first security call."""
+    ``BrokerAPI(node, security)``, over the broker's :class:`~core.broker.Node` (each call
+    resolves the shard it is for through the node's ``ShardSet``): the process passes its
+    :class:`~core.security.SecurityService`; without one, a default one over the node's
+    metadata is made at the first security call."""

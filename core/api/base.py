@@ -18,11 +18,11 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from core.broker.broker import (
-    Broker,
     Destination,
     PublishResult,
 )
 from core.broker.eager import Pending, run_eagerly
+from core.broker.node import Node
 from core.broker.topics import TopicInfo
 from core.log import record as rec
 
@@ -133,8 +133,10 @@ class BrokerCalls:
     """What every protocol uses: publish, durability, topics; the other parts of
     :class:`core.api.BrokerAPI` build on it."""
 
-    def __init__(self, broker: Broker) -> None:
-        self._broker = broker
+    def __init__(self, node: Node) -> None:
+        # The node's calls, and through its ShardSet the shard each one is for (one shard,
+        # number 0, in step 2 of docs/cluster.md section 15).
+        self._node = node
 
     # -- publishing ----------------------------------------------------------------------------
 
@@ -161,7 +163,7 @@ class BrokerCalls:
         Raises :class:`TopicError` for an unknown topic (unless auto-created) or queue.
         """
         started = run_eagerly(
-            self._broker.publish(
+            self._node.publish(
                 topic,
                 body,
                 queue=queue,
@@ -189,7 +191,9 @@ class BrokerCalls:
         :attr:`PublishOutcome.durable_mark`) is durable at ``topic``'s durability (the sync
         durability when no topic is given). Marks only grow: waiting for the last of several
         publishes covers them all."""
-        return self._broker.store.wait_durable(durable_mark, topic)
+        # The mark is a position in the log of the node's one shard (a node-local sequence
+        # over its shards in a cluster, section 6); no lookup on this per-publish path.
+        return self._node.shard.store.wait_durable(durable_mark, topic)
 
     # -- the disk alarm ------------------------------------------------------------------------
 
@@ -198,11 +202,11 @@ class BrokerCalls:
         ``disk_free_limit_bytes``. Flow control blocks publishers then (``publishing_blocked``);
         a protocol that can refuse a publish for the client to retry answers it at once
         instead of waiting: MQTT 5 PUBACK 0x97 Quota exceeded, Kafka KAFKA_STORAGE_ERROR."""
-        return self._broker.flow.disk_alarm
+        return self._node.flow.disk_alarm
 
     def disk_status(self) -> DiskStatus:
         """Free bytes, the limit and the alarm, for /health and /metrics."""
-        space = self._broker.store.disk_space
+        space = self._node.shards.home.store.disk_space
         return DiskStatus(space.free_bytes, space.limit_bytes, space.alarm)
 
     def may_accept_connection(self) -> bool:
@@ -210,13 +214,13 @@ class BrokerCalls:
         limit (the log's share kept free, core/broker/flow.py); the gateway then refuses it
         the way its protocol can (AMQP: closed; MQTT: CONNACK Server busy / Server
         unavailable; Kafka: closed), with a log line."""
-        return self._broker.flow.descriptors.may_open_connection()
+        return self._node.flow.descriptors.may_open_connection()
 
     # -- topics --------------------------------------------------------------------------------
 
     def topic_info(self, context: ClientContext, name: str) -> TopicInfo | None:
         """The topic's description (a value), or None when there is none."""
-        return self._broker.topics.get(name)
+        return self._node.topics.get(name)
 
     def has_topic(self, context: ClientContext, name: str) -> bool:
-        return name in self._broker.topics
+        return name in self._node.topics

@@ -47,7 +47,7 @@ class LimitCalls(ConnectionCalls):
     def _limits(self) -> LimitsService:
         service = self._limits_service
         if service is None:  # an API built without one (tests): the defaults over the same log
-            service = self._limits_service = LimitsService(LimitsStore(self._broker.metadata))
+            service = self._limits_service = LimitsService(LimitsStore(self._node.metadata))
         return service
 
     # -- decisions -------------------------------------------------------------------------
@@ -104,7 +104,7 @@ class LimitCalls(ConnectionCalls):
         service = self._limits()
         if not service.has_queue_limit(context.vhost):
             return None
-        topics = self._broker.topics._topics.values()  # no copy, no sort (TopicRegistry.all)
+        topics = self._node.topics._topics.values()  # no copy, no sort (TopicRegistry.all)
         in_vhost, in_all = count_queues(((t.config, t.queues) for t in topics), context.vhost)
         return service.queue_refusal(
             context.vhost, queue, in_vhost, in_all, added=added, action=action
@@ -124,7 +124,7 @@ class LimitCalls(ConnectionCalls):
         ``[limits] max_bindings_per_destination``: refused when ``destination`` (``described``
         in the text: ``queue 'q'`` or ``exchange 'x'``) has that many bindings and this one is
         not among them (binding again what is bound changes nothing, as in RabbitMQ)."""
-        table = self._broker.bindings
+        table = self._node.bindings
         # The table's per-destination index: a count without copying its bindings.
         bound = len(table._by_destination.get(destination, ()))
         refusal = self._limits().binding_refusal(described, context.vhost, bound)
@@ -199,21 +199,21 @@ class LimitCalls(ConnectionCalls):
         for an unknown name or a value that is not an integer. Returns the log position to
         wait for (:meth:`when_durable`)."""
         await self._limits().store.set_limit(USER, user, name, value)
-        return self._broker.metadata.durable_mark
+        return self._node.metadata.durable_mark
 
     async def clear_user_limit(self, context: ClientContext, user: str, name: str) -> int:
         await self._limits().store.clear_limit(USER, user, name)
-        return self._broker.metadata.durable_mark
+        return self._node.metadata.durable_mark
 
     async def set_vhost_limit(
         self, context: ClientContext, vhost: str, name: str, value: object
     ) -> int:
         await self._limits().store.set_limit(VHOST, vhost, name, value)
-        return self._broker.metadata.durable_mark
+        return self._node.metadata.durable_mark
 
     async def clear_vhost_limit(self, context: ClientContext, vhost: str, name: str) -> int:
         await self._limits().store.clear_limit(VHOST, vhost, name)
-        return self._broker.metadata.durable_mark
+        return self._node.metadata.durable_mark
 
 
 def attach_limits(api: LimitCalls, service: LimitsService) -> None:

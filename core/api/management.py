@@ -217,7 +217,8 @@ class ManagementCalls(BrokerCalls):
             self._object_administrators = {}
             # Before the listener serves a client: a redrive a crash interrupted is finished,
             # so no record of it is consumed from both queues (core/deadletter/redrive.py).
-            dead_letters.settle_interrupted(self._broker)
+            for shard in self._node.shards:
+                dead_letters.settle_interrupted(shard)
         self._object_administrators[vhost] = administrator
 
     def unregister_object_administrator(self, context: ClientContext, vhost: str) -> None:
@@ -319,20 +320,22 @@ class ManagementCalls(BrokerCalls):
     def group_lags(self, context: ClientContext, group_id: str | None = None) -> list[GroupLag]:
         """Every consumer group (or the one named) with its lag per partition, by group id. A
         group known only by its committed offsets (members gone, state Empty) is included."""
-        groups = self._broker.groups
-        offsets = self._broker.offsets
+        shards = self._node.shards
         names = (
-            [group_id] if group_id is not None else [g.group_id for g in groups.list_groups(None)]
+            [group_id]
+            if group_id is not None
+            else [g.group_id for shard in shards for g in shard.groups.list_groups(None)]
         )
         found: list[GroupLag] = []
         for name in sorted(names):
-            description = groups.describe(name)
-            committed = offsets.fetch_group(name)
+            shard = shards.for_group(name)
+            description = shard.groups.describe(name)
+            committed = shard.offsets.fetch_group(name)
             if group_id is not None and description.state == "Dead" and not committed:
                 continue  # no such group
             partitions: list[PartitionLag] = []
             for (topic, partition), position in sorted(committed.items()):
-                start, end = self._broker.store.queue_bounds(topic, partition)
+                start, end = shards.for_queue(topic, partition).store.queue_bounds(topic, partition)
                 lag = max(end - position.offset, 0)
                 partitions.append(PartitionLag(topic, partition, position.offset, start, end, lag))
             members = [
@@ -348,7 +351,7 @@ class ManagementCalls(BrokerCalls):
         """Every topic, system topics included, each a copy (its config deep-copied)."""
         return [
             TopicInfo(info.name, info.queues, copy.deepcopy(info.config))
-            for info in self._broker.topics.all()
+            for info in self._node.topics.all()
         ]
 
     def all_bindings(self, context: ClientContext) -> list[BindingView]:
@@ -362,13 +365,13 @@ class ManagementCalls(BrokerCalls):
                 binding.destination[1],
                 dict(binding.arguments or {}),
             )
-            for binding in self._broker.bindings.bindings()
+            for binding in self._node.bindings.bindings()
         ]
 
     def all_consumers(self, context: ClientContext) -> list[ConsumerView]:
         """Every consumer of every ack queue."""
         views: list[ConsumerView] = []
-        for (topic, _queue), ack in self._broker.ack_queues.items():
+        for (topic, _queue), ack in self._node.ack_queues():
             for consumer in ack.consumers:
                 views.append(
                     ConsumerView(
@@ -383,12 +386,12 @@ class ManagementCalls(BrokerCalls):
 
     def ack_queue_topics(self, context: ClientContext) -> list[str]:
         """The topics whose queue 0 is an ack queue (AMQP queues, MQTT session queues)."""
-        return [topic for (topic, queue) in self._broker.ack_queues if queue == 0]
+        return [topic for (topic, queue), _ack in self._node.ack_queues() if queue == 0]
 
     def purge_queue(self, context: ClientContext, topic: str) -> int | None:
         """Drop the ready records of the ack queue ``topic`` (in-flight ones stay, as AMQP's
         queue.purge); how many, or None when there is no such queue."""
-        ack = self._broker.ack_queue(topic)
+        ack = self._node.ack_queue(topic)
         return None if ack is None else ack.purge()
 
     def browse_queue(
@@ -398,7 +401,7 @@ class ManagementCalls(BrokerCalls):
         ``POST /api/queues/{vhost}/{name}/get``). With ``requeue`` they go back to the head
         of the queue, in their order, flagged redelivered; else they are acknowledged (gone).
         None when there is no such queue."""
-        ack = self._broker.ack_queue(topic)
+        ack = self._node.ack_queue(topic)
         if ack is None:
             return None
         taken: list[Delivery] = []
@@ -439,7 +442,11 @@ class ManagementCalls(BrokerCalls):
         """Delayed records not yet visible, per queue they will be visible in (delayed
         retries included), by topic and queue. Reads each pending timer's frame header: an
         operator's look, not a poll."""
-        found = self._broker.timers.pending_by_destination()
+        found = {
+            destination: pending
+            for shard in self._node.shards
+            for destination, pending in shard.timers.pending_by_destination().items()
+        }
         return [
             DelayedDestination(topic, queue, count, first_due)
             for (topic, queue), (count, first_due) in sorted(found.items())
@@ -447,12 +454,14 @@ class ManagementCalls(BrokerCalls):
 
     def pending_delay_count(self, context: ClientContext) -> int:
         """Delayed records not yet visible, all queues together (a counter: cheap)."""
-        return self._broker.timers.pending_count()
+        return sum(shard.timers.pending_count() for shard in self._node.shards)
 
     def dead_letter_queues(self, context: ClientContext) -> list[DeadLetterQueue]:
         """Every ack queue that dead letters reach, with the queues that dead-letter into it
         and its depth (``core/deadletter/redrive.py``)."""
-        return dead_letters.dead_letter_queues(self._broker)
+        return [
+            queue for shard in self._node.shards for queue in dead_letters.dead_letter_queues(shard)
+        ]
 
     def redrive_dead_letters(
         self,
@@ -466,7 +475,7 @@ class ManagementCalls(BrokerCalls):
         ``subject_of``: the routing key a moved record shows, from its queue's topic. None
         when there is no such queue."""
         return dead_letters.redrive(
-            self._broker,
+            self._node.shards.for_queue(topic, 0),
             topic,
             dead_letters.DEFAULT_REDRIVE_COUNT if count is None else count,
             subject_of,
@@ -477,7 +486,8 @@ class ManagementCalls(BrokerCalls):
     ) -> StoredRecord | None:
         """The record at ``offset`` of ``topic``'s queue (partition) ``queue``, copied out of
         the log; None when there is none (a LINK entry is read as the record it points at)."""
-        for queued in self._broker.store.read(topic, queue, offset, max_records=1):
+        store = self._node.shards.for_queue(topic, queue).store
+        for queued in store.read(topic, queue, offset, max_records=1):
             messages = messages_of(queued)
             for message in messages:
                 if message.offset == offset:

@@ -49,11 +49,7 @@ from core.scoped_reads import (
     stored_body,
     stored_flags,
 )
-from core.transactions.partitions import (
-    OpenInPartition,
-    PartitionTransactions,
-    partition_transactions,
-)
+from core.transactions.partitions import OpenInPartition, PartitionTransactions
 
 # What a serve_stored_records caller builds from the entries it reads.
 _Answer = TypeVar("_Answer")
@@ -101,16 +97,17 @@ class PartitionCalls(BrokerCalls):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        # The log's retention asks the topics for their own limits at each enforcement.
-        retention = self._broker.store.retention
-        retention.topic_limits = functools.partial(topic_retention_limits, self._broker.topics)
-        retention.trim_topics()  # at start too: a restart brings back no trimmed entry
+        # Each shard's log retention asks the topics for their own limits at each enforcement.
+        limits = functools.partial(topic_retention_limits, self._node.topics)
+        for shard in self._node.shards:
+            shard.store.retention.topic_limits = limits
+            shard.store.retention.trim_topics()  # at start too: a restart brings back none
 
     # Topics as Kafka sees them: partitions are the topic's queues; system topics are hidden.
 
     def list_topics(self, context: ClientContext) -> list[TopicInfo]:
         """Every topic but the system ones, by name."""
-        return self._broker.topics.all()
+        return self._node.topics.all()
 
     def system_topics(self, context: ClientContext) -> list[TopicInfo]:
         """The broker's own ``__`` topics that have queues in the log, by name, each with its
@@ -118,9 +115,10 @@ class PartitionCalls(BrokerCalls):
         and sizes: their records (other clients' offsets and sessions, the broker's tables)
         are no client's to read."""
         queues: dict[str, int] = {}
-        for topic, queue in self._broker.store.queues(include_system=True):
-            if is_system_topic(topic):
-                queues[topic] = max(queues.get(topic, 0), queue + 1)
+        for shard in self._node.shards:
+            for topic, queue in shard.store.queues(include_system=True):
+                if is_system_topic(topic):
+                    queues[topic] = max(queues.get(topic, 0), queue + 1)
         return [TopicInfo(name, count) for name, count in sorted(queues.items())]
 
     async def create_topic(
@@ -133,7 +131,7 @@ class PartitionCalls(BrokerCalls):
         """Declare ``name`` with ``partitions`` queues (an existing topic is returned as is),
         its queues counting for the queue limits of ``context.vhost`` (docs/limits.md)."""
         marked = {**(config or {}), QUEUE_VHOST_KEY: context.vhost}
-        return (await self._broker.declare_topic(name, partitions, marked))[0]
+        return (await self._node.declare_topic(name, partitions, marked))[0]
 
     def check_topic_partitions(
         self, context: ClientContext, name: str, partitions: int, added: int
@@ -142,22 +140,22 @@ class PartitionCalls(BrokerCalls):
         topic ``name`` may not have ``partitions`` partitions, ``added`` of them new, under the
         broker's caps (``max_partitions_per_topic``, ``max_partitions``, and ``max_topics`` for
         a new topic): what CreateTopics and CreatePartitions with ``validate_only`` answer."""
-        topics = self._broker.topics
+        topics = self._node.topics
         topics.check_new_queues(name, partitions, added)
         if name not in topics and len(topics) >= topics.limits.max_topics:
             raise TopicError("policy_violation", f"at most {topics.limits.max_topics} topics")
 
     async def delete_topic(self, context: ClientContext, name: str) -> bool:
         """Delete the topic, its queues, bindings and committed offsets; False if unknown."""
-        return await self._broker.delete_topic(name)
+        return await self._node.delete_topic(name)
 
     async def add_partitions(self, context: ClientContext, name: str, total: int) -> TopicInfo:
         """Grow the topic to ``total`` queues (:class:`TopicError` if unknown)."""
-        return await self._broker.topics.add_queues(name, total)
+        return await self._node.topics.add_queues(name, total)
 
     def storage_settings(self, context: ClientContext, topic: str | None = None) -> StorageSettings:
         """The log's retention and segment size, and ``topic``'s durability (DescribeConfigs)."""
-        config = self._broker.store.config
+        config = self._node.shards.home.store.config
         return StorageSettings(
             config.retention_ms,
             config.retention_bytes,
@@ -170,7 +168,7 @@ class PartitionCalls(BrokerCalls):
     ) -> tuple[int | None, int | None] | None:
         """The topic's own ``(retention ms, retention bytes)`` (None: no limit of that kind),
         or None when it has none and the log's limits apply."""
-        info = self._broker.topics.get(topic)
+        info = self._node.topics.get(topic)
         own = info.config.get(RETENTION_KEY) if info is not None else None
         return (own.get("ms"), own.get("bytes")) if own else None
 
@@ -185,10 +183,10 @@ class PartitionCalls(BrokerCalls):
         retention check. Returns the durable mark to wait for. :class:`TopicError` for an
         unknown topic, and for one with an ack queue (an AMQP queue, an MQTT session): its
         records are kept until acknowledged, never by age or size."""
-        info = self._broker.topics.get(topic)
+        info = self._node.topics.get(topic)
         if info is None:
             raise TopicError("unknown", f"no topic {topic!r}")
-        if any(self._broker.ack_queue(topic, queue) is not None for queue in range(info.queues)):
+        if any(self._node.ack_queue(topic, queue) is not None for queue in range(info.queues)):
             raise TopicError(
                 "invalid", f"{topic!r} is a queue: its records are kept until acknowledged"
             )
@@ -198,7 +196,8 @@ class PartitionCalls(BrokerCalls):
         else:
             config[RETENTION_KEY] = {"ms": limits[0], "bytes": limits[1]}
         end = await self._update_topic_config(info, config)
-        self._broker.store.retention.trim_topics()
+        for shard in self._node.shards:
+            shard.store.retention.trim_topics()
         return end
 
     async def set_topic_config(
@@ -207,7 +206,7 @@ class PartitionCalls(BrokerCalls):
         """Keep ``value`` (JSON-able; None deletes) under ``key`` in the topic's config (a
         gateway's own settings, such as the Kafka configs a client gave); the durable mark to
         wait for. :class:`TopicError` for an unknown topic."""
-        info = self._broker.topics.get(topic)
+        info = self._node.topics.get(topic)
         if info is None:
             raise TopicError("unknown", f"no topic {topic!r}")
         config = copy.deepcopy(info.config)
@@ -218,9 +217,9 @@ class PartitionCalls(BrokerCalls):
         return await self._update_topic_config(info, config)
 
     async def _update_topic_config(self, info: TopicInfo, config: dict[str, Any]) -> int:
-        await self._broker.topics.update(TopicInfo(info.name, info.queues, config))
-        # The update is the last frame appended: its end is the durable mark.
-        return self._broker.store.commitlog.write_position
+        await self._node.topics.update(TopicInfo(info.name, info.queues, config))
+        # The update is the metadata's last change: its end is the durable mark.
+        return self._node.metadata.durable_mark
 
     async def delete_records(
         self, context: ClientContext, topic: str, partition: int, offset: int
@@ -230,7 +229,7 @@ class PartitionCalls(BrokerCalls):
         fetch below it is out of range). Never moves it back. Returns the new log start
         offset once durable. :class:`TopicError` ``unknown`` for an unknown topic or
         partition, ``offset_out_of_range`` for an offset past the high watermark or below -1."""
-        info = self._broker.topics.get(topic)
+        info = self._node.topics.get(topic)
         if info is None or not 0 <= partition < info.queues:
             raise TopicError("unknown", f"no partition {topic}/{partition}")
         start, end = self.partition_offsets(context, topic, partition)
@@ -245,7 +244,7 @@ class PartitionCalls(BrokerCalls):
         if offset > start:
             floors = dict(info.config.get(LOG_START_OFFSETS_KEY) or {})
             floors[str(partition)] = offset
-            await self._broker.store.wait_durable(
+            await self.when_durable(
                 await self.set_topic_config(context, topic, LOG_START_OFFSETS_KEY, floors)
             )
             start = offset
@@ -255,7 +254,7 @@ class PartitionCalls(BrokerCalls):
         """The commit-log bytes of the partition's records from its log start offset on
         (DescribeLogDirs' partition size; records past a DeleteRecords start in the entry
         holding it are counted)."""
-        index = self._broker.store.queue_index(topic, partition)
+        index = self._node.shards.for_queue(topic, partition).store.queue_index(topic, partition)
         if index is None:
             return 0
         start, _ = self.partition_offsets(context, topic, partition)
@@ -263,7 +262,7 @@ class PartitionCalls(BrokerCalls):
 
     def log_directory(self, context: ClientContext) -> tuple[str, int, int]:
         """``(absolute path, total bytes, usable bytes)`` of the data directory's file system."""
-        path = os.path.abspath(self._broker.store.data_dir)
+        path = os.path.abspath(self._node.shards.home.store.data_dir)
         usage = shutil.disk_usage(path)
         return path, usage.total, usage.free
 
@@ -271,12 +270,12 @@ class PartitionCalls(BrokerCalls):
 
     def publishing_blocked(self) -> bool:
         """Flow control holds publishers back now (Kafka answers with a throttle time)."""
-        return self._broker.flow.blocked
+        return self._node.flow.blocked
 
     async def wait_publishing_allowed(self) -> None:
         """Return once flow control lets publishers go on (at once when it does now)."""
-        if self._broker.flow.blocked:
-            await self._broker.flow.wait_unblocked()
+        if self._node.flow.blocked:
+            await self._node.flow.wait_unblocked()
 
     def produce_batch(
         self,
@@ -303,7 +302,7 @@ class PartitionCalls(BrokerCalls):
         :class:`TopicError` for an unknown topic or partition."""
         if transaction is not None:
             self._check_partition(topic, partition)
-            appended = self._kafka_transactions.append_data(
+            appended = self._kafka_transactions(topic, partition).append_data(
                 topic, partition, batch, record_count, born_ms=born_ms, client=context.client_id
             )
             # In the partition now, at the offset the producer is told; read_committed readers
@@ -315,7 +314,7 @@ class PartitionCalls(BrokerCalls):
         return self._stored_batch(
             topic,
             run_eagerly(
-                self._broker.publish_batch(
+                self._node.publish_batch(
                     topic,
                     partition,
                     batch,
@@ -332,7 +331,7 @@ class PartitionCalls(BrokerCalls):
     def max_inflated_batch_bytes(self, context: ClientContext) -> int:
         """What the records of one batch ``context`` produces may inflate to (``[broker]
         max_inflated_batch_bytes``): past it, Kafka's MESSAGE_TOO_LARGE."""
-        return self._broker.config.max_inflated_batch_bytes
+        return self._node.config.max_inflated_batch_bytes
 
     def write_transaction_marker(
         self,
@@ -348,24 +347,26 @@ class PartitionCalls(BrokerCalls):
         ABORT joins the partition's aborted transactions). :class:`TopicError` if the
         partition is gone."""
         self._check_partition(topic, partition)
-        appended = self._kafka_transactions.append_marker(topic, partition, marker, born_ms=born_ms)
+        transactions = self._kafka_transactions(topic, partition)
+        appended = transactions.append_marker(topic, partition, marker, born_ms=born_ms)
         outcome = PublishOutcome(appended, [(topic, partition)], partition)
         return Publication(self, topic, outcome, None)
 
     def _check_partition(self, topic: str, partition: int) -> None:
-        info = self._broker.topic(topic)
+        info = self._node.topic(topic)
         if not 0 <= partition < info.queues:
             raise TopicError("unknown_queue", f"topic {topic!r} has no queue {partition}")
 
-    @functools.cached_property
-    def _kafka_transactions(self) -> PartitionTransactions:
-        return partition_transactions(self._broker.store)
+    def _kafka_transactions(self, topic: str, partition: int) -> PartitionTransactions:
+        """The Kafka transactions of the shard that holds the partition."""
+        return self._node.shards.for_queue(topic, partition).partition_transactions
 
     def last_stable_offset(self, context: ClientContext, topic: str, partition: int) -> int:
         """The partition's last stable offset: the first offset of its earliest open Kafka
         transaction, else the high watermark. A read_committed consumer reads below it."""
-        _, end = self._broker.store.queue_bounds(topic, partition)
-        return self._kafka_transactions.last_stable_offset(topic, partition, end)
+        shard = self._node.shards.for_queue(topic, partition)
+        _, end = shard.store.queue_bounds(topic, partition)
+        return shard.partition_transactions.last_stable_offset(topic, partition, end)
 
     def aborted_transactions(
         self, context: ClientContext, topic: str, partition: int, start: int, end: int
@@ -373,12 +374,16 @@ class PartitionCalls(BrokerCalls):
         """``(producer id, first offset)`` of the partition's aborted Kafka transactions that
         overlap offsets ``[start, end)``: a read_committed Fetch's aborted-transactions list,
         by which the client drops their records."""
-        return self._kafka_transactions.aborted(topic, partition, start, end)
+        return self._kafka_transactions(topic, partition).aborted(topic, partition, start, end)
 
     def open_partition_transactions(self, context: ClientContext) -> list[OpenInPartition]:
         """Every Kafka transaction open in some partition (after a restart: those it cut, as
         the log holds them), with the producer id and epoch of its batches."""
-        return self._kafka_transactions.open_transactions()
+        return [
+            opened
+            for shard in self._node.shards
+            for opened in shard.partition_transactions.open_transactions()
+        ]
 
     def _stored_batch(
         self, topic: str, started: PublishResult | Pending[PublishResult]
@@ -393,7 +398,7 @@ class PartitionCalls(BrokerCalls):
         """``(base offset, first header_size bytes)`` of the producer batches (no control
         batches) among the last ``max_entries`` index entries of a partition, oldest first:
         what rebuilds a partition's idempotent-producer state after a restart (copies)."""
-        store = self._broker.store
+        store = self._node.shards.for_queue(topic, partition).store
         index = store.queue_index(topic, partition)
         if index is None:
             return []
@@ -425,7 +430,8 @@ class PartitionCalls(BrokerCalls):
         maps (the fetch fast path copies each batch once, into the response frame): they are
         valid until ``respond`` returns, and the reader is closed then, so what ``respond``
         returns must be values or copies, never an entry."""
-        reader = _PartitionReader(self._broker.store, self._broker.topics)
+        # One shard holds every partition in step 2 (a fetch over several reads each one's).
+        reader = _PartitionReader(self._node.shards.home.store, self._node.topics)
         try:
             return respond(reader)
         finally:
@@ -436,15 +442,17 @@ class PartitionCalls(BrokerCalls):
     ) -> tuple[int, int]:
         """``(log start offset, high watermark)``; the last stable offset is
         :meth:`last_stable_offset`."""
-        start, end = self._broker.store.queue_bounds(topic, partition)
-        return max(start, _log_start_floor(self._broker.topics, topic, partition)), end
+        start, end = self._node.shards.for_queue(topic, partition).store.queue_bounds(
+            topic, partition
+        )
+        return max(start, _log_start_floor(self._node.topics, topic, partition)), end
 
     async def wait_for_records(
         self, context: ClientContext, partitions: Sequence[Destination], timeout_s: float
     ) -> bool:
         """Long poll: True once any of ``partitions`` got a new entry, False after
         ``timeout_s``."""
-        return await self._broker.wait_for_records(partitions, timeout_s)
+        return await self._node.wait_for_records(partitions, timeout_s)
 
     # Consumer groups (Kafka's classic protocol): the coordinator answers with Kafka's codes.
 
@@ -463,7 +471,7 @@ class PartitionCalls(BrokerCalls):
         require_known_member_id: bool,
     ) -> JoinResult:
         """JoinGroup: returns once the rebalance completes (or at once, with an error)."""
-        return await self._broker.groups.join(
+        return await self._node.shards.for_group(group_id).groups.join(
             group_id,
             member_id,
             group_instance_id,
@@ -488,7 +496,7 @@ class PartitionCalls(BrokerCalls):
         protocol_name: str | None = None,
     ) -> SyncResult:
         """SyncGroup: the leader's assignments in, each member's out."""
-        return await self._broker.groups.sync(
+        return await self._node.shards.for_group(group_id).groups.sync(
             group_id,
             generation_id,
             member_id,
@@ -508,7 +516,9 @@ class PartitionCalls(BrokerCalls):
     ) -> int:
         """Heartbeat: a Kafka error code (0: none)."""
         return int(
-            self._broker.groups.heartbeat(group_id, generation_id, member_id, group_instance_id)
+            self._node.shards.for_group(group_id).groups.heartbeat(
+                group_id, generation_id, member_id, group_instance_id
+            )
         )
 
     def leave_group(
@@ -518,27 +528,32 @@ class PartitionCalls(BrokerCalls):
         members: Sequence[tuple[str, str | None]],
     ) -> LeaveResult:
         """LeaveGroup of ``(member id, group instance id)`` members."""
-        return self._broker.groups.leave(group_id, list(members))
+        return self._node.shards.for_group(group_id).groups.leave(group_id, list(members))
 
     def describe_group(self, context: ClientContext, group_id: str) -> GroupDescription:
-        return self._broker.groups.describe(group_id)
+        return self._node.shards.for_group(group_id).groups.describe(group_id)
 
     def group_state(self, context: ClientContext, group_id: str) -> GroupState | None:
         """The group's state; None for a group the coordinator does not know."""
-        return self._broker.groups.state(group_id)
+        return self._node.shards.for_group(group_id).groups.state(group_id)
 
     def list_groups(
         self, context: ClientContext, states: Collection[str] | None = None
     ) -> list[GroupListing]:
-        return self._broker.groups.list_groups(states)
+        return [
+            listing for shard in self._node.shards for listing in shard.groups.list_groups(states)
+        ]
 
     def delete_groups(self, context: ClientContext, group_ids: Iterable[str]) -> dict[str, int]:
         """DeleteGroups: each group's error code; a deleted group's offsets go with it."""
-        errors = self._broker.groups.delete_groups(group_ids)
-        for group_id, error in errors.items():
-            if error == 0:
-                self._broker.offsets.delete_group(group_id)
-        return {group_id: int(error) for group_id, error in errors.items()}
+        answers: dict[str, int] = {}
+        for group_id in group_ids:
+            shard = self._node.shards.for_group(group_id)
+            for deleted, error in shard.groups.delete_groups([group_id]).items():
+                if error == 0:
+                    shard.offsets.delete_group(deleted)
+                answers[deleted] = int(error)
+        return answers
 
     def validate_group_member(
         self,
@@ -552,7 +567,7 @@ class PartitionCalls(BrokerCalls):
     ) -> int:
         """May this member commit offsets for the group now? A Kafka error code (0: yes)."""
         return int(
-            self._broker.groups.validate_member(
+            self._node.shards.for_group(group_id).groups.validate_member(
                 group_id,
                 member_id,
                 generation_id,
@@ -566,33 +581,34 @@ class PartitionCalls(BrokerCalls):
     ) -> None:
         """Commit ``(topic, partition, offset, leader epoch, metadata)`` for the group;
         returns once durable (in ``__offsets``)."""
-        await self._broker.offsets.commit(group_id, commits)
+        await self._node.shards.for_group(group_id).offsets.commit(group_id, commits)
 
     def commit_offsets_nowait(
         self, context: ClientContext, group_id: str, commits: Iterable[OffsetCommit]
     ) -> int:
         """:meth:`commit_offsets` without waiting: the durable mark to wait for."""
-        return self._broker.offsets.commit_nowait(group_id, commits)
+        return self._node.shards.for_group(group_id).offsets.commit_nowait(group_id, commits)
 
     def fetch_offset(
         self, context: ClientContext, group_id: str, topic: str, partition: int
     ) -> CommittedOffset | None:
-        return self._broker.offsets.fetch(group_id, topic, partition)
+        return self._node.shards.for_group(group_id).offsets.fetch(group_id, topic, partition)
 
     async def delete_group_offsets(
         self, context: ClientContext, group_id: str, partitions: Iterable[Destination]
     ) -> None:
         """OffsetDelete: forget the group's committed offsets of these ``(topic, partition)``
         (the group keeps the others); returns once durable."""
-        end = self._broker.offsets.delete_partitions(group_id, partitions)
+        shard = self._node.shards.for_group(group_id)
+        end = shard.offsets.delete_partitions(group_id, partitions)
         if end:
-            await self._broker.store.wait_durable(end)
+            await shard.store.wait_durable(end)
 
     def fetch_group_offsets(
         self, context: ClientContext, group_id: str
     ) -> dict[Destination, CommittedOffset]:
         """Every committed offset of the group, by ``(topic, partition)``."""
-        return self._broker.offsets.fetch_group(group_id)
+        return self._node.shards.for_group(group_id).offsets.fetch_group(group_id)
 
     # Transactions: half messages (RocketMQ semantics), the base of Kafka transactions.
 
@@ -600,7 +616,8 @@ class PartitionCalls(BrokerCalls):
         """Every transaction still open (after a restart: the ones it cut)."""
         return [
             OpenTransaction(pending.txn_id, pending.producer_group, pending.halves)
-            for pending in self._broker.transactions.pending()
+            for shard in self._node.shards
+            for pending in shard.transactions.pending()
         ]
 
     def begin_transaction(
@@ -608,39 +625,41 @@ class PartitionCalls(BrokerCalls):
     ) -> str:
         """Open a transaction whose halves are decided by the producer alone: it is never
         asked back, and after ``timeout_ms`` it is rolled back. Returns its id."""
-        service = self._broker.transactions
+        service = self._node.shards.for_transaction(transaction_id).transactions
         service.set_check_back(producer_group, None)
         return service.begin(producer_group, transaction_id, timeout_ms=timeout_ms)
 
     async def commit_transaction(self, context: ClientContext, transaction_id: str) -> None:
         """Make every half of the transaction visible at once (one LINK); returns once
         durable. :class:`TransactionError` if it was decided otherwise meanwhile."""
-        await self._broker.transactions.commit(transaction_id)
+        await self._node.shards.for_transaction(transaction_id).transactions.commit(transaction_id)
 
     async def roll_back_transaction(self, context: ClientContext, transaction_id: str) -> None:
         """Discard every half of the transaction; returns once durable."""
-        await self._broker.transactions.rollback(transaction_id)
+        await self._node.shards.for_transaction(transaction_id).transactions.rollback(
+            transaction_id
+        )
 
     # The broker's metadata (kind ``setting``; ``__meta`` on a single node): small durable
     # settings a gateway keeps.
 
     def metadata_items(self, context: ClientContext, prefix: str) -> list[tuple[str, bytes]]:
         """Every ``(key, value)`` whose key starts with ``prefix``."""
-        settings = self._broker.metadata.items(KIND_SETTING)
+        settings = self._node.metadata.items(KIND_SETTING)
         return [item for item in settings if item[0].startswith(prefix)]
 
     def metadata_value(self, context: ClientContext, key: str) -> bytes | None:
-        return self._broker.metadata.get(KIND_SETTING, key)
+        return self._node.metadata.get(KIND_SETTING, key)
 
     async def put_metadata(self, context: ClientContext, key: str, value: bytes) -> int:
         """Store ``key``; returns the durable mark to wait for (:meth:`when_durable`)."""
-        metadata = self._broker.metadata
+        metadata = self._node.metadata
         await metadata.apply([Change(KIND_SETTING, key, value)])
         return metadata.durable_mark
 
     async def delete_metadata(self, context: ClientContext, key: str) -> int | None:
         """Delete ``key``; the durable mark to wait for, None if there was no such key."""
-        metadata = self._broker.metadata
+        metadata = self._node.metadata
         if metadata.get(KIND_SETTING, key) is None:
             return None
         await metadata.apply([Change(KIND_SETTING, key, None)])

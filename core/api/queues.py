@@ -44,7 +44,7 @@ class QueueCalls(BrokerCalls):
     def topics_with_config(self, key: str) -> list[TopicInfo]:
         """Every topic (system topics left out) whose config has a ``key`` entry: what a
         gateway stored there to find its objects again at start."""
-        return [info for info in self._broker.topics.all() if key in info.config]
+        return [info for info in self._node.topics.all() if key in info.config]
 
     async def declare_exchange(
         self, context: ClientContext, topic: str, config: Mapping[str, Any]
@@ -52,31 +52,31 @@ class QueueCalls(BrokerCalls):
         """Create ``topic`` (one queue) with ``config`` as its settings, or merge ``config``
         into the settings of the topic there is (one another protocol made becomes an exchange
         too). True when it was created; :class:`TopicError` for a name that cannot be one."""
-        broker = self._broker
-        info, created = await broker.declare_topic(topic, 1, dict(config))
+        node = self._node
+        info, created = await node.declare_topic(topic, 1, dict(config))
         if not created:
             info.config.update(config)
-            await broker.topics.update(info)
+            await node.topics.update(info)
         return created
 
     async def delete_exchange(self, context: ClientContext, topic: str) -> set[str]:
         """Delete the exchange ``topic`` with its bindings (as a source, and as the destination
         of exchange-to-exchange bindings). Returns the sources of the latter: exchanges that
         may now be left without bindings (AMQP's auto-delete)."""
-        broker = self._broker
+        node = self._node
         destination = (topic, EXCHANGE_QUEUE)
         sources: set[str] = set()
-        for binding in broker.bindings.bindings(destination=destination):
+        for binding in node.bindings.bindings(destination=destination):
             sources.add(binding.source)
-            await broker.unbind(
+            await node.unbind(
                 binding.source, binding.kind, binding.pattern, destination, binding.arguments
             )
-        await broker.delete_topic(topic)
+        await node.delete_topic(topic)
         return sources
 
     def exchange_has_bindings(self, topic: str) -> bool:
         """Whether any binding has ``topic`` as its source."""
-        return bool(self._broker.bindings.bindings(source=topic))
+        return bool(self._node.bindings.bindings(source=topic))
 
     async def bind(
         self,
@@ -91,7 +91,7 @@ class QueueCalls(BrokerCalls):
         ``(topic, 0)``, or ``(exchange, EXCHANGE_QUEUE)``); ``kind`` is the match kind
         (``exact``, ``fanout``, ``topic``, ``headers``). False if it existed;
         :class:`RoutingError` for arguments the matcher refuses."""
-        return await self._broker.bind(source, kind, pattern, destination, arguments)
+        return await self._node.bind(source, kind, pattern, destination, arguments)
 
     async def unbind(
         self,
@@ -103,19 +103,19 @@ class QueueCalls(BrokerCalls):
         arguments: Mapping[str, Any] | None = None,
     ) -> bool:
         """Remove a binding :meth:`bind` added; False if there was none."""
-        return await self._broker.unbind(source, kind, pattern, destination, arguments)
+        return await self._node.unbind(source, kind, pattern, destination, arguments)
 
     def routed_destinations(
         self, topic: str, subject: str, headers: Mapping[str, Any] | None = None
     ) -> list[Destination]:
         """Where a record published to ``topic`` with ``subject`` (and ``headers``, for headers
         exchanges) would go through the bindings now, exchange-to-exchange ones followed."""
-        return self._broker.route(topic, subject, headers)
+        return self._node.route(topic, subject, headers)
 
     def has_ack_queue(self, destination: Destination) -> bool:
         """Whether ``destination`` is an ack queue (a queue consumers read, as opposed to a
         topic's own stream): a publish that reached one was routed, for AMQP's mandatory."""
-        return destination in self._broker.ack_queues
+        return self._node.ack_queue(*destination) is not None
 
     # Queues.
 
@@ -130,12 +130,12 @@ class QueueCalls(BrokerCalls):
         settings) whose queue 0 is an ack queue with ``settings``. The queue starts empty, even
         where an earlier queue of that name left index entries or ack state.
         :class:`TopicError` for a name that cannot be a topic."""
-        broker = self._broker
+        node = self._node
         # The queue's topic, config merged; marked to count for the queue limits of its vhost.
         await self.declare_exchange(context, topic, {**config, QUEUE_VHOST_KEY: context.vhost})
-        if broker.ack_queue(topic) is not None:  # left by a queue deleted while its topic stayed
-            await broker.delete_ack_queue(topic)
-        ack, _ = await broker.declare_ack_queue(topic, 0, settings)
+        if node.ack_queue(topic) is not None:  # left by a queue deleted while its topic stayed
+            await node.delete_ack_queue(topic)
+        ack, _ = await node.declare_ack_queue(topic, 0, settings)
         ack.purge()
         return QueueHandle(ack)
 
@@ -144,10 +144,10 @@ class QueueCalls(BrokerCalls):
         ``settings`` if it has none. ``settings.max_priority`` applies either way: the
         gateway's stored arguments say whether it is a priority queue (the records keep their
         own priorities)."""
-        broker = self._broker
-        ack = broker.ack_queue(topic)
+        node = self._node
+        ack = node.ack_queue(topic)
         if ack is None:
-            ack, _ = await broker.declare_ack_queue(topic, 0, settings)
+            ack, _ = await node.declare_ack_queue(topic, 0, settings)
         elif ack.config.max_priority != settings.max_priority:
             ack.set_max_priority(settings.max_priority)
         return QueueHandle(ack)
@@ -156,22 +156,22 @@ class QueueCalls(BrokerCalls):
         """Delete the queue ``topic``: its records' index, ack state and bindings go (the
         consumers still attached are detached). Returns the sources of its bindings:
         exchanges that may now be left without bindings (AMQP's auto-delete)."""
-        broker = self._broker
-        sources = {b.source for b in broker.bindings.bindings(destination=(topic, 0))}
-        await broker.delete_topic(topic)
+        node = self._node
+        sources = {b.source for b in node.bindings.bindings(destination=(topic, 0))}
+        await node.delete_topic(topic)
         return sources
 
     def queue_info(self, context: ClientContext, topic: str) -> QueueStats | None:
         """The counts of the queue ``topic`` now, or None when there is none."""
-        ack = self._broker.ack_queue(topic)
+        ack = self._node.ack_queue(topic)
         return None if ack is None else QueueHandle(ack).stats()
 
     def enforce_max_length(self, destinations: Iterable[Destination]) -> None:
         """After records reached ``destinations`` other than by :meth:`publish` (a transaction
         committed): drop the heads of the ack queues among them over their max-length."""
-        ack_queues = self._broker.ack_queues
+        node = self._node
         for destination in destinations:
-            ack = ack_queues.get(destination)
+            ack = node.ack_queue(*destination)
             if ack is not None and ack.config.max_length is not None:
                 ack.enforce_max_length()
 
@@ -205,20 +205,20 @@ class QueueCalls(BrokerCalls):
     def waits_for_fsync(self, topic: str) -> bool:
         """Whether ``topic``'s durability is ``sync``: a publish there is durable only once
         the log is fsynced (:meth:`when_durable` waits for it); else at once."""
-        return self._broker.store.is_sync(topic)
+        return self._node.shards.home.store.is_sync(topic)
 
     def publishing_blocked_reason(self) -> str | None:
         """While flow control holds publishers back: why (``memory``, ...), else None."""
-        reasons = self._broker.flow.reasons
+        reasons = self._node.flow.reasons
         return ", ".join(sorted(reasons)) if reasons else None
 
     def add_flow_listener(self, listener: Callable[[bool, str], None]) -> None:
         """``listener(blocked, reason)`` on every change between blocked and unblocked
         (AMQP's connection.blocked / connection.unblocked)."""
-        self._broker.flow.add_listener(listener)
+        self._node.flow.add_listener(listener)
 
     def remove_flow_listener(self, listener: Callable[[bool, str], None]) -> None:
-        self._broker.flow.remove_listener(listener)
+        self._node.flow.remove_listener(listener)
 
     # Transactions (AMQP tx): half messages of the core's transaction service, invisible
     # until the commit makes all of them visible at once. Begun, committed and rolled back
@@ -245,16 +245,16 @@ class QueueCalls(BrokerCalls):
         its ``durable_mark`` covers the half (the commit waits for it anyway).
         :class:`TopicError` for an unknown topic; :class:`TransactionError` when ``txn_id``
         is not open."""
-        broker = self._broker
+        node = self._node
         refused: Sequence[Destination] = ()
         if route:
-            queue = broker.choose_queue(broker.topic(topic), None)
-            destinations, refused = broker.prepare_destinations(
+            queue = node.choose_queue(node.topic(topic), None)
+            destinations, refused = node.prepare_destinations(
                 topic, queue, subject, routing_headers, extra_destinations
             )
         else:
             queue, destinations = 0, [(topic, 0)]
-        appended = broker.transactions.add_nowait(
+        appended = node.shards.for_transaction(txn_id).transactions.add_nowait(
             txn_id,
             topic,
             queue,

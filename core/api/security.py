@@ -26,7 +26,7 @@ from core.api.base import (
     BrokerCalls,
     ClientContext,
 )
-from core.broker.broker import Broker
+from core.broker.node import Node
 from core.security.config import MQTT_DENIED_DISCONNECT
 from core.security.model import KafkaAcl, KafkaAclFilter
 from core.security.scram import ScramCredential
@@ -47,8 +47,8 @@ def protocol_name(context: ClientContext) -> str:
 class SecurityCalls(BrokerCalls):
     """Logins, access decisions and the Kafka admin calls on users and ACLs."""
 
-    def __init__(self, broker: Broker, security: SecurityService | None = None) -> None:
-        super().__init__(broker)
+    def __init__(self, node: Node, security: SecurityService | None = None) -> None:
+        super().__init__(node)
         self._security_service_given = security
 
     _security_service_given: SecurityService | None = None
@@ -56,7 +56,7 @@ class SecurityCalls(BrokerCalls):
     def _security(self) -> SecurityService:
         service = self._security_service_given
         if service is None:  # an API built without one (tests): defaults over the same log
-            service = self._security_service_given = SecurityService(self._broker.metadata)
+            service = self._security_service_given = SecurityService(self._node.metadata)
         return service
 
     # -- logins ----------------------------------------------------------------------------

@@ -27,7 +27,6 @@ from core.delivery.handles import (
 from core.delivery.live import LiveFeed, LiveReader
 from core.log.tags import TagFilter
 from core.state.retained import RetainedMessages
-from core.state.sessions import SessionStates
 
 
 class SessionCalls(BrokerCalls):
@@ -42,7 +41,7 @@ class SessionCalls(BrokerCalls):
     def _live_feed(self) -> LiveFeed:
         feed = self._live
         if feed is None:
-            feed = self._live = LiveFeed(self._broker.store)
+            feed = self._live = self._node.live_feed()
         return feed
 
     def subscribe_live(
@@ -101,10 +100,10 @@ class SessionCalls(BrokerCalls):
         if feed is not None:
             feed.own_topic = topic
         try:
-            # The broker's publish called here, not through publish(): a second layer of
+            # The node's publish called here, not through publish(): a second layer of
             # keyword arguments cost ~1 µs a message.
             started = run_eagerly(
-                self._broker.publish(
+                self._node.publish(
                     topic,
                     body,
                     subject=subject,
@@ -127,7 +126,7 @@ class SessionCalls(BrokerCalls):
     def is_durable(self, durable_mark: int, topic: str | None = None) -> bool:
         """Whether :meth:`when_durable` would return at once (a synchronous check for a batch
         of acknowledgements that mostly need no wait)."""
-        store = self._broker.store
+        store = self._node.shard.store  # (marks are shard 0's positions: base.py)
         return store.commitlog.flushed_position >= durable_mark or (
             topic is not None and not store.is_sync(topic)
         )
@@ -137,7 +136,7 @@ class SessionCalls(BrokerCalls):
 
     def mqtt_compat_exchange(self) -> str | None:
         """The AMQP topic exchange MQTT publishes also go through (BrokerConfig.mqtt_exchange)."""
-        return self._broker.config.mqtt_exchange
+        return self._node.config.mqtt_exchange
 
     def add_route_hook(
         self,
@@ -149,17 +148,17 @@ class SessionCalls(BrokerCalls):
         """Every publish (any protocol, plain or batch) also goes to what ``hook(topic,
         subject, key, protocol, address)`` returns; ``may_route(topic)`` False promises it
         returns nothing for ``topic`` now (a Kafka batch is then stored without decoding it)."""
-        self._broker.add_route_hook(hook, may_route=may_route)
+        self._node.add_route_hook(hook, may_route=may_route)
 
     def remove_route_hook(
         self, hook: Callable[[str, str, bytes | None, int, str], list[Destination]]
     ) -> None:
-        self._broker.remove_route_hook(hook)
+        self._node.remove_route_hook(hook)
 
     def bound_destinations(self, source: str, subject: str) -> set[Destination]:
         """The destinations bound on ``source`` matching ``subject`` directly (one lookup, no
         exchange-to-exchange hops: the per-publish path of the MQTT global bindings)."""
-        return self._broker.bindings.route(source, subject)
+        return self._node.bindings.route(source, subject)
 
     # Durable queues of persistent sessions and shared groups: ack queues of their own (no
     # topic), fed by bindings, read through consume_session_queue.
@@ -174,7 +173,7 @@ class SessionCalls(BrokerCalls):
     ) -> bool:
         """Get or create the durable queue ``name`` (True: created, starting empty, with
         ``tag_filter``); ``empty`` drops an existing queue's backlog too."""
-        queue, created = await self._broker.declare_ack_queue(
+        queue, created = await self._node.declare_ack_queue(
             name, 0, AckQueueConfig(tag_filter=tag_filter) if tag_filter is not None else None
         )
         if created or empty:
@@ -183,16 +182,16 @@ class SessionCalls(BrokerCalls):
 
     async def discard_session_queue(self, context: ClientContext, name: str) -> bool:
         """Delete the queue, its bindings and its index; False if there was none."""
-        return await self._broker.discard_ack_queue(name) is not None
+        return await self._node.discard_ack_queue(name) is not None
 
     def has_session_queue(self, context: ClientContext, name: str) -> bool:
-        return self._broker.ack_queue(name) is not None
+        return self._node.ack_queue(name) is not None
 
     def session_queue_names(self, prefixes: tuple[str, ...]) -> list[str]:
         """The names of the queues (of queue number 0) starting with one of ``prefixes``."""
         return [
             topic
-            for topic, number in self._broker.ack_queues
+            for (topic, number), _queue in self._node.ack_queues()
             if number == 0 and topic.startswith(prefixes)
         ]
 
@@ -201,7 +200,7 @@ class SessionCalls(BrokerCalls):
     ) -> None:
         """The queue skips, by the index's tag mask, the records ``tag_filter`` refuses (None:
         none); kept in memory (the caller sets it again after a restart)."""
-        queue = self._broker.ack_queue(name)
+        queue = self._node.ack_queue(name)
         if queue is None:
             return
         current = queue.config.tag_filter
@@ -215,19 +214,19 @@ class SessionCalls(BrokerCalls):
     ) -> bool:
         """A durable binding from ``source`` (``kind``: "topic" or "mqtt") to the queue; False if
         it existed already."""
-        return await self._broker.bind(source, kind, pattern, (name, 0))
+        return await self._node.bind(source, kind, pattern, (name, 0))
 
     async def unbind_session_queue(
         self, context: ClientContext, source: str, kind: str, pattern: str, name: str
     ) -> bool:
-        return await self._broker.unbind(source, kind, pattern, (name, 0))
+        return await self._node.unbind(source, kind, pattern, (name, 0))
 
     def session_queue_bindings(self, prefixes: tuple[str, ...]) -> list[tuple[str, str, str, str]]:
         """``(source, kind, pattern, queue name)`` of every binding to a queue named with one of
         ``prefixes``."""
         return [
             (binding.source, binding.kind.value, binding.pattern, binding.destination[0])
-            for binding in self._broker.bindings.bindings()
+            for binding in self._node.bindings.bindings()
             if binding.destination[1] == 0 and binding.destination[0].startswith(prefixes)
         ]
 
@@ -240,7 +239,7 @@ class SessionCalls(BrokerCalls):
     ) -> Subscription | None:
         """Attach a consumer (tagged with the context's client id) that is pushed the queue's
         records while it has fewer than ``prefetch`` in flight; None if there is no queue."""
-        queue = self._broker.ack_queue(name)
+        queue = self._node.ack_queue(name)
         if queue is None:
             return None
         return Subscription(queue.add_consumer(context.client_id, prefetch, deliver))
@@ -248,20 +247,10 @@ class SessionCalls(BrokerCalls):
     # Retained messages (core/state/retained.py) and session states (core/state/sessions.py):
     # durable in the log, values in the gateway's own layout.
 
-    _retained: RetainedMessages | None = None
-    _session_states: SessionStates | None = None
-
     def _retained_messages(self) -> RetainedMessages:
-        table = self._retained
-        if table is None:
-            table = self._retained = RetainedMessages(self._broker.store)
-        return table
-
-    def _sessions(self) -> SessionStates:
-        table = self._session_states
-        if table is None:
-            table = self._session_states = SessionStates(self._broker.store)
-        return table
+        # One table, in the node's home shard, until placement gives retained slots shards of
+        # their own (docs/cluster.md section 3).
+        return self._node.shards.home.retained()
 
     def store_retained(self, context: ClientContext, topic_name: str, value: bytes | None) -> None:
         """Retain ``value`` for ``topic_name`` (None clears it)."""
@@ -277,11 +266,11 @@ class SessionCalls(BrokerCalls):
         return len(self._retained_messages())
 
     def save_session_state(self, context: ClientContext, client_id: str, state: bytes) -> None:
-        self._sessions().save(client_id, state)
+        self._node.shards.for_session(client_id).session_states().save(client_id, state)
 
     def delete_session_state(self, context: ClientContext, client_id: str) -> None:
-        self._sessions().delete(client_id)
+        self._node.shards.for_session(client_id).session_states().delete(client_id)
 
     def session_states(self) -> list[tuple[str, bytes]]:
         """``(client id, state)`` of every saved session."""
-        return self._sessions().items()
+        return [item for shard in self._node.shards for item in shard.session_states().items()]

@@ -1,13 +1,14 @@
-"""The broker's ack queues (AMQP queues, MQTT session and shared-group queues): opening them
-with their persisted state, declaring and deleting them, persisting their state, and what
-becomes of a record that leaves one unconsumed (retry, dead letter, drop).
+"""A shard's ack queues (AMQP queues, MQTT session and shared-group queues): opening them
+with their persisted state, closing them, persisting their state, and what becomes of a record
+that leaves one unconsumed (retry, dead letter, drop).
 
-:class:`AckQueues` is a part of :class:`~core.broker.broker.Broker` (its base class), cut out
-by job; it uses the broker's store, topics, bindings and routing through the attributes
-declared below. Layout of what it persists: the topic table's ``ackq:<topic>\\x00<queue>``
-entries (JSON: topic, queue, config), and one ``__acks`` record per queue state.
+:class:`AckQueues` is a part of :class:`~core.broker.shard.Shard` (its base class), cut out by
+job; it uses the shard's store and, through the shard's host (its node), the topics and the
+routing of dead letters. What it persists: one ``__acks`` record per queue state, in the
+shard's log. A queue's definition (``KIND_QUEUE`` metadata: topic, queue, config) is the
+node's, which declares and deletes queues (``core/broker/node.py``) and opens each here.
 
-Not thread-safe: the event loop's thread, as the broker.
+Not thread-safe: the event loop's thread, as the shard.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ from collections.abc import Callable, Coroutine, Mapping
 from typing import TYPE_CHECKING, Any
 
 from core.broker.eager import start_eagerly
-from core.cluster.metadata import KIND_QUEUE, Change, MetadataStore
 from core.deadletter.policy import (
     DEAD_LETTER_REASON_HEADER,
     DEAD_LETTER_SUBJECT_HEADER,
@@ -40,12 +40,12 @@ from core.delivery.ackqueue import (
 from core.delivery.message import Message
 from core.log import LogStore, TagFilter
 from core.log.store import now_ms
-from core.routing.table import BindingTable
 from core.state import DurableTable
 
-if TYPE_CHECKING:  # (annotations only: broker.py imports this module)
+if TYPE_CHECKING:  # (annotations only)
     from core.broker.broker import Destination
-    from core.broker.topics import TopicInfo, TopicRegistry
+    from core.broker.shard import ShardHost
+    from core.broker.topics import TopicRegistry
 
 log = logging.getLogger("core.broker.broker")
 
@@ -75,32 +75,26 @@ def ack_queue_config_from_json(raw: Mapping[str, Any]) -> AckQueueConfig:
     )
 
 
-class AckQueues:
-    """The ack-queue job of the broker (see the module docstring)."""
+def queue_key(destination: Destination) -> str:
+    """An ack queue's key: of its definition (``KIND_QUEUE``) and of its ``__acks`` state."""
+    return f"{destination[0]}\x00{destination[1]}"
 
-    # The broker's, set in its constructor.
+
+class AckQueues:
+    """The ack-queue job of the shard (see the module docstring)."""
+
+    # The shard's, set in its constructor.
     store: LogStore
-    metadata: MetadataStore
+    host: ShardHost
     topics: TopicRegistry
-    bindings: BindingTable[Destination]
     ack_queues: dict[Destination, AckQueue]
     _ack_states: DurableTable
     dead_letter_hook: DeadLetterHook | None
     metrics: dict[str, int]
 
-    if TYPE_CHECKING:  # the broker's methods this job calls
-
-        async def _persist_bindings_of(self, name: str) -> None: ...
-
-        async def declare_topic(
-            self, name: str, queues: int | None = None, config: dict[str, Any] | None = None
-        ) -> tuple[TopicInfo, bool]: ...
+    if TYPE_CHECKING:  # the shard's method this job calls
 
         def _spawn(self, work: Coroutine[Any, Any, object]) -> None: ...
-
-        def route(
-            self, topic: str, subject: str, headers: Mapping[str, Any] | None = None
-        ) -> list[Destination]: ...
 
     def _schedule(self, callback: Callable[[], object]) -> None:
         try:
@@ -108,7 +102,9 @@ class AckQueues:
         except RuntimeError:
             callback()
 
-    def _open_ack_queue(self, destination: Destination, config: AckQueueConfig) -> AckQueue:
+    def open_ack_queue(self, destination: Destination, config: AckQueueConfig) -> AckQueue:
+        """Open the ack queue over ``destination`` with its persisted state (the node's, as it
+        declares one or loads the definitions)."""
         queue = AckQueue(
             self.store,
             destination[0],
@@ -118,7 +114,7 @@ class AckQueues:
             on_dead_letter=self._dead_letter,
             persist_now=self._persist_ack_state,
         )
-        raw = self._ack_states.get(self._ack_state_key(destination))
+        raw = self._ack_states.get(queue_key(destination))
         if raw is not None:
             queue.restore_state(raw)
         self.ack_queues[destination] = queue
@@ -164,11 +160,11 @@ class AckQueues:
         if target not in self.topics:
             # Done at once on a single node; elsewhere the LINK below does not wait for it
             # (the log takes entries for a topic not declared yet).
-            start_eagerly(self.declare_topic(target), self._spawn)
+            start_eagerly(self.host.declare_topic(target), self._spawn)
         destinations = [(target, 0)]
         # With the record's headers, so a headers exchange routes its dead letters (aio-pika's
         # RPC: a call that expired comes back through rpc.dlx by its "From" header).
-        for routed in self.route(target, subject, dict(message.headers)):
+        for routed in self.host.route(target, subject, dict(message.headers)):
             if routed not in destinations:
                 destinations.append(routed)
         x_death = updated_x_death(
@@ -189,58 +185,30 @@ class AckQueues:
         self.store.link([message.position], destinations, headers=headers)
         self.metrics["dead_lettered"] += 1
 
-    @staticmethod
-    def _ack_state_key(destination: Destination) -> str:
-        return f"{destination[0]}\x00{destination[1]}"
-
-    async def declare_ack_queue(
-        self, topic: str, queue: int = 0, config: AckQueueConfig | None = None
-    ) -> tuple[AckQueue, bool]:
-        """Get or create the durable ack queue over ``(topic, queue)``."""
-        destination = (topic, queue)
-        existing = self.ack_queues.get(destination)
-        if existing is not None:
-            return existing, False
-        config = config or AckQueueConfig()
-        value = {"topic": topic, "queue": queue, "config": ack_queue_config_to_json(config)}
-        key = self._ack_state_key(destination)
-        await self.metadata.apply([Change(KIND_QUEUE, key, json.dumps(value).encode())])
-        existing = self.ack_queues.get(destination)
-        if existing is not None:  # declared meanwhile (the store answered after a wait)
-            return existing, False
-        return self._open_ack_queue(destination, config), True
-
     def ack_queue(self, topic: str, queue: int = 0) -> AckQueue | None:
         return self.ack_queues.get((topic, queue))
 
-    async def delete_ack_queue(self, topic: str, queue: int = 0) -> AckQueue | None:
-        destination = (topic, queue)
+    def take_ack_queue(self, destination: Destination) -> AckQueue | None:
+        """Close the ack queue over ``destination`` (its consumers detached; deleting its
+        definition and bindings is the node's); None when there is none. Its state stays on
+        disk until :meth:`forget_ack_state`, which the node calls once the definition is gone,
+        so a crash in between finds the queue with its state."""
         removed = self.ack_queues.pop(destination, None)
         if removed is None:
             return None
         removed.deleted = True
         for consumer in list(removed.consumers):
             removed.remove_consumer(consumer)
-        self.bindings.remove_destination(destination)
-        await self._persist_bindings_of(topic)
-        await self.metadata.apply([Change(KIND_QUEUE, self._ack_state_key(destination), None)])
-        self._ack_states.delete(self._ack_state_key(destination))
         return removed
 
-    async def discard_ack_queue(self, topic: str, queue: int = 0) -> AckQueue | None:
-        """:meth:`delete_ack_queue` for an ack queue that is not a topic of its own (an MQTT
-        session's or shared group's), its index deleted with it: nothing of it stays on disk,
-        and a queue declared again under that name starts empty at offset 0."""
-        removed = await self.delete_ack_queue(topic, queue)
-        if removed is not None and topic not in self.topics:
-            self.store.drop_queues(topic)
-        return removed
+    def forget_ack_state(self, destination: Destination) -> None:
+        self._ack_states.delete(queue_key(destination))
 
     def _persist_ack_state(self, queue: AckQueue) -> None:
         """Append one queue's state now (not awaiting fsync: the record is in the shared page
         cache, which a process crash does not lose; the next group commit makes it durable)."""
         queue.dirty = False
-        self._ack_states.put(self._ack_state_key((queue.topic, queue.queue)), queue.encode_state())
+        self._ack_states.put(queue_key((queue.topic, queue.queue)), queue.encode_state())
 
     def flush_ack_states(self) -> int:
         """Persist the ack state of every dirty queue (one record each)."""
@@ -248,6 +216,6 @@ class AckQueues:
         for destination, queue in self.ack_queues.items():
             if queue.dirty:
                 queue.dirty = False
-                self._ack_states.put(self._ack_state_key(destination), queue.encode_state())
+                self._ack_states.put(queue_key(destination), queue.encode_state())
                 written += 1
         return written

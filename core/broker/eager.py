@@ -1,6 +1,6 @@
 """Running a broker coroutine eagerly: to its end when it never waits, else up to its first wait.
 
-``Broker.publish`` is a coroutine, but with ``wait_durable=False`` and flow control not blocked
+``Node.publish`` is a coroutine, but with ``wait_durable=False`` and flow control not blocked
 it never suspends: it routes and appends, and returns; a durability wait already covered by the
 last fsync returns at once too. A gateway handling 100,000 messages a second should not pay for
 a task (or even an ``await`` chain) per message, and must append in the order the frames came,

@@ -43,7 +43,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Final
 
-from core.broker.broker import EXCHANGE_QUEUE, Broker
+from core.broker.broker import EXCHANGE_QUEUE
+from core.broker.shard import Shard
 from core.cluster.metadata import KIND_REDRIVE, Change
 from core.deadletter.policy import (
     DEAD_LETTER_SUBJECT_HEADER,
@@ -94,7 +95,7 @@ class RedriveResult:
         return sum(self.moved.values())
 
 
-def dead_letter_sources(broker: Broker) -> dict[str, list[str]]:
+def dead_letter_sources(broker: Shard) -> dict[str, list[str]]:
     """Dead-letter topic -> the ack queues (topics) that dead-letter into it."""
     found: dict[str, list[str]] = {}
     for (topic, _queue), ack in broker.ack_queues.items():
@@ -104,7 +105,7 @@ def dead_letter_sources(broker: Broker) -> dict[str, list[str]]:
     return found
 
 
-def _reached_from(broker: Broker, exchange: str) -> set[tuple[str, int]]:
+def _reached_from(broker: Shard, exchange: str) -> set[tuple[str, int]]:
     """Ack queues the bindings of ``exchange`` lead to, whatever their pattern."""
     seen = {exchange}
     frontier = [exchange]
@@ -126,7 +127,7 @@ def _reached_from(broker: Broker, exchange: str) -> set[tuple[str, int]]:
     return found
 
 
-def dead_letter_queues(broker: Broker) -> list[DeadLetterQueue]:
+def dead_letter_queues(broker: Shard) -> list[DeadLetterQueue]:
     """Every dead-letter queue, by topic."""
     settle_interrupted(broker)
     exchanges_of: dict[tuple[str, int], set[str]] = {}
@@ -165,7 +166,7 @@ def died_in(headers: Iterable[tuple[str, bytes]]) -> str | None:
     return None
 
 
-def _data_frame(broker: Broker, position: int) -> tuple[int, list[tuple[str, bytes]]]:
+def _data_frame(broker: Shard, position: int) -> tuple[int, list[tuple[str, bytes]]]:
     """The record a (chain of) LINK(s) at ``position`` points at, and the LINK headers laid
     over it, outer first wins (as the log's reader lays them): the redrive links the record
     itself, so chains do not grow with each redrive."""
@@ -183,7 +184,7 @@ def _data_frame(broker: Broker, position: int) -> tuple[int, list[tuple[str, byt
 
 
 def redrive(
-    broker: Broker,
+    broker: Shard,
     dead_letter_queue: str,
     count: int = DEFAULT_REDRIVE_COUNT,
     subject_of: SubjectOf | None = None,
@@ -226,7 +227,7 @@ def redrive(
 
 
 def _move(
-    broker: Broker,
+    broker: Shard,
     ack: AckQueue,
     moves: list[tuple[Delivery, str]],
     subject_of: SubjectOf | None,
@@ -239,7 +240,7 @@ def _move(
         "targets": {target: broker.store.queue_bounds(target, 0)[1] for target in targets},
     }
     # 1. the intent (shard state: written now, in the log of the LINKs that follow)
-    broker.metadata.apply_now([Change(KIND_REDRIVE, key, json.dumps(intent).encode())])
+    broker.local_metadata.apply_now([Change(KIND_REDRIVE, key, json.dumps(intent).encode())])
     linked: list[Delivery] = []
     try:
         for delivery, origin in moves:  # 2. the LINKs
@@ -266,12 +267,12 @@ def _move(
             if delivery.offset not in done:
                 ack.nack(delivery.offset, requeue=True)
         broker.flush_ack_states()
-        broker.metadata.apply_now([Change(KIND_REDRIVE, key, None)])
+        broker.local_metadata.apply_now([Change(KIND_REDRIVE, key, None)])
         raise
     for delivery in linked:  # 3. the acks, persisted now, then the intent is done
         ack.ack(delivery.offset)
     broker.flush_ack_states()
-    broker.metadata.apply_now([Change(KIND_REDRIVE, key, None)])
+    broker.local_metadata.apply_now([Change(KIND_REDRIVE, key, None)])
     log.info(
         "redrive: %d record(s) of %s moved back to %s",
         result.moved_total,
@@ -280,11 +281,11 @@ def _move(
     )
 
 
-def settle_interrupted(broker: Broker) -> int:
+def settle_interrupted(broker: Shard) -> int:
     """Finish every redrive a crash interrupted (module docstring): ack in its dead-letter
     queue what reached its target, leave the rest. Returns the records acked."""
     settled = 0
-    for dead_letter_queue, value in broker.metadata.items(KIND_REDRIVE):
+    for dead_letter_queue, value in broker.local_metadata.items(KIND_REDRIVE):
         intent = json.loads(value)
         taken = {int(offset) for offset in intent["offsets"]}
         arrived: set[int] = set()
@@ -294,7 +295,7 @@ def settle_interrupted(broker: Broker) -> int:
         if ack is not None and arrived:
             settled += _ack_offsets(ack, arrived)
             broker.flush_ack_states()
-        broker.metadata.apply_now([Change(KIND_REDRIVE, dead_letter_queue, None)])
+        broker.local_metadata.apply_now([Change(KIND_REDRIVE, dead_letter_queue, None)])
         log.warning(
             "redrive of %s was interrupted: %d of %d record(s) had reached their queue and "
             "were acked in the dead-letter queue now; the others stay there",
@@ -305,7 +306,7 @@ def settle_interrupted(broker: Broker) -> int:
     return settled
 
 
-def _redriven_offsets(broker: Broker, target: str, start: int, dead_letter_queue: str) -> set[int]:
+def _redriven_offsets(broker: Shard, target: str, start: int, dead_letter_queue: str) -> set[int]:
     """Offsets of ``dead_letter_queue`` whose redrive LINK is in ``target`` from ``start``."""
     found: set[int] = set()
     prefix = f"{dead_letter_queue} "

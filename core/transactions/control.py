@@ -3,8 +3,9 @@
 :class:`~core.transactions.TransactionService` is the mechanism (Kafka transactions and AMQP
 ``tx`` run on it); this module lets any producer use it directly, by headers and two topics,
 the same way from Kafka, AMQP and MQTT 5 (record headers == AMQP ``headers`` == MQTT 5 user
-properties, docs/mapping.md). :class:`HalfMessages` is created once by the ``Broker``, which
-routes every publish through it when it carries the half-message header or goes to ``braid.txn``.
+properties, docs/mapping.md). :class:`HalfMessages` is created once per shard
+(``core/broker/shard.py``); the node routes every publish through it when it carries the
+half-message header or goes to ``braid.txn``.
 
 Half message
     A publish carrying header ``x-braid-txn-id: <id>`` (the producer's transaction id) is stored
@@ -229,8 +230,8 @@ class TopicNames(Protocol):
 
 
 class PublishingBroker(Protocol):
-    """What :class:`HalfMessages` uses of the ``Broker`` (core.broker.broker imports this
-    module, so this one names the broker by what it does rather than importing it)."""
+    """What :class:`HalfMessages` uses of the broker's ``Node`` (core.broker imports this
+    module, so this one names the node by what it does rather than importing it)."""
 
     @property
     def topics(self) -> TopicNames: ...

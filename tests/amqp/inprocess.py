@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from core.api import BrokerAPI, Clock
-from core.broker import Broker
+from core.broker import Node
 from gateway.amqp.server import AMQPServer
 from gateway.amqp.session import SessionSettings
 
@@ -14,7 +14,7 @@ class ServerUnderTest(AMQPServer):
     API."""
 
     def __init__(
-        self, broker: Broker, settings: SessionSettings | None = None, clock: Clock | None = None
+        self, broker: Node, settings: SessionSettings | None = None, clock: Clock | None = None
     ) -> None:
         super().__init__(BrokerAPI(broker), settings, clock=clock)
         self.broker = broker

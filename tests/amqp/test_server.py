@@ -18,7 +18,7 @@ from aio_pika.abc import AbstractIncomingMessage
 from pamqp import commands
 
 from core.api import ManualClock
-from core.broker import Broker, BrokerConfig
+from core.broker import BrokerConfig, Node
 from core.log import LogConfig, LogStore
 from core.log.record import PROTOCOL_MQTT
 from gateway.amqp.fieldtable import encode_table
@@ -36,7 +36,7 @@ async def serve(
 ) -> AsyncIterator[ServerUnderTest]:
     store = LogStore(LogConfig(data_dir, segment_size=4 << 20, index_entries_per_file=4096))
     await store.start()
-    broker = Broker(store, BrokerConfig())
+    broker = Node(store, BrokerConfig())
     await broker.start()
     server = ServerUnderTest(broker, SessionSettings(**settings), clock)  # type: ignore[arg-type]
     await server.start("127.0.0.1", 0)
@@ -401,7 +401,9 @@ async def test_amqp_publish_leaves_documented_record_headers(server: ServerUnder
         )
         assert (await queue.declare()).message_count == 1
         # Read while the queue exists: deleting a topic deletes its index (core/broker).
-        records = server.broker.store.read(QUEUE_TOPIC_PREFIX + "inspect", 0, 0, max_records=1)
+        records = server.broker.shard.store.read(
+            QUEUE_TOPIC_PREFIX + "inspect", 0, 0, max_records=1
+        )
     ack_queue = server.broker.ack_queue(QUEUE_TOPIC_PREFIX + "inspect")
     assert ack_queue is None  # exclusive: gone with its connection
     headers = dict(records[0].record().headers)
@@ -457,7 +459,7 @@ async def test_single_active_consumer_and_delivery_limit(server: ServerUnderTest
 
 
 async def test_tx_publishes_are_half_messages_until_commit(server: ServerUnderTest) -> None:
-    transactions = server.broker.transactions
+    transactions = server.broker.shard.transactions
     async with await aio_pika.connect(url(server)) as connection:
         channel = await connection.channel(publisher_confirms=False)
         fan = await channel.declare_exchange("tx-fan", ExchangeType.FANOUT)

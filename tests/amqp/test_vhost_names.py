@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from braid import config
-from core.broker import Broker, BrokerConfig
+from core.broker import BrokerConfig, Node
 from core.broker.topics import validate_topic_name
 from core.log import LogConfig, LogStore
 from gateway.amqp.session import SessionSettings
@@ -31,7 +31,7 @@ KAFKA_TOPIC = re.compile(r"[A-Za-z0-9._-]{1,249}")  # Kafka's legal topic names
 async def server(tmp_path: Path) -> AsyncIterator[ServerUnderTest]:
     store = LogStore(LogConfig(tmp_path, segment_size=4 << 20, index_entries_per_file=4096))
     await store.start()
-    broker = Broker(store, BrokerConfig())
+    broker = Node(store, BrokerConfig())
     await broker.start()
     settings = SessionSettings(
         users={"guest": "guest", "app": "pw"},
@@ -161,7 +161,7 @@ async def test_invalid_vhost_in_settings_is_refused(tmp_path: Path) -> None:
     store = LogStore(LogConfig(tmp_path, segment_size=4 << 20, index_entries_per_file=4096))
     try:
         with pytest.raises(ValueError, match=r"invalid vhost name 'a\.b'"):
-            ServerUnderTest(Broker(store, BrokerConfig()), SessionSettings(vhosts=("/", "a.b")))
+            ServerUnderTest(Node(store, BrokerConfig()), SessionSettings(vhosts=("/", "a.b")))
     finally:
         await store.aclose()
 

@@ -15,7 +15,7 @@ from braid.server import (
     StartupError,
     format_address,
 )
-from core.broker import Broker
+from core.broker import Node
 from core.log.store import now_ms
 
 from .conftest import free_port
@@ -107,8 +107,8 @@ async def test_listener_slots_start_in_order_and_close_in_reverse(tmp_path):
             f"gamma=- delta=127.0.0.1:{delta_port}"
         )
         assert events == [("start", "alpha"), ("start", "delta")]
-        assert all(isinstance(context.broker, Broker) for context in contexts)
-        assert contexts[0].broker.store is server.store
+        assert all(isinstance(context.broker, Node) for context in contexts)
+        assert contexts[0].broker.shard.store is server.store
         reader, writer = await asyncio.open_connection("127.0.0.1", alpha_port)
         writer.write(b"ping\n")
         assert await reader.readline() == b"ping\n"
@@ -159,7 +159,7 @@ async def test_broker_metrics_are_exported(tmp_path):
     await server.start()
     try:
         assert server.broker is not None
-        server.broker.metrics["dropped"] += 3
+        server.broker.shard.metrics["dropped"] += 3
         text = server.metrics.render()
     finally:
         await server.stop()

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from core.api import PROTOCOL_AMQP, AckQueueConfig, BrokerAPI, ClientContext
-from core.broker import Broker
+from core.broker import Node
 from core.broker.eager import Pending, run_eagerly
 from core.cluster import (
     KIND_BINDING,
@@ -118,7 +118,7 @@ def test_a_data_dir_written_before_reads_the_same(stores):
 
 async def test_the_stores_over_it_see_the_old_data_and_write_the_old_keys(stores):
     write_old_layout(stores())
-    broker = Broker(stores())
+    broker = Node(stores())
     topic = broker.topics.get("orders")
     assert topic is not None
     assert topic.queues == 2
@@ -135,7 +135,7 @@ async def test_the_stores_over_it_see_the_old_data_and_write_the_old_keys(stores
     await broker.declare_ack_queue("events", 0)
     await security.put_user(User("carol"))
     await limits.set_limit(USER, "carol", MAX_CONNECTIONS, 3)
-    store = broker.store
+    store = broker.shard.store
     store.flush()
 
     # Read back with raw tables: the keys are the old layout's.
@@ -148,7 +148,7 @@ async def test_the_stores_over_it_see_the_old_data_and_write_the_old_keys(stores
         MAX_CONNECTIONS: 3
     }
 
-    again = Broker(stores())
+    again = Node(stores())
     assert again.topics.get("events") is not None
     assert ("q", 0) in again.route("events", "x")
     assert SecurityStore(again.metadata).user("carol") is not None
@@ -188,7 +188,7 @@ async def test_apply_is_versioned_conditional_and_all_or_nothing(stores):
 
 def test_one_local_metadata_per_log_store(stores):
     store = stores()
-    broker = Broker(store)
+    broker = Node(store)
     with pytest.raises(ValueError, match="share that one"):
         LocalMetadata(store)
     assert broker.metadata.store is store
@@ -243,7 +243,7 @@ def test_apply_is_done_in_its_first_step(stores):
 async def test_the_broker_api_changes_metadata_without_suspending(stores):
     """Every awaitable metadata call of the Broker API completes at once on a single node, so
     a gateway that runs it eagerly handles the next frame in the same loop turn."""
-    api = BrokerAPI(Broker(stores()))
+    api = BrokerAPI(Node(stores()))
     context = ClientContext(PROTOCOL_AMQP, user="guest")
     changes: list[tuple[str, Callable[[], Coroutine[Any, Any, object]]]] = [
         ("declare_exchange", lambda: api.declare_exchange(context, "x", {"k": 1})),

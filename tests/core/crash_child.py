@@ -12,19 +12,19 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from core.broker import Broker, BrokerConfig
+from core.broker import BrokerConfig, Node
 from core.delivery import Delivery
 from core.log import LogConfig, LogStore
 
 
-def open_broker(data_dir: str) -> Broker:
+def open_broker(data_dir: str) -> Node:
     store = LogStore(LogConfig(Path(data_dir), segment_size=256 * 1024, index_entries_per_file=256))
-    return Broker(store, BrokerConfig())
+    return Node(store, BrokerConfig())
 
 
 async def main(data_dir: str, first_seq: int) -> None:
     broker = open_broker(data_dir)
-    await broker.store.start()
+    await broker.shard.store.start()
     await broker.start()
     queue, _ = await broker.declare_ack_queue("jobs")
     out = sys.stdout
@@ -54,7 +54,7 @@ async def main(data_dir: str, first_seq: int) -> None:
         while True:
             await asyncio.sleep(0.005)
             n += 1
-            await broker.offsets.commit("g", [("jobs", 0, n, -1, "")])
+            await broker.shard.offsets.commit("g", [("jobs", 0, n, -1, "")])
             out.write(f"committed {n}\n")
             out.flush()
 

@@ -100,7 +100,7 @@ async def test_single_active_consumer(broker_factory):
 async def test_nack_requeue_redelivers_first_and_reject_dead_letters(broker_factory):
     broker = broker_factory()
     dead = []
-    broker.dead_letter_hook = lambda q, m, reason: dead.append((m.body, reason))
+    broker.shard.dead_letter_hook = lambda q, m, reason: dead.append((m.body, reason))
     queue, _ = await broker.declare_ack_queue("n")
     await publish_n(broker, "n", 3)
     c = Collector()
@@ -121,7 +121,7 @@ async def test_nack_requeue_redelivers_first_and_reject_dead_letters(broker_fact
 async def test_delivery_limit_dead_letters(broker_factory):
     broker = broker_factory()
     dead = []
-    broker.dead_letter_hook = lambda q, m, reason: dead.append((m.body, reason))
+    broker.shard.dead_letter_hook = lambda q, m, reason: dead.append((m.body, reason))
     queue, _ = await broker.declare_ack_queue("limited", 0, AckQueueConfig(delivery_limit=2))
     await broker.publish("limited", b"poison")
     c = Collector()
@@ -137,7 +137,7 @@ async def test_delivery_limit_dead_letters(broker_factory):
 async def test_message_ttl_and_per_message_expiry(broker_factory):
     broker = broker_factory()
     dead = []
-    broker.dead_letter_hook = lambda q, m, reason: dead.append((m.body, reason))
+    broker.shard.dead_letter_hook = lambda q, m, reason: dead.append((m.body, reason))
     queue, _ = await broker.declare_ack_queue("ttl", 0, AckQueueConfig(message_ttl_ms=50))
     await broker.publish("ttl", b"old")
     await asyncio.sleep(0.08)
@@ -218,25 +218,26 @@ async def test_ack_state_writes_are_batched(broker_factory):
     c = Collector()
     queue.add_consumer("c", 0, c)
     await c.wait_for(200)
-    before = broker.store.queue_bounds("__acks", 0)[1]
+    before = broker.shard.store.queue_bounds("__acks", 0)[1]
     for d in c.got:
         d.ack()
-    assert broker.flush_ack_states() == 1
-    after = broker.store.queue_bounds("__acks", 0)[1]
+    assert broker.shard.flush_ack_states() == 1
+    after = broker.shard.store.queue_bounds("__acks", 0)[1]
     assert after - before == 1  # 200 acks, one state record
 
 
 async def test_offset_groups_commit_and_fetch_durably(broker_factory):
     broker = broker_factory()
-    await broker.offsets.commit("g1", [("orders", 0, 42, 3, "meta"), ("orders", 1, 7, -1, "")])
-    await broker.offsets.commit("g1", [("orders", 0, 50, 3, "")])
-    assert broker.offsets.fetch("g1", "orders", 0).offset == 50
+    offsets = broker.shard.offsets
+    await offsets.commit("g1", [("orders", 0, 42, 3, "meta"), ("orders", 1, 7, -1, "")])
+    await broker.shard.offsets.commit("g1", [("orders", 0, 50, 3, "")])
+    assert broker.shard.offsets.fetch("g1", "orders", 0).offset == 50
     await close_broker(broker)
     reopened = broker_factory()
-    assert reopened.offsets.fetch("g1", "orders", 0).offset == 50
-    assert reopened.offsets.fetch("g1", "orders", 1).offset == 7
-    assert reopened.offsets.fetch("g2", "orders", 0) is None
-    assert reopened.offsets.groups() == ["g1"]
+    assert reopened.shard.offsets.fetch("g1", "orders", 0).offset == 50
+    assert reopened.shard.offsets.fetch("g1", "orders", 1).offset == 7
+    assert reopened.shard.offsets.fetch("g2", "orders", 0) is None
+    assert reopened.shard.offsets.groups() == ["g1"]
 
 
 async def test_long_poll_wakes_on_append(broker_factory):
@@ -275,21 +276,21 @@ async def test_backpressure_blocks_publishers_until_consumers_catch_up(broker_fa
 async def test_retention_keeps_segments_owed_to_an_ack_queue(broker_factory):
     broker = broker_factory()
     queue, _ = await broker.declare_ack_queue("owed")
-    broker.store.config.retention_bytes = 2 * broker.store.commitlog.segment_size
+    broker.shard.store.config.retention_bytes = 2 * broker.shard.store.commitlog.segment_size
     body = b"x" * 4000
     for _ in range(300):
         await broker.publish("owed", body)
     c = Collector()
     queue.add_consumer("c", 0, c)
     await c.wait_for(300)
-    assert broker.store.enforce_retention() == []  # everything still owed
+    assert broker.shard.store.enforce_retention() == []  # everything still owed
     for d in c.got[:200]:
         d.ack()
-    broker.flush_ack_states()
-    deleted = broker.store.enforce_retention()
+    broker.shard.flush_ack_states()
+    deleted = broker.shard.store.enforce_retention()
     assert deleted
     owed = queue.owed_from_position()
-    assert all(start + broker.store.commitlog.segment_size <= owed for start in deleted)
+    assert all(start + broker.shard.store.commitlog.segment_size <= owed for start in deleted)
 
 
 async def test_removing_a_consumer_twice_is_harmless(broker_factory):

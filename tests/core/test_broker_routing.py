@@ -1,4 +1,4 @@
-"""Broker publish → routing → ack queues, over a real log directory."""
+"""Node publish → routing → ack queues, over a real log directory."""
 
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ async def test_topic_exchange_routes_one_record_to_many_queues(broker_factory):
     assert [d.message.body for d in eu] == [b"rain"]
     assert [d.message.body for d in everything] == [b"rain", b"sun"]
     assert eu[0].message.position == everything[0].message.position  # stored once
-    assert broker.store.queue_bounds("amq.topic", 0) == (0, 3)
+    assert broker.shard.store.queue_bounds("amq.topic", 0) == (0, 3)
 
 
 async def test_exchange_to_exchange_and_cycles(broker_factory):
@@ -123,7 +123,7 @@ async def test_max_length_drop_head_and_reject_publish(broker_factory):
     )
     await broker.bind("ex", "fanout", "", ("drop", 0))
     dead: list[tuple[str, bytes, str]] = []
-    broker.dead_letter_hook = lambda q, m, reason: dead.append((q.topic, m.body, reason))
+    broker.shard.dead_letter_hook = lambda q, m, reason: dead.append((q.topic, m.body, reason))
     for i in range(5):
         await broker.publish("ex", str(i).encode())
     assert drop.message_count() == 3

@@ -53,9 +53,9 @@ async def drain_without_ack(data_dir: Path) -> tuple[dict[int, bool], int | None
     )
     for _ in range(20):
         await asyncio.sleep(0)
-    committed = broker.offsets.fetch("g", "jobs", 0)
+    committed = broker.shard.offsets.fetch("g", "jobs", 0)
     await broker.close()
-    await broker.store.aclose()
+    await broker.shard.store.aclose()
     return delivered, committed.offset if committed else None
 
 

@@ -40,9 +40,9 @@ async def test_reject_without_requeue_goes_to_dead_letter_exchange(broker_factor
     assert death["routing-keys"] == ["o"]
     assert message.header("x-first-death-reason") == b"rejected"
     # Moved by index entry: the DLX stream and the queue point at a LINK to the same body.
-    (on_dlx,) = broker.store.read("dlx", 0, 0)
+    (on_dlx,) = broker.shard.store.read("dlx", 0, 0)
     assert on_dlx.record().body == b"order-1"
-    assert broker.store.commitlog.write_position - position < 2000
+    assert broker.shard.store.commitlog.write_position - position < 2000
 
 
 async def test_ttl_expiry_dead_letters_and_automatic_cycles_are_cut(broker_factory):
@@ -61,7 +61,7 @@ async def test_ttl_expiry_dead_letters_and_automatic_cycles_are_cut(broker_facto
     # consumer got it in time.
     assert [d.message.body for d in c.got] == [b"m"]
     first.remove_consumer(consumer)
-    (entry,) = broker.store.read("dlx", 0, 0)
+    (entry,) = broker.shard.store.read("dlx", 0, 0)
     deaths = json.loads(dict(entry.record().headers)["x-death"])
     assert deaths[0]["reason"] == "expired"
     assert deaths[0]["count"] == 1
@@ -72,7 +72,7 @@ async def test_ttl_expiry_dead_letters_and_automatic_cycles_are_cut(broker_facto
     await settle()
     # Expired again in the same queue with no rejection: RabbitMQ drops it.
     assert broker.metrics["dropped"] == 1
-    assert len(broker.store.read("dlx", 0, 0, max_records=10)) == 1
+    assert len(broker.shard.store.read("dlx", 0, 0, max_records=10)) == 1
     assert late.got == []
 
 
@@ -94,15 +94,15 @@ async def test_retry_schedule_then_group_dlq(broker_factory):
         delivery.nack(requeue=False)
         if attempt < 2:
             # A delayed LINK waits in __timers; fire it as the timer service would.
-            timers = broker.store.read(names.TIMERS_TOPIC, 0, 0, max_records=100)
+            timers = broker.shard.store.read(names.TIMERS_TOPIC, 0, 0, max_records=100)
             assert len(timers) == attempt + 1
             # Due the retry delay after the failure (the LINK's own store_ms may be a ms later).
             delay = (50, 100)[attempt]
             assert nacked_at + delay <= timers[-1].record().deliver_at_ms <= now_ms() + delay
-            broker.store.link([timers[-1].position])
+            broker.shard.store.link([timers[-1].position])
     assert broker.metrics["retried"] == 2
     assert broker.metrics["dead_lettered"] == 1
-    (dead,) = broker.store.read(group_dlq, 0, 0)
+    (dead,) = broker.shard.store.read(group_dlq, 0, 0)
     assert dead.record().body == b"charge"
 
 

@@ -23,7 +23,7 @@ from pamqp import frame as pamqp_frame
 from pamqp.body import ContentBody
 from pamqp.header import ContentHeader
 
-from core.broker import Broker, BrokerConfig
+from core.broker import BrokerConfig, Node
 from core.log import LogConfig, LogStore
 from gateway.amqp.session import SessionSettings
 from tests.amqp.inprocess import ServerUnderTest
@@ -49,7 +49,7 @@ def gc_disabled() -> Iterator[None]:
 async def serve(data_dir: Path) -> AsyncIterator[ServerUnderTest]:
     store = LogStore(LogConfig(data_dir, segment_size=4 << 20, index_entries_per_file=4096))
     await store.start()
-    broker = Broker(store, BrokerConfig())
+    broker = Node(store, BrokerConfig())
     await broker.start()
     server = ServerUnderTest(broker, SessionSettings())
     await server.start("127.0.0.1", 0)

@@ -2,8 +2,8 @@
 
 End-to-end tests run the real clients against a real ``braid serve`` subprocess with only the
 Kafka listener on (``braid``: one per test module, so its tests use their own topic names);
-the in-process tests run ``KafkaServer`` over the Broker API of a ``Broker`` on a temporary
-directory in the test's own event loop (``kafka_server``; ``broker_of`` gives its Broker back to
+the in-process tests run ``KafkaServer`` over the Broker API of a ``Node`` on a temporary
+directory in the test's own event loop (``kafka_server``; ``broker_of`` gives its Node back to
 the tests that set up records through the core directly).
 """
 
@@ -19,7 +19,7 @@ import pytest
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from core.api import BrokerAPI
-from core.broker import Broker, BrokerConfig
+from core.broker import BrokerConfig, Node
 from core.log import LogConfig, LogStore
 from gateway.kafka.server import KafkaServer
 from tests.braid_process import BraidProcess
@@ -47,11 +47,11 @@ def braid(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BraidProcess]:
         yield process
 
 
-_apis: weakref.WeakKeyDictionary[Broker, BrokerAPI] = weakref.WeakKeyDictionary()
-_brokers: weakref.WeakKeyDictionary[BrokerAPI, Broker] = weakref.WeakKeyDictionary()
+_apis: weakref.WeakKeyDictionary[Node, BrokerAPI] = weakref.WeakKeyDictionary()
+_brokers: weakref.WeakKeyDictionary[BrokerAPI, Node] = weakref.WeakKeyDictionary()
 
 
-def api_of(broker: Broker) -> BrokerAPI:
+def api_of(broker: Node) -> BrokerAPI:
     """The one BrokerAPI of ``broker`` in these tests (as braid/server.py makes one)."""
     api = _apis.get(broker)
     if api is None:
@@ -60,27 +60,27 @@ def api_of(broker: Broker) -> BrokerAPI:
     return api
 
 
-def broker_of(server: KafkaServer) -> Broker:
-    """The Broker behind a ``kafka_server``."""
+def broker_of(server: KafkaServer) -> Node:
+    """The Node behind a ``kafka_server``."""
     return _brokers[server.api]
 
 
-def open_broker(data_dir: Path) -> Broker:
+def open_broker(data_dir: Path) -> Node:
     store = LogStore(LogConfig(data_dir, segment_size=4 * 1024 * 1024, index_entries_per_file=4096))
-    return Broker(store, BrokerConfig())
+    return Node(store, BrokerConfig())
 
 
 @pytest.fixture
 async def kafka_server(tmp_path: Path) -> AsyncIterator[KafkaServer]:
     broker = open_broker(tmp_path / "data")
-    await broker.store.start()
+    await broker.shard.store.start()
     await broker.start()
     server = KafkaServer(api_of(broker))
     await server.start("127.0.0.1", 0)
     yield server
     await server.close()
     await broker.close()
-    await broker.store.aclose()
+    await broker.shard.store.aclose()
 
 
 def bootstrap(server: KafkaServer) -> str:

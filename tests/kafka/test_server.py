@@ -1,4 +1,4 @@
-"""KafkaServer in-process (the test's event loop, a Broker on a temporary directory): response
+"""KafkaServer in-process (the test's event loop, a Node on a temporary directory): response
 order, long polling, fetch limits, acks=0, records of other protocols, offsets by time,
 transaction timeouts."""
 
@@ -313,7 +313,7 @@ async def test_expired_transaction_is_aborted_and_its_producer_fenced(tmp_path: 
     # it, instead of sleeping for it.
     clock = ManualClock()
     broker = open_broker(tmp_path / "data")
-    await broker.store.start()
+    await broker.shard.store.start()
     await broker.start()
     kafka_server = KafkaServer(api_of(broker), clock=clock)
     await kafka_server.start("127.0.0.1", 0)
@@ -330,7 +330,7 @@ async def test_expired_transaction_is_aborted_and_its_producer_fenced(tmp_path: 
         assert kafka_server.metrics["expired"] == 0
         clock.advance(1)
         assert kafka_server.metrics["expired"] == 1
-        store = broker.store
+        store = broker.shard.store
         # The abort (its marker written, the epoch bumped) finishes in a task.
         for _ in range(3000):  # a 30 s deadline against a hang
             if len(store.read("expiring", 0, 0)) == 2:
@@ -347,7 +347,7 @@ async def test_expired_transaction_is_aborted_and_its_producer_fenced(tmp_path: 
     assert not rec.FLAGS.unpack_from(entries[0].frame, rec.FLAGS_OFFSET)[0] & rec.FLAG_TXN_CONTROL
     assert rec.FLAGS.unpack_from(entries[1].frame, rec.FLAGS_OFFSET)[0] & rec.FLAG_TXN_CONTROL
     await broker.close()
-    await broker.store.aclose()
+    await broker.shard.store.aclose()
 
 
 @pytest.mark.parametrize("after_await", [False, True])

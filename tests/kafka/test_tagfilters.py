@@ -2,7 +2,7 @@
 client id, host and assigned partitions, claims, the ambiguity rule of docs/mapping.md,
 "Kafka:"), the filter expression check, and runtime settings kept in ``__meta``.
 
-A real Broker on a temporary directory; groups formed through its real coordinator."""
+A real Node on a temporary directory; groups formed through its real coordinator."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from core.api import PROTOCOL_KAFKA, ClientContext
-from core.broker import Broker
+from core.broker import Node
 from core.groups.results import MemberIdentity
 from core.log import TagFilter
 from gateway.kafka.context import Connection
@@ -43,11 +43,11 @@ def assignment(partitions: dict[str, list[int]]) -> bytes:
 
 
 async def form_group(
-    broker: Broker, group: str, partitions: list[int], client_id: str = CLIENT_ID
+    broker: Node, group: str, partitions: list[int], client_id: str = CLIENT_ID
 ) -> str:
     """A one-member ``consumer`` group, Stable, its member (client id, /HOST) assigned
     ``partitions`` of TOPIC; the registry told as SyncGroup tells it. Returns the member id."""
-    joined = await broker.groups.join(
+    joined = await broker.shard.groups.join(
         group,
         "",
         None,
@@ -60,7 +60,7 @@ async def form_group(
         require_known_member_id=False,
     )
     assert joined.is_leader
-    synced = await broker.groups.sync(
+    synced = await broker.shard.groups.sync(
         group,
         joined.generation_id,
         joined.member_id,
@@ -82,13 +82,13 @@ def tags_of(tag_filter: TagFilter | None) -> set[str] | None:
 
 
 @pytest.fixture
-async def broker(tmp_path: Path) -> AsyncIterator[Broker]:
+async def broker(tmp_path: Path) -> AsyncIterator[Node]:
     opened = open_broker(tmp_path / "data")
-    await opened.store.start()
+    await opened.shard.store.start()
     await opened.start()
     yield opened
     await opened.close()
-    await opened.store.aclose()
+    await opened.shard.store.aclose()
 
 
 def test_assigned_partitions_reads_the_consumer_protocol_assignment() -> None:
@@ -122,7 +122,7 @@ def test_invalid_expressions(bad: str) -> None:
     assert repr(bad) in message
 
 
-async def test_one_candidate_gets_its_groups_filter(broker: Broker) -> None:
+async def test_one_candidate_gets_its_groups_filter(broker: Node) -> None:
     registry = group_tag_filters(api_of(broker))
     registry.configure({"billing": "TagA || TagB"})
     await form_group(broker, "billing", [0])
@@ -134,7 +134,7 @@ async def test_one_candidate_gets_its_groups_filter(broker: Broker) -> None:
     assert registry.metrics["filtered_fetches"] == 1
 
 
-async def test_two_groups_same_client_id_and_host_are_served_unfiltered(broker: Broker) -> None:
+async def test_two_groups_same_client_id_and_host_are_served_unfiltered(broker: Node) -> None:
     """Members of two groups with different filters, same client id and host, same partition:
     with no earlier claim to tell them apart, the fetch is unfiltered (nobody loses records)."""
     registry = group_tag_filters(api_of(broker))
@@ -147,7 +147,7 @@ async def test_two_groups_same_client_id_and_host_are_served_unfiltered(broker: 
     assert registry.metrics["filtered_fetches"] == 0
 
 
-async def test_two_groups_with_the_same_filter_are_not_ambiguous(broker: Broker) -> None:
+async def test_two_groups_with_the_same_filter_are_not_ambiguous(broker: Node) -> None:
     registry = group_tag_filters(api_of(broker))
     registry.configure({"billing": "TagA", "audit": "TagA"})
     await form_group(broker, "billing", [0])
@@ -156,7 +156,7 @@ async def test_two_groups_with_the_same_filter_are_not_ambiguous(broker: Broker)
     assert registry.metrics["ambiguous_fetches"] == 0
 
 
-async def test_claims_tell_the_members_apart(broker: Broker) -> None:
+async def test_claims_tell_the_members_apart(broker: Node) -> None:
     """A connection that fetched a partition only one of the members owns claims that member
     and keeps it; another connection then leaves the claimed member out."""
     registry = group_tag_filters(api_of(broker))
@@ -171,20 +171,20 @@ async def test_claims_tell_the_members_apart(broker: Broker) -> None:
     assert registry.metrics["ambiguous_fetches"] == 0
 
 
-async def test_a_group_that_is_left_stops_counting(broker: Broker) -> None:
+async def test_a_group_that_is_left_stops_counting(broker: Node) -> None:
     registry = group_tag_filters(api_of(broker))
     registry.configure({"billing": "TagA", "audit": "TagB"})
     billing = await form_group(broker, "billing", [0])
     await form_group(broker, "audit", [0])
     assert registry.filter_for(fetcher(8001), TOPIC, 0) is None  # ambiguous
-    broker.groups.leave("billing", [MemberIdentity(billing)])
+    broker.shard.groups.leave("billing", [MemberIdentity(billing)])
     registry.on_leave("billing", {billing})
     assert tags_of(registry.filter_for(fetcher(8002), TOPIC, 0)) == {"TagB"}
 
 
 async def test_runtime_setting_overrides_the_file_and_is_kept_in_meta(tmp_path: Path) -> None:
     broker = open_broker(tmp_path / "data")
-    await broker.store.start()
+    await broker.shard.store.start()
     await broker.start()
     registry: GroupTagFilters = group_tag_filters(api_of(broker))
     registry.configure({"billing": "TagA", "audit": "TagB"})
@@ -197,10 +197,10 @@ async def test_runtime_setting_overrides_the_file_and_is_kept_in_meta(tmp_path: 
     assert registry.filters["audit"] is None
     assert registry.active
     await broker.close()
-    await broker.store.aclose()
+    await broker.shard.store.aclose()
 
     reopened = open_broker(tmp_path / "data")
-    await reopened.store.start()
+    await reopened.shard.store.start()
     await reopened.start()
     try:
         again = group_tag_filters(api_of(reopened))
@@ -215,4 +215,4 @@ async def test_runtime_setting_overrides_the_file_and_is_kept_in_meta(tmp_path: 
         assert tags_of(again.filters["billing"]) == {"TagA"}
     finally:
         await reopened.close()
-        await reopened.store.aclose()
+        await reopened.shard.store.aclose()

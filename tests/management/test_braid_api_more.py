@@ -22,7 +22,7 @@ from paho.mqtt.properties import Properties
 from prometheus_client.parser import text_string_to_metric_families
 
 from core.api import INTERNAL_CONTEXT, BrokerAPI, DeadLetterPolicy
-from core.broker.broker import Broker
+from core.broker import Node
 from core.delivery import AckQueueConfig
 from core.log import LogConfig, LogStore
 from tests.braid_process import BraidProcess
@@ -279,9 +279,9 @@ class Crash(BaseException):
     """The process dying between two appends (not an error the redrive would clean up)."""
 
 
-def open_broker(data: Path) -> tuple[LogStore, Broker, BrokerAPI]:
+def open_broker(data: Path) -> tuple[LogStore, Node, BrokerAPI]:
     store = LogStore(LogConfig(data, durability="async"))
-    broker = Broker(store)
+    broker = Node(store)
     return store, broker, BrokerAPI(broker)
 
 
@@ -294,12 +294,12 @@ async def test_a_redrive_cut_by_a_crash_leaves_each_record_in_one_queue(tmp_path
     policy = DeadLetterPolicy(dead_letter_topic="dlx")
     work, _ = await broker.declare_ack_queue("work", 0, AckQueueConfig(dead_letter=policy))
     for index in range(5):
-        broker.store.append("work", 0, f"job {index}".encode(), subject="job")
+        broker.shard.store.append("work", 0, f"job {index}".encode(), subject="job")
     for _ in range(5):
         delivery = work.get(no_ack=False)
         assert delivery is not None
         work.nack(delivery.offset, requeue=False)
-    broker.flush_ack_states()
+    broker.shard.flush_ack_states()
     assert dead.message_count() == 5
 
     calls = 0

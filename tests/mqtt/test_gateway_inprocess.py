@@ -15,7 +15,7 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties as PahoProperties
 
 from core.api import BrokerAPI
-from core.broker import Broker
+from core.broker import Node
 from core.delivery import Delivery
 from core.log import LogConfig, LogStore, names
 from core.log import record as rec
@@ -44,20 +44,20 @@ TIMEOUT = 5.0
 
 
 @pytest.fixture
-async def broker(tmp_path: Path) -> AsyncIterator[Broker]:
+async def broker(tmp_path: Path) -> AsyncIterator[Node]:
     store = LogStore(LogConfig(tmp_path / "data", durability="async"))
     await store.start()
-    broker = Broker(store)
+    broker = Node(store)
     await broker.start()
     yield broker
     await broker.close()
     await store.aclose()
 
 
-_apis: weakref.WeakKeyDictionary[Broker, BrokerAPI] = weakref.WeakKeyDictionary()
+_apis: weakref.WeakKeyDictionary[Node, BrokerAPI] = weakref.WeakKeyDictionary()
 
 
-def api_of(broker: Broker) -> BrokerAPI:
+def api_of(broker: Node) -> BrokerAPI:
     """One Broker API per broker, as braid/server.py has: its listeners share one MQTT hub."""
     api = _apis.get(broker)
     if api is None:
@@ -65,14 +65,14 @@ def api_of(broker: Broker) -> BrokerAPI:
     return api
 
 
-async def start_server(broker: Broker, options: MqttOptions | None = None) -> MQTTServer:
+async def start_server(broker: Node, options: MqttOptions | None = None) -> MQTTServer:
     server = MQTTServer(api_of(broker), options=options)
     await server.start("127.0.0.1", 0)
     return server
 
 
 @pytest.fixture
-async def server(broker: Broker) -> AsyncIterator[MQTTServer]:
+async def server(broker: Node) -> AsyncIterator[MQTTServer]:
     server = await start_server(broker)
     yield server
     await server.close()
@@ -154,7 +154,7 @@ async def first(client: aiomqtt.Client) -> aiomqtt.Message:
 
 
 async def test_records_of_other_protocols_reach_mqtt_subscribers(
-    broker: Broker, server: MQTTServer
+    broker: Node, server: MQTTServer
 ) -> None:
     base = unique("T")
     expiry = PahoProperties(PacketTypes.CONNECT)
@@ -182,7 +182,7 @@ async def test_records_of_other_protocols_reach_mqtt_subscribers(
         assert (str(message.topic), message.payload) == (f"{base}/dev/7", b"from kafka")
 
 
-async def test_mqtt_publish_reaches_amqp_bindings(broker: Broker, server: MQTTServer) -> None:
+async def test_mqtt_publish_reaches_amqp_bindings(broker: Node, server: MQTTServer) -> None:
     base = unique("X")
     queue, _ = await broker.declare_ack_queue("amqp-q", 0)
     await broker.bind(base, "topic", "a.*", ("amqp-q", 0))
@@ -227,7 +227,7 @@ async def test_wildcard_first_level_persistent_session(server: MQTTServer) -> No
 # -- authentication and limits -----------------------------------------------------------------
 
 
-async def test_authentication(broker: Broker) -> None:
+async def test_authentication(broker: Node) -> None:
     # The broker's user store decides (no anonymous clients here, even from loopback).
     security = SecurityService(broker.metadata, SecurityConfig(anonymous="never"))
     await security.put_user("dev", password="secret")
@@ -251,7 +251,7 @@ async def test_authentication(broker: Broker) -> None:
         await server.close()
 
 
-async def test_flow_control_holds_publishes(broker: Broker, server: MQTTServer) -> None:
+async def test_flow_control_holds_publishes(broker: Node, server: MQTTServer) -> None:
     topic = unique("flow")
     sub = await AsyncRaw.open(server)
     await sub.connect()
@@ -289,7 +289,7 @@ async def test_receive_maximum_window(server: MQTTServer) -> None:
     sub.close()
 
 
-async def test_clean_session_queue_limit(broker: Broker) -> None:
+async def test_clean_session_queue_limit(broker: Node) -> None:
     server = await start_server(broker, MqttOptions(max_queued_messages=3))
     try:
         topic = unique("ql")
@@ -312,7 +312,7 @@ async def test_clean_session_queue_limit(broker: Broker) -> None:
         await server.close()
 
 
-async def test_server_keep_alive(broker: Broker) -> None:
+async def test_server_keep_alive(broker: Node) -> None:
     server = await start_server(broker, MqttOptions(max_keepalive=10))
     try:
         for asked, granted in ((0, 10), (100, 10), (5, None)):
@@ -325,7 +325,7 @@ async def test_server_keep_alive(broker: Broker) -> None:
 
 
 async def test_kafka_record_batches_reach_clean_subscribers(
-    broker: Broker, server: MQTTServer
+    broker: Node, server: MQTTServer
 ) -> None:
     from aiokafka.record.default_records import DefaultRecordBatchBuilder
 
@@ -346,7 +346,7 @@ async def test_kafka_record_batches_reach_clean_subscribers(
 
 
 async def test_an_ended_persistent_session_leaves_no_queue_on_disk(
-    broker: Broker, server: MQTTServer
+    broker: Node, server: MQTTServer
 ) -> None:
     """A persistent session's queue, index included, goes when the session ends (here: the
     client comes back with Clean Start); a new session under the same id starts empty."""
@@ -355,7 +355,7 @@ async def test_an_ended_persistent_session_leaves_no_queue_on_disk(
     expiry = PahoProperties(PacketTypes.CONNECT)
     expiry.SessionExpiryInterval = 600
     queue_name = session_queue_name(client_id)
-    queue_dir = names.queue_dir(broker.store.data_dir, queue_name, 0)
+    queue_dir = names.queue_dir(broker.shard.store.data_dir, queue_name, 0)
     async with aio(server, identifier=client_id, clean_start=False, properties=expiry) as sub:
         await sub.subscribe(f"{base}/#", qos=1)
         async with aio(server) as pub:
@@ -372,7 +372,7 @@ async def test_an_ended_persistent_session_leaves_no_queue_on_disk(
         assert message.payload == b"new"
     queue = broker.ack_queue(queue_name)
     assert queue is not None
-    assert broker.store.queue_bounds(queue_name, 0) == (0, 1)  # the new queue starts at 0
+    assert broker.shard.store.queue_bounds(queue_name, 0) == (0, 1)  # the new queue starts at 0
 
 
 async def test_packets_before_a_malformed_one_in_the_same_read_are_handled(

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from core.api import BrokerAPI
-from core.broker import Broker
+from core.broker import Node
 from core.log import LogConfig, LogStore
 from gateway.mqtt.codec import (
     Connack,
@@ -71,7 +71,7 @@ class FakeLink:
 async def hub(tmp_path: Path) -> AsyncIterator[MqttHub]:
     store = LogStore(LogConfig(tmp_path / "data", durability="async"))
     await store.start()
-    broker = Broker(store)
+    broker = Node(store)
     await broker.start()
     hub = MqttHub.acquire(BrokerAPI(broker), MqttOptions())
     yield hub

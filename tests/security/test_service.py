@@ -10,7 +10,7 @@ import pytest
 import scramp
 
 from core.api import PROTOCOL_KAFKA, PROTOCOL_MQTT, BrokerAPI, ClientContext
-from core.broker import Broker, BrokerConfig
+from core.broker import BrokerConfig, Node
 from core.cluster import LocalMetadata
 from core.security.config import SecurityConfig
 from core.security.model import VhostPermission
@@ -212,7 +212,7 @@ def test_is_loopback(peer, expected):
 
 async def test_the_broker_api_decides_with_the_client_context(stores):
     store = stores()
-    broker = Broker(store, BrokerConfig())
+    broker = Node(store, BrokerConfig())
     security = SecurityService(broker.metadata)
     api = BrokerAPI(broker, security)
     await security.put_user("alice", password="pw")

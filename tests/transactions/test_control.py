@@ -1,4 +1,4 @@
-"""Half messages by convention (core/transactions/control.py) through a real Broker and LogStore:
+"""Half messages by convention (core/transactions/control.py) through a real Node and LogStore:
 header ``x-braid-txn-id`` stores a half, a record to ``braid.txn`` decides it, a check request
 goes to ``braid.txn.check``; restart keeps pending halves and their check-backs."""
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from core.broker import Broker, BrokerConfig
+from core.broker import BrokerConfig, Node
 from core.broker.topics import TopicError
 from core.log import LogConfig, LogStore
 from core.transactions.control import (
@@ -23,26 +23,26 @@ from core.transactions.control import (
 )
 
 
-def open_broker(data_dir: Path, **config: object) -> Broker:
+def open_broker(data_dir: Path, **config: object) -> Node:
     store = LogStore(
         LogConfig(data_dir, segment_size=256 * 1024, index_entries_per_file=256, retention_ms=None)
     )
-    return Broker(store, BrokerConfig(**config))  # type: ignore[arg-type]
+    return Node(store, BrokerConfig(**config))  # type: ignore[arg-type]
 
 
-async def close_broker(broker: Broker) -> None:
+async def close_broker(broker: Node) -> None:
     await broker.close()
-    await broker.store.aclose()
+    await broker.shard.store.aclose()
 
 
-def bodies(broker: Broker, topic: str, queue: int = 0) -> list[bytes]:
-    return [
-        bytes(r.record().body or b"") for r in broker.store.read(topic, queue, 0, max_records=1000)
-    ]
+def bodies(broker: Node, topic: str, queue: int = 0) -> list[bytes]:
+    read = broker.shard.store.read(topic, queue, 0, max_records=1000)
+    return [bytes(r.record().body or b"") for r in read]
 
 
-def headers_of(broker: Broker, topic: str) -> list[dict[str, bytes]]:
-    return [dict(r.record().headers) for r in broker.store.read(topic, 0, 0, max_records=1000)]
+def headers_of(broker: Node, topic: str) -> list[dict[str, bytes]]:
+    read = broker.shard.store.read(topic, 0, 0, max_records=1000)
+    return [dict(r.record().headers) for r in read]
 
 
 def half(txn: str, group: str = "shop", **extra: str) -> list[tuple[str, bytes]]:
@@ -55,11 +55,11 @@ async def broker(tmp_path: Path):  # type: ignore[no-untyped-def]
     opened = open_broker(tmp_path / "data", txn_check_timeout_ms=60_000)
     await opened.start()
     yield opened
-    if not opened.store.closed:
+    if not opened.shard.store.closed:
         await close_broker(opened)
 
 
-async def test_half_is_invisible_until_committed_with_its_routes(broker: Broker) -> None:
+async def test_half_is_invisible_until_committed_with_its_routes(broker: Node) -> None:
     await broker.declare_topic("orders")
     await broker.declare_topic("audit")
     await broker.bind("orders", "topic", "eu.*", ("audit", 0))
@@ -74,16 +74,16 @@ async def test_half_is_invisible_until_committed_with_its_routes(broker: Broker)
     assert done.refused == []
     assert bodies(broker, "orders") == [b"o-1", b"o-2"]
     assert bodies(broker, "audit") == [b"o-1"]
-    stored = broker.store.read("orders", 0, 0, max_records=10)[0].record()
+    stored = broker.shard.store.read("orders", 0, 0, max_records=10)[0].record()
     names = [name for name, _ in stored.headers]
     assert "x-braid-txn-id" not in names  # the request headers are not stored
     assert dict(stored.headers)["x-braid-txn"] == b"half:t1"
     # the outcome record is stored, with what happened
     assert headers_of(broker, TXN_TOPIC)[-1][RESULT_HEADER] == b"committed"
-    assert broker.transactions.txn_state("half:t1") == "committed"
+    assert broker.shard.transactions.txn_state("half:t1") == "committed"
 
 
-async def test_rollback_and_errors(broker: Broker) -> None:
+async def test_rollback_and_errors(broker: Node) -> None:
     await broker.declare_topic("orders")
     await broker.publish("orders", b"gone", headers=half("t2"))
     rolled = await broker.publish(TXN_TOPIC, b"ROLLBACK_MESSAGE", subject="t2")
@@ -104,11 +104,11 @@ async def test_rollback_and_errors(broker: Broker) -> None:
     assert ok.refused == []
     assert bodies(broker, "orders") == [b"kept"]
     # a Kafka, AMQP or service transaction id is out of reach
-    own = broker.transactions.begin("amqp-tx")
-    await broker.transactions.add(own, "orders", 0, b"theirs")
+    own = broker.shard.transactions.begin("amqp-tx")
+    await broker.shard.transactions.add(own, "orders", 0, b"theirs")
     refused = await broker.publish(TXN_TOPIC, b"commit", subject=own)
     assert refused.refused == [(TXN_TOPIC, 0)]
-    assert broker.transactions.txn_state(own) == "open"
+    assert broker.shard.transactions.txn_state(own) == "open"
 
 
 def test_half_mark_parsing() -> None:
@@ -166,11 +166,11 @@ async def test_check_back_answered_unknown_then_commit(tmp_path: Path) -> None:
         # "unknown" answers the running check: it ends at once and the next one comes later
         await broker.publish(TXN_TOPIC, b"unknown", subject="t3")
         await wait_records(broker, CHECK_TOPIC, 2)
-        assert broker.transactions.metrics["checks_unknown"] >= 1
+        assert broker.shard.transactions.metrics["checks_unknown"] >= 1
         assert bodies(broker, "orders") == []
         await broker.publish(TXN_TOPIC, b"commit", subject="t3")
         assert bodies(broker, "orders") == [b"pay"]
-        assert broker.half_messages.metrics["check_answers"] >= 2
+        assert broker.shard.half_messages.metrics["check_answers"] >= 2
     finally:
         await close_broker(broker)
 
@@ -182,8 +182,8 @@ async def test_unanswered_checks_end_in_rollback(tmp_path: Path) -> None:
     await broker.start()
     try:
         await broker.publish("orders", b"never", headers=half("t4"))
-        await wait_until(lambda: broker.transactions.txn_state("half:t4") != "open")
-        assert broker.transactions.txn_state("half:t4") == "rolled_back"
+        await wait_until(lambda: broker.shard.transactions.txn_state("half:t4") != "open")
+        assert broker.shard.transactions.txn_state("half:t4") == "rolled_back"
         assert len(bodies(broker, CHECK_TOPIC)) == 2
         assert bodies(broker, "orders") == []
     finally:
@@ -218,10 +218,10 @@ async def wait_until(condition: Callable[[], bool], seconds: float = 10) -> None
     raise AssertionError("condition not reached in time")
 
 
-async def wait_records(broker: Broker, topic: str, count: int):  # type: ignore[no-untyped-def]
+async def wait_records(broker: Node, topic: str, count: int):  # type: ignore[no-untyped-def]
     async with asyncio.timeout(10):
         while True:
-            found = broker.store.read(topic, 0, 0, max_records=1000)
+            found = broker.shard.store.read(topic, 0, 0, max_records=1000)
             if len(found) >= count:
                 return [r.record() for r in found]
             await asyncio.sleep(0.02)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from core.api import BrokerAPI, ManualClock
-from core.broker import Broker
+from core.broker import Node
 from core.log import LogConfig, LogStore
 from gateway.amqp.server import AMQPServer
 from gateway.mqtt.codec import Connect, Disconnect, MqttDecoder, encode
@@ -27,7 +27,7 @@ from tests.transport.sockets import DEADLINE_S, small_window_socket, until
 async def api(tmp_path: Path) -> AsyncIterator[BrokerAPI]:
     store = LogStore(LogConfig(tmp_path / "data", durability="async"))
     await store.start()
-    broker = Broker(store)
+    broker = Node(store)
     await broker.start()
     yield BrokerAPI(broker)
     await broker.close()
