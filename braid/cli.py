@@ -1,6 +1,8 @@
 """The ``braid`` command line.
 
     braid serve [--config FILE] [--data-dir DIR] [--host HOST] [--<protocol>-port N] ...
+    braid serve --cluster URL --node-id ID --data-dir ROOT [--advertised-host H]
+                [--cluster-port P] [--expect-nodes N]   (a node of a cluster: docs/cluster.md)
     braid log stat DIR [--shard N] [--json]         (DIR: a data directory or a cluster root)
     braid log dump DIR [--shard N] [--topic T] [--queue N] [--from OFFSET] [--limit N] [--json]
     braid log verify DIR [--shard N]
@@ -65,6 +67,34 @@ def _port(text: str) -> int:
         raise argparse.ArgumentTypeError(
             f"invalid port {text!r}: an integer 0..{config.MAX_PORT} (0: off)"
         ) from None
+
+
+def _any_port(text: str) -> int:
+    try:
+        return config.check_port(int(text), "port")
+    except (ValueError, config.ConfigError):
+        raise argparse.ArgumentTypeError(
+            f"invalid port {text!r}: an integer 0..{config.MAX_PORT} (0: any free port)"
+        ) from None
+
+
+def _node_id(text: str) -> int:
+    try:
+        return config.check_node_id(int(text), "node id")
+    except (ValueError, config.ConfigError):
+        raise argparse.ArgumentTypeError(
+            f"invalid node id {text!r}: an integer 0..{config.MAX_NODE_ID}"
+        ) from None
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, not {text!r}")
+    return value
 
 
 def _non_negative(text: str) -> int:
@@ -148,6 +178,38 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_const",
         const=True,
         help="with --tls-verify-peer: refuse TLS clients without a certificate",
+    )
+    cluster = serve.add_argument_group(
+        "cluster node", "serve a cluster's data root ROOT as one node (docs/cluster.md)"
+    )
+    cluster.add_argument(
+        "--cluster",
+        dest="cluster_url",
+        metavar="URL",
+        help=(
+            "the cluster's Redis (redis://, rediss://, unix://, redis+sentinel://); --data-dir "
+            "is then a data root made by `braid cluster init`"
+        ),
+    )
+    cluster.add_argument(
+        "--node-id", type=_node_id, metavar="ID", help="this node's id (an integer; its Kafka id)"
+    )
+    cluster.add_argument(
+        "--advertised-host",
+        metavar="HOST",
+        help="host other nodes and clients reach this node at (default: --host, or the hostname)",
+    )
+    cluster.add_argument(
+        "--cluster-port",
+        type=_any_port,
+        metavar="PORT",
+        help="gRPC port between nodes (default: 0, any free port, registered in Redis)",
+    )
+    cluster.add_argument(
+        "--expect-nodes",
+        type=_positive,
+        metavar="N",
+        help="nodes to wait for before shards are planned (default: 1)",
     )
     serve.add_argument(
         "--log-level",
@@ -285,6 +347,13 @@ def _serve(args: argparse.Namespace) -> int:
                 **{dest: getattr(args, f"tls_{dest}") for _, dest, _ in TLS_FILE_FLAGS},
                 "verify_peer": args.tls_verify_peer,
                 "fail_if_no_peer_cert": args.tls_fail_if_no_peer_cert,
+            },
+            cluster={
+                "url": args.cluster_url,
+                "node_id": args.node_id,
+                "advertised_host": args.advertised_host,
+                "cluster_port": args.cluster_port,
+                "expect_nodes": args.expect_nodes,
             },
         )
         config.validate(settings, "settings")

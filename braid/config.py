@@ -15,6 +15,9 @@ Config file layout (every key optional; docs/configuration.md lists them all)::
     [auth]         any field of core.security.SecurityConfig (anonymous, loopback_users, ...)
     [tls]          cert_file, key_file, ca_file, verify_peer, fail_if_no_peer_cert
     [limits]       any field of core.limits.LimitsConfig (max_connections, max_message_size, ...)
+    [cluster]      url, node_id, advertised_host, secret, and any field of
+                   core.cluster.settings.ClusterSettings (lease_ms, heartbeat_ms, expect_nodes,
+                   cluster_port, ...): a node of a cluster (docs/cluster.md section 13)
 
 Unknown sections and keys are errors, so a typo is reported instead of silently ignored. The
 [log] and [broker] keys are the fields of those dataclasses, so a field added there is
@@ -38,6 +41,7 @@ from pathlib import Path
 
 from braid.tls import TlsConfigError, TlsSettings
 from core.broker import BrokerConfig
+from core.cluster.settings import ClusterSettings
 from core.limits import LimitsConfig
 from core.log import LogConfig
 from core.security import SecurityConfig
@@ -81,7 +85,12 @@ SECTIONS = (
     "auth",
     "tls",
     "limits",
+    "cluster",
 )
+# Kafka's broker.id is an int32 and a node id is its Kafka broker id (docs/cluster.md section 8).
+MAX_NODE_ID = 2**31 - 1
+# The [cluster] keys that are not ClusterSettings fields.
+CLUSTER_NODE_KEYS = ("url", "node_id", "advertised_host", "secret")
 # AMQP virtual hosts: "/" or 1-64 of these characters, as gateway/amqp/vhost.py requires (the
 # name becomes part of topic names: amq.vhost.<name>.<exchange>); "*" in a user's vhosts: all.
 AMQP_DEFAULT_VHOST = "/"
@@ -149,6 +158,30 @@ class AmqpSettings:
 
 
 @dataclass(frozen=True)
+class ClusterNodeSettings:
+    """``[cluster]`` and its flags: what makes ``braid serve`` a node of a cluster
+    (docs/cluster.md sections 9 and 13). ``url`` None: a single node (the rest is unused)."""
+
+    url: str | None = None  # the cluster's Redis: redis://, rediss://, unix://, redis+sentinel://
+    node_id: int | None = None  # this node's id, also its Kafka broker id
+    # What other nodes and clients are told to connect to (None: the listeners' host, or this
+    # machine's name when they listen on every interface).
+    advertised_host: str | None = None
+    # The shared secret of the gRPC calls between nodes (None: the cluster id, see
+    # docs/configuration.md: enough on loopback, not across machines).
+    secret: str | None = None
+    # Keyword arguments for ClusterSettings, already type-checked.
+    options: Mapping[str, object] = field(default_factory=dict)
+
+    @property
+    def enabled(self) -> bool:
+        return self.url is not None
+
+    def settings(self) -> ClusterSettings:
+        return ClusterSettings(**self.options)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
 class ServerSettings:
     data_dir: str = DEFAULT_DATA_DIR
     log_level: str = DEFAULT_LOG_LEVEL
@@ -168,6 +201,8 @@ class ServerSettings:
     tls: TlsSettings = field(default_factory=TlsSettings)
     # [limits]: counts and sizes, for every protocol (core/limits/config.py).
     limits: LimitsConfig = field(default_factory=LimitsConfig)
+    # [cluster]: a node of a cluster on a data root (docs/cluster.md); off by default.
+    cluster: ClusterNodeSettings = field(default_factory=ClusterNodeSettings)
 
     def log_config(self) -> LogConfig:
         return LogConfig(Path(self.data_dir), **self.log_options)  # type: ignore[arg-type]
@@ -495,6 +530,7 @@ def settings_from_mapping(raw: Mapping[str, object], source: str) -> ServerSetti
         auth=_auth_settings(_section(raw, "auth", source), f"{source}: [auth]"),
         tls=_tls_settings(_section(raw, "tls", source), f"{source}: [tls]"),
         limits=_limits_settings(_section(raw, "limits", source), f"{source}: [limits]"),
+        cluster=_cluster_settings(_section(raw, "cluster", source), source),
     )
     validate(settings, source)
     return settings
@@ -515,6 +551,17 @@ def validate(settings: ServerSettings, source: str) -> None:
         settings.tls.check()
     except TlsConfigError as error:
         raise ConfigError(f"{source}: [tls] {error}") from None
+    cluster = settings.cluster
+    try:
+        cluster.settings()
+    except (TypeError, ValueError) as error:
+        raise ConfigError(f"{source}: {error}") from None
+    if cluster.enabled and cluster.node_id is None:
+        raise ConfigError(f"{source}: [cluster] a node of a cluster needs its node_id (--node-id)")
+    if not cluster.enabled and cluster.node_id is not None:
+        raise ConfigError(
+            f"{source}: [cluster] node_id without url: --node-id goes with --cluster URL"
+        )
 
 
 def override(
@@ -524,16 +571,26 @@ def override(
     log_level: str | None = None,
     listeners: Mapping[str, object] | None = None,
     tls: Mapping[str, object] | None = None,
+    cluster: Mapping[str, object] | None = None,
 ) -> ServerSettings:
-    """Apply command-line flags (``None``: not given) on top of ``settings``."""
+    """Apply command-line flags (``None``: not given) on top of ``settings``. ``cluster``:
+    :class:`ClusterNodeSettings` attributes (url, node_id, ...) and ClusterSettings fields."""
     given = {key: value for key, value in (listeners or {}).items() if value is not None}
     tls_given = {key: value for key, value in (tls or {}).items() if value is not None}
+    cluster_given = {key: value for key, value in (cluster or {}).items() if value is not None}
+    node_given = {key: cluster_given.pop(key) for key in CLUSTER_NODE_KEYS if key in cluster_given}
+    node = dataclasses.replace(
+        settings.cluster,
+        options={**settings.cluster.options, **cluster_given},
+        **node_given,  # type: ignore[arg-type]
+    )
     return dataclasses.replace(
         settings,
         data_dir=settings.data_dir if data_dir is None else data_dir,
         log_level=settings.log_level if log_level is None else log_level,
         listeners=dataclasses.replace(settings.listeners, **given),  # type: ignore[arg-type]
         tls=dataclasses.replace(settings.tls, **tls_given),  # type: ignore[arg-type]
+        cluster=node,
     )
 
 
@@ -581,3 +638,38 @@ def _limits_settings(section: Mapping[str, object], where: str) -> LimitsConfig:
         return LimitsConfig(**options)  # type: ignore[arg-type]
     except (TypeError, ValueError) as error:
         raise ConfigError(f"{where} {error}") from None
+
+
+def check_node_id(value: object, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_NODE_ID:
+        raise ConfigError(
+            f"{where}: a node id is an integer 0..{MAX_NODE_ID} (its Kafka broker id), "
+            f"not {value!r}"
+        )
+    return value
+
+
+def _cluster_settings(section: Mapping[str, object], source: str) -> ClusterNodeSettings:
+    """The ``[cluster]`` section: :data:`CLUSTER_NODE_KEYS` and the fields of
+    core.cluster.settings.ClusterSettings (checked by it)."""
+    where = f"{source}: [cluster]"
+    node: dict[str, object] = {}
+    options: dict[str, object] = {}
+    fields = configurable_fields(ClusterSettings)
+    for key, value in section.items():
+        if key == "node_id":
+            node[key] = check_node_id(value, f"{where} {key}")
+        elif key in CLUSTER_NODE_KEYS:
+            if not isinstance(value, str) or not value:
+                raise ConfigError(f"{where} {key}: expected a non-empty string, not {value!r}")
+            node[key] = value
+        elif key in fields:
+            options[key] = _coerce(value, fields[key], f"{where} {key}")
+        else:
+            known = ", ".join([*CLUSTER_NODE_KEYS, *fields])
+            raise ConfigError(f"{where} {key}: unknown key (known: {known})")
+    try:
+        ClusterSettings(**options)  # type: ignore[arg-type]
+    except (TypeError, ValueError) as error:  # its messages name [cluster] and the key
+        raise ConfigError(f"{source}: {error}") from None
+    return ClusterNodeSettings(options=options, **node)  # type: ignore[arg-type]

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import fcntl
 import gc
 import logging
@@ -36,7 +37,7 @@ import sys
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from braid import version
 from braid.config import LOCK_FILE, ServerSettings, default_amqp_users
@@ -57,9 +58,14 @@ from core.api import BrokerAPI
 from core.api.limits import attach_limits
 from core.broker import Node
 from core.cluster import layout as cluster_layout
+from core.cluster.split import SplitMetadata
 from core.limits import LimitsService, LimitsStore
-from core.log import LogStore, names
+from core.log import LogConfig, LogStore, StoreFenced, names
 from core.security import SecurityService
+from core.security.store import SecurityStore
+
+if TYPE_CHECKING:  # imported when a cluster node starts: redis and grpc cost a single node
+    from core.cluster import node_runner
 
 log = logging.getLogger(__name__)
 
@@ -462,69 +468,192 @@ class BraidServer:
         self._lock_fd: int | None = None
         self.security: SecurityService | None = None
         self.tls: TlsContext | None = None
+        # A cluster node's place in its cluster (None on a single node), the epoch at which it
+        # serves its shard (None: a standby), and the rejoin after a fence while it runs.
+        self.cluster_node: node_runner.ClusterNode | None = None
+        self.shard_epoch: int | None = None
+        self._fence_task: asyncio.Task[None] | None = None
+        # Set when the node could not serve again after a fence: the process exits 1.
+        self.fatal = False
 
     # -- start -----------------------------------------------------------------------------
 
     async def start(self) -> None:
         """Open the store and start every listener; on failure undo what started and raise
-        :class:`StartupError`."""
+        :class:`StartupError`. A cluster node (``--cluster``) joins its cluster first and
+        serves only when it owns the root's shard (:meth:`_start_cluster_node`)."""
         try:
             raise_descriptor_limit()
+            if self.settings.cluster.enabled:
+                await self._start_cluster_node()
+                return
             self._lock_data_dir()
             self._refuse_cluster_root()
-            self.store = self._open_store()
-            await self.store.start()
-            self.broker = broker = Node(self.store, self.settings.broker_config())
-            shard = broker.shard  # the node's one shard, over self.store (cluster.md section 6)
-            # The disk alarm (core/log/diskspace.py) is one of flow control's reasons.
-            broker.flow.watch_disk(self.store.disk_space)
-            await broker.start()
-            self.metrics.register("log", store_collector(self.store))
-            self.metrics.register_counters("braid_broker_", lambda: broker.metrics, BROKER_METRICS)
-            self.metrics.register("broker", broker_collector(self.broker))
-            transactions = shard.transactions
-            self.metrics.register_counters(
-                "braid_transactions_",
-                lambda: {k: v for k, v in transactions.metrics.items() if k != "pending"},
-            )
-            self.metrics.register_counters(
-                "braid_half_messages_", lambda: shard.half_messages.metrics
-            )
-            self.metrics.register_counters("braid_timers_", lambda: shard.timers.metrics)
-            self.metrics.register("process", process_collector)
-            self.security = security = SecurityService(
-                broker.metadata, self.settings.auth, vhosts=self.settings.amqp.vhosts
-            )
-            self.metrics.register("security", security_collector(security))
-            config_users = self.settings.amqp.users
-            if config_users != default_amqp_users():
-                # One user store: the users a config file names act on every protocol.
-                await security.import_config_users(
-                    {name: (user.password, user.vhosts) for name, user in config_users.items()}
-                )
-            if self.settings.tls.enabled:
-                try:
-                    self.tls = TlsContext(self.settings.tls)
-                except TlsConfigError as error:
-                    raise StartupError(str(error)) from None
-            api = BrokerAPI(broker, security)
-            # [limits] and RabbitMQ's user and vhost limits (__limits), for every protocol.
-            attach_limits(api, LimitsService(LimitsStore(broker.metadata), self.settings.limits))
-            context = ServerContext(
-                self.settings,
-                self.broker,
-                api,
-                self.metrics,
-                self.health,
-                security=security,
-                tls=self.tls,
-            )
-            self.metrics.register("http", context.http_responses.collect_metrics)
-            for slot in self.slots:
-                await self._start_listener(slot, context)
+            self.store = self._open_store(self.settings.log_config())
+            await self._serve(self.store, None)
         except BaseException:
             await self.stop()
             raise
+
+    async def _serve(self, store: LogStore, metadata: SplitMetadata | None) -> None:
+        """Build the broker on the open ``store`` (with a cluster node's ``metadata``) and start
+        its listeners."""
+        await store.start()
+        self.metrics = MetricsRegistry()  # a new one each time a cluster node serves again
+        self.broker = broker = Node(store, self.settings.broker_config(), metadata=metadata)
+        shard = broker.shard  # the node's one shard, over store (cluster.md section 6)
+        # The disk alarm (core/log/diskspace.py) is one of flow control's reasons.
+        broker.flow.watch_disk(store.disk_space)
+        await broker.start()
+        self.metrics.register("log", store_collector(store))
+        self.metrics.register_counters("braid_broker_", lambda: broker.metrics, BROKER_METRICS)
+        self.metrics.register("broker", broker_collector(broker))
+        transactions = shard.transactions
+        self.metrics.register_counters(
+            "braid_transactions_",
+            lambda: {k: v for k, v in transactions.metrics.items() if k != "pending"},
+        )
+        self.metrics.register_counters("braid_half_messages_", lambda: shard.half_messages.metrics)
+        self.metrics.register_counters("braid_timers_", lambda: shard.timers.metrics)
+        self.metrics.register("process", process_collector)
+        if metadata is not None:
+            # The cluster's store answers over the network: its first-boot user is made by an
+            # awaited open (the single node's completes at once inside SecurityService).
+            await SecurityStore.open(broker.metadata)
+        self.security = security = SecurityService(
+            broker.metadata, self.settings.auth, vhosts=self.settings.amqp.vhosts
+        )
+        self.metrics.register("security", security_collector(security))
+        config_users = self.settings.amqp.users
+        if config_users != default_amqp_users():
+            # One user store: the users a config file names act on every protocol.
+            await security.import_config_users(
+                {name: (user.password, user.vhosts) for name, user in config_users.items()}
+            )
+        if self.settings.tls.enabled and self.tls is None:
+            try:
+                self.tls = TlsContext(self.settings.tls)
+            except TlsConfigError as error:
+                raise StartupError(str(error)) from None
+        api = BrokerAPI(broker, security)
+        # [limits] and RabbitMQ's user and vhost limits (__limits), for every protocol.
+        attach_limits(api, LimitsService(LimitsStore(broker.metadata), self.settings.limits))
+        context = ServerContext(
+            self.settings,
+            broker,
+            api,
+            self.metrics,
+            self.health,
+            security=security,
+            tls=self.tls,
+        )
+        self.metrics.register("http", context.http_responses.collect_metrics)
+        for slot in self.slots:
+            await self._start_listener(slot, context)
+
+    # -- a cluster node ----------------------------------------------------------------------
+
+    async def _start_cluster_node(self) -> None:
+        """Join the cluster of the data root (docs/cluster.md): refused on a directory that is
+        not a root of one shard; the owner of its shard serves it, any other node waits as a
+        standby without listeners."""
+        from redis import exceptions as redis_errors
+
+        from core.cluster import node_runner
+        from core.cluster.membership import FormationTimeout
+        from core.cluster.redis_metadata import LeaseHeld
+
+        cluster = self.settings.cluster
+        assert cluster.url is not None
+        assert cluster.node_id is not None
+        data_dir = Path(self.settings.data_dir)
+        try:
+            root = node_runner.open_root(data_dir)
+        except node_runner.NodeRefused as error:
+            raise StartupError(str(error)) from None
+        listeners = self.settings.listeners
+        self.cluster_node = node = node_runner.ClusterNode(
+            root,
+            cluster.url,
+            cluster.node_id,
+            cluster.settings(),
+            listen_host=listeners.host,
+            advertised_host=cluster.advertised_host,
+            kafka_port=listeners.kafka_advertised_port or listeners.kafka_port,
+            secret=cluster.secret,
+            max_message_size=self.settings.limits.max_message_size,
+            on_fenced=self._on_fenced,
+        )
+        if listeners.kafka_advertised_host is None:
+            # Kafka clients are told the node's advertised host, as other nodes are.
+            self.settings = dataclasses.replace(
+                self.settings,
+                listeners=dataclasses.replace(listeners, kafka_advertised_host=node.host),
+            )
+        log.info(
+            "braid %s: node %d of cluster %s (%s), data root %s",
+            version(),
+            cluster.node_id,
+            root.cluster_id,
+            cluster.url,
+            root.root,
+        )
+        try:
+            epoch = await node.join()
+        except (OSError, ValueError, redis_errors.RedisError) as error:
+            raise StartupError(f"cannot join the cluster at {cluster.url}: {error}") from None
+        except (FormationTimeout, LeaseHeld) as error:
+            raise StartupError(f"node {cluster.node_id}: {error}") from None
+        if epoch is not None:
+            await self._serve_shard(epoch)
+
+    async def _serve_shard(self, epoch: int) -> None:
+        """Open the owned shard at ``epoch`` (with its storage fence) and serve it."""
+        from core.cluster import node_runner
+
+        node = self.cluster_node
+        assert node is not None
+        try:
+            store, metadata = node.open_shard(self.settings.log_config(), epoch)
+        except (OSError, ValueError, KeyError) as error:
+            raise StartupError(f"cannot open shard {node_runner.SERVED_SHARD}: {error}") from None
+        self.store = store
+        self.shard_epoch = epoch
+        log.info(
+            "shard %d open at epoch %d: write position %d, %d records replayed",
+            node_runner.SERVED_SHARD,
+            epoch,
+            store.commitlog.write_position,
+            store.recovery.replayed_records,
+        )
+        await node.copy_adopted_definitions(metadata.local)
+        await self._serve(store, metadata)
+
+    def _on_fenced(self, reason: str) -> None:
+        """Membership lost the lease (section 11): drop what this node serves without writing,
+        then rejoin and serve again what it owns then."""
+        if self.stopping or self._fence_task is not None:
+            return
+        log.warning("fenced (%s): closing connections, dropping the shard, rejoining", reason)
+        self._fence_task = asyncio.get_running_loop().create_task(
+            self._recover_from_fence(), name="braid-fenced"
+        )
+
+    async def _recover_from_fence(self) -> None:
+        try:
+            await self._drop_serving(fenced=True)
+            node = self.cluster_node
+            if node is None or self.stopping:
+                return
+            epoch = await node.rejoin()
+            if epoch is not None and not self.stopping:
+                await self._serve_shard(epoch)
+        except Exception:
+            log.exception("serving again after a fence failed: stopping")
+            self.fatal = True
+            signal.raise_signal(signal.SIGTERM)
+        finally:
+            self._fence_task = None
 
     def _lock_data_dir(self) -> None:
         """Take the data directory for this process: an exclusive flock on the directory itself
@@ -567,8 +696,7 @@ class BraidServer:
                 "--cluster URL"
             )
 
-    def _open_store(self) -> LogStore:
-        config = self.settings.log_config()
+    def _open_store(self, config: LogConfig) -> LogStore:
         log.debug("settings: %s; log config: %s", self.settings, config)
         log.info(
             "braid %s: opening %s (segment size %d, durability %s)",
@@ -631,6 +759,11 @@ class BraidServer:
             for slot in self.slots
             if not slot.tls or self.tls is not None  # TLS listeners shown when configured
         ]
+        node = self.cluster_node
+        if node is not None:
+            # A standby (it owns no shard) shows none, and every listener "-".
+            owned = ",".join(str(shard) for shard in sorted(node.owned)) or "none"
+            parts += [f"node={node.node_id}", f"shards={owned}"]
         return "braid ready: " + " ".join(parts)
 
     def health(self) -> tuple[bool, dict[str, object]]:
@@ -676,8 +809,28 @@ class BraidServer:
     # -- stop ------------------------------------------------------------------------------
 
     async def stop(self) -> None:
-        """Stop accepting, then flush and close the store. Safe to call more than once."""
+        """Stop accepting, then flush and close the store (a cluster node: then leave the
+        cluster, its closed marker written). Safe to call more than once."""
         self.stopping = True
+        fence_task, self._fence_task = self._fence_task, None
+        if fence_task is not None and fence_task is not asyncio.current_task():
+            fence_task.cancel()
+            await asyncio.gather(fence_task, return_exceptions=True)
+        await self._drop_serving(fenced=False)
+        node, self.cluster_node = self.cluster_node, None
+        if node is not None:
+            await node.stop()
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # releases the flock
+            self._lock_fd = None
+
+    async def _drop_serving(self, *, fenced: bool) -> None:
+        """Close the listeners (clients get AMQP 320 CONNECTION_FORCED, MQTT 5 0x8B, Kafka a
+        closed socket), the broker and the store. ``fenced``: a newer owner may exist, so
+        the store is abandoned first and nothing more is written to the shard."""
+        store = self.store
+        if fenced and store is not None:
+            store.abandon()
         for name in reversed(list(self.listeners)):
             listener = self.listeners.pop(name)
             try:
@@ -688,15 +841,14 @@ class BraidServer:
         if broker is not None:
             try:
                 await broker.close()
+            except StoreFenced as error:
+                log.warning("the broker closed without writing its state: %s", error)
             except Exception:
                 log.exception("closing the broker failed")  # the store is still closed below
         store, self.store = self.store, None
         if store is not None:
             await store.aclose()
             log.info("log closed at write position %d", store.commitlog.write_position)
-        if self._lock_fd is not None:
-            os.close(self._lock_fd)  # releases the flock
-            self._lock_fd = None
 
 
 async def serve(settings: ServerSettings) -> int:
@@ -752,7 +904,7 @@ async def serve(settings: ServerSettings) -> int:
         log.exception("shutdown failed")
         return 1
     log.info("stopped")
-    return 0
+    return 1 if server.fatal else 0
 
 
 def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:

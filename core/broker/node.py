@@ -6,9 +6,11 @@ kept in memory from it (the topic registry, the binding table, the queue definit
 (bindings followed across exchange-to-exchange hops, route hooks, the live feed of the live
 subscriptions), flow control over its shards, and a :class:`~core.broker.shards.ShardSet`:
 shard number -> the :class:`~core.broker.shard.Shard` that serves it. Step 2 of section 15:
-one shard, number 0, over the node's one log store, whose ``__meta``/``__security``/
-``__limits`` tables are the metadata (:class:`~core.cluster.LocalMetadata`). Gateways reach it
-only through the Broker API (``core/api``); nothing here knows a wire format.
+one shard, number 0, over the node's one log store. On a single node that store's ``__meta``/
+``__security``/``__limits`` tables are the metadata (:class:`~core.cluster.LocalMetadata`); a
+cluster node is given a :class:`~core.cluster.split.SplitMetadata` instead (the cluster-wide
+kinds in Redis, the shard-local ones in that same LocalMetadata). Gateways reach it only
+through the Broker API (``core/api``); nothing here knows a wire format.
 
 Publishing: ``publish(topic, body, subject=..., ...)`` picks the topic's queue (explicit, by key
 hash, or round robin), routes the subject through the bindings of the topic to more destination
@@ -52,6 +54,7 @@ from core.broker.shards import ShardSet
 from core.broker.topics import TopicError, TopicInfo, TopicLimits, TopicRegistry
 from core.cluster.local import LocalMetadata
 from core.cluster.metadata import KIND_BINDING, KIND_QUEUE, Change
+from core.cluster.split import SplitMetadata
 from core.delivery.ackqueue import AckQueue, AckQueueConfig
 from core.delivery.live import LiveFeed
 from core.delivery.message import (
@@ -83,11 +86,26 @@ MAX_ROUTING_HOPS = 32
 
 
 class Node:
-    def __init__(self, store: LogStore, config: BrokerConfig | None = None) -> None:
+    def __init__(
+        self,
+        store: LogStore,
+        config: BrokerConfig | None = None,
+        *,
+        metadata: SplitMetadata | None = None,
+    ) -> None:
+        """``metadata``: a cluster node's (its ``local`` over ``store``); None on a single
+        node, whose metadata is the __meta/__security/__limits tables of ``store``."""
         self.config = config or BrokerConfig()
         # Cluster-wide definitions (topics, bindings, queues, security, limits): on a single
         # node the __meta/__security/__limits tables of its log (docs/cluster.md section 4).
-        self.metadata: LocalMetadata = LocalMetadata(store)
+        if metadata is None:
+            local = LocalMetadata(store)
+            self.metadata: LocalMetadata | SplitMetadata = local
+        else:
+            if metadata.local.store is not store:
+                raise ValueError("the shard-local metadata must be over the node's store")
+            self.metadata = metadata
+            local = metadata.local
         self.topics = TopicRegistry(
             self.metadata,
             TopicLimits(
@@ -104,7 +122,7 @@ class Node:
         self._live: LiveFeed | None = None
         self._tasks: list[asyncio.Task[None]] = []
         # Shard 0, the node's one shard (step 2): what the publish path appends to directly.
-        self.shard = Shard(0, store, self.config, self, self.metadata)
+        self.shard = Shard(0, store, self.config, self, local)
         self.shards = ShardSet([self.shard])
         self._load_bindings_and_queues()
         for shard in self.shards:

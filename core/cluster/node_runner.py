@@ -1,0 +1,334 @@
+"""ClusterNode: what makes ``braid serve --cluster URL --node-id ID --data-dir ROOT`` one node of
+a cluster (docs/cluster.md sections 2, 5, 9 and 11; steps 4 and 5 of section 15).
+
+:func:`open_root` checks ROOT first, before anything connects anywhere: a single-node data
+directory is refused (section 2: `braid cluster init --adopt`), as is a directory that is not a
+root, and a root of more than one shard (this slice serves roots of one shard; the others need
+forwarding between nodes, step 6).
+
+:meth:`ClusterNode.join`:
+
+1. connects the cluster's metadata (:func:`~core.cluster.redis_metadata.connect` with
+   ``cluster.json``'s id, so a node never joins the Redis of another root);
+2. starts the gRPC server on ``cluster_port`` (0: any free port) with the shared secret;
+3. starts :class:`~core.cluster.membership.Membership` with its addresses (advertised host, gRPC
+   and Kafka ports): lease, the plan, the claims. It answers the epoch at which this node owns
+   shard 0, or None: then it is a standby that owns nothing (takeover is issue 23).
+
+The owner then opens the shard (:meth:`ClusterNode.open_shard`): ``ROOT/shards/0000`` as a
+:class:`~core.log.LogStore` with the storage fence of its epoch (``epochs/<e+1>`` checked at each
+group commit, a new segment after an unclean change, section 5), and a
+:class:`~core.cluster.split.SplitMetadata` over the cluster's store and the shard's own
+:class:`~core.cluster.local.LocalMetadata`. On an adopted root (``legacy_shard`` 0) the
+definitions that exist only in the shard's old ``__meta``/``__security``/``__limits`` are copied
+into the cluster's store at the first start, once (:meth:`ClusterNode.copy_adopted_definitions`,
+under a marker the copy's own apply sets).
+
+Self-fencing (section 11): Membership calls ``on_fenced(reason)``; the caller (braid/server.py)
+drops what it serves without writing and calls :meth:`ClusterNode.rejoin`. A clean stop:
+:meth:`ClusterNode.stop` after the shard was closed (``epochs/<e>.closed``, lease released).
+
+This module builds no broker: core/cluster sits below core/broker, and the process that
+assembles the broker and its listeners is braid/server.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import logging
+import socket
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Final
+
+from redis import exceptions as redis_errors
+
+from core.cluster import epochs, layout
+from core.cluster.layout import ClusterLayout
+from core.cluster.local import LocalMetadata
+from core.cluster.membership import (
+    FormationTimeout,
+    Membership,
+    NodeAddresses,
+    NotMember,
+)
+from core.cluster.metadata import (
+    KIND_BINDING,
+    KIND_LIMIT,
+    KIND_QUEUE,
+    KIND_SECURITY,
+    KIND_TOPIC,
+    Change,
+    MetadataConflict,
+)
+from core.cluster.redis_metadata import LeaseHeld, RedisMetadata, connect
+from core.cluster.rpc.options import RpcSettings
+from core.cluster.rpc.server import NodeService, RpcServer
+from core.cluster.settings import ClusterSettings
+from core.cluster.split import SplitMetadata
+from core.log import LogConfig, LogStore
+
+log = logging.getLogger(__name__)
+
+# The one shard this slice serves (a root made by `braid cluster init --shards 1`).
+SERVED_SHARD: Final = 0
+MULTI_SHARD_REFUSAL: Final = "multi-shard roots come with step 6 (forwarding between nodes)"
+# Definitions an adopted shard's old tables may hold that are cluster-wide now (section 3: the
+# shard-local kinds, redrive and setting, stay in the shard's log).
+ADOPTED_KINDS: Final = (KIND_TOPIC, KIND_BINDING, KIND_QUEUE, KIND_SECURITY, KIND_LIMIT)
+# The marker that the adopted definitions were copied: a key of its own kind in the cluster's
+# store, set by the same apply as the copies (expecting it absent), so the copy runs once.
+ADOPTION_KIND: Final = "adoption"
+ADOPTION_KEY: Final = "definitions_copied"
+# Hosts that mean "every interface": not something another machine can connect to.
+_ANY_HOST: Final = frozenset({"", "0.0.0.0", "::"})
+# Failures of a rejoin that are worth another try at the next heartbeat: Redis away, the
+# lease still held by the old incarnation, the formation wait.
+_REJOIN_ERRORS: Final = (
+    redis_errors.RedisError,
+    OSError,
+    LeaseHeld,
+    NotMember,
+    FormationTimeout,
+)
+
+
+class NodeRefused(Exception):
+    """The node cannot serve this data directory; the message says why and what to run."""
+
+
+def open_root(data_dir: Path) -> ClusterLayout:
+    """The layout of the root ``data_dir`` a node may serve, else :class:`NodeRefused`."""
+    kind = layout.detect(data_dir)
+    if kind == "single":
+        raise NodeRefused(
+            f"data dir {data_dir} is a single-node data directory, not a cluster data root: "
+            f"stop its broker and run `braid cluster init --adopt {data_dir}` to make it one "
+            "(docs/cluster.md section 2)"
+        )
+    if kind == "new":
+        raise NodeRefused(
+            f"data dir {data_dir} is not a cluster data root (no {layout.CLUSTER_FILE}): make "
+            f"one with `braid cluster init {data_dir} --shards 1`"
+        )
+    try:
+        found = ClusterLayout.open(data_dir)
+    except layout.LayoutError as error:
+        raise NodeRefused(str(error)) from None
+    if found.shards != 1:
+        raise NodeRefused(
+            f"data root {data_dir} has {found.shards} shards; this node serves roots of one "
+            f"shard (`braid cluster init ROOT --shards 1`): {MULTI_SHARD_REFUSAL}"
+        )
+    return found
+
+
+def advertised(host: str | None, listen_host: str) -> str:
+    """The host others are told: ``host`` when given, else the listeners' own host unless it
+    means every interface, then this machine's name."""
+    if host:
+        return host
+    if listen_host not in _ANY_HOST:
+        return listen_host
+    return socket.gethostname()
+
+
+def _address(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+class ClusterNode:
+    """One node's place in the cluster: metadata, gRPC, membership (module docstring)."""
+
+    def __init__(
+        self,
+        root: ClusterLayout,
+        url: str,
+        node_id: int,
+        settings: ClusterSettings,
+        *,
+        listen_host: str,
+        advertised_host: str | None = None,
+        kafka_port: int = 0,
+        secret: str | None = None,
+        max_message_size: int | None = None,
+        on_fenced: Callable[[str], None] | None = None,
+    ) -> None:
+        self.layout = root
+        self.url = url
+        self.node_id = node_id
+        self.settings = settings
+        self.listen_host = listen_host
+        self.host = advertised(advertised_host, listen_host)
+        self.kafka_port = kafka_port
+        self._secret = secret
+        self._max_message_size = max_message_size
+        self._on_fenced = on_fenced
+        self.metadata: RedisMetadata | None = None
+        self.membership: Membership | None = None
+        self._rpc: RpcServer | None = None
+        self._service: NodeService | None = None
+        self.rpc_port = 0
+        self._stopped = False
+
+    # -- joining ---------------------------------------------------------------------------
+
+    async def join(self) -> int | None:
+        """Connect, start gRPC, join: the epoch at which this node owns the served shard, or
+        None (a standby)."""
+        settings = self.settings
+        self.metadata = metadata = await connect(
+            self.url,
+            self.layout.cluster_id,
+            shards=self.layout.shards,
+            metadata_wait_ms=settings.metadata_wait_ms,
+            heartbeat_ms=settings.heartbeat_ms,
+        )
+        secret = self._secret
+        if not secret:
+            # Every node of the root reads the same id; enough where only the nodes reach the
+            # cluster port (loopback, a private network), not a secret across machines.
+            secret = self.layout.cluster_id
+            log.info("no [cluster] secret: the cluster id authenticates calls between nodes")
+        rpc_settings = RpcSettings(
+            secret=secret,
+            heartbeat_ms=settings.heartbeat_ms,
+            rpc_timeout_ms=settings.rpc_timeout_ms,
+            **(
+                {}
+                if self._max_message_size is None
+                else {"max_message_size": self._max_message_size}
+            ),
+        )
+        self._service = NodeService(self.node_id, 0)
+        self._rpc = RpcServer(rpc_settings, self._service)
+        self.rpc_port = await self._rpc.start(self.listen_host, settings.cluster_port)
+        addresses = NodeAddresses(
+            host=self.host,
+            grpc=_address(self.host, self.rpc_port),
+            kafka=_address(self.host, self.kafka_port) if self.kafka_port else "",
+        )
+        self.membership = membership = Membership(
+            metadata,
+            self.layout,
+            str(self.node_id),
+            addresses,
+            settings,
+            on_fenced=self._fenced,
+        )
+        owned = await membership.start()
+        self._service.incarnation = membership.incarnation or 0
+        return self._served(owned)
+
+    def _served(self, owned: dict[int, int]) -> int | None:
+        epoch = owned.get(SERVED_SHARD)
+        if epoch is None:
+            log.info(
+                "node %d owns no shard: standby, no listeners (taking shards over is issue 23)",
+                self.node_id,
+            )
+        return epoch
+
+    def _fenced(self, reason: str) -> None:
+        if self._on_fenced is not None:
+            self._on_fenced(reason)
+
+    async def rejoin(self) -> int | None:
+        """After a fence: a new incarnation and claims again, retried every heartbeat until it
+        works or :meth:`stop` is called (then None)."""
+        membership = self.membership
+        assert membership is not None, "join() first"
+        delay_s = self.settings.heartbeat_ms / 1000
+        while not self._stopped:
+            try:
+                owned = await membership.rejoin()
+            except _REJOIN_ERRORS as error:
+                log.warning(
+                    "node %d: rejoining failed (%s); again in %.1f s", self.node_id, error, delay_s
+                )
+                await asyncio.sleep(delay_s)
+                continue
+            if self._service is not None:
+                self._service.incarnation = membership.incarnation or 0
+            log.info("node %d: rejoined as incarnation %s", self.node_id, membership.incarnation)
+            return self._served(owned)
+        return None
+
+    def holds_lease(self) -> bool:
+        return self.membership is not None and self.membership.holds_lease()
+
+    @property
+    def owned(self) -> dict[int, int]:
+        return self.membership.owned if self.membership is not None else {}
+
+    # -- the shard -------------------------------------------------------------------------
+
+    def open_shard(self, log_config: LogConfig, epoch: int) -> tuple[LogStore, SplitMetadata]:
+        """Open the served shard's log as the owner of ``epoch`` (its fence: section 5.3-5.4)
+        and the node's metadata over it."""
+        metadata = self.metadata
+        assert metadata is not None, "join() first"
+        shard_dir = self.layout.shard_dir(SERVED_SHARD)
+        config = dataclasses.replace(log_config, data_dir=shard_dir)
+        store = LogStore(config, fence=epochs.log_fence(shard_dir, epoch))
+        try:
+            local = LocalMetadata(store)
+        except BaseException:
+            store.abandon()
+            raise
+        return store, SplitMetadata(metadata, local)
+
+    async def copy_adopted_definitions(self, local: LocalMetadata) -> int:
+        """On a root that adopted a single-node directory into the served shard: copy the
+        definitions its old tables hold and the cluster's store lacks, once for the cluster
+        (section 2: adoption copies every definition). Returns how many were copied (0: not
+        adopted, or copied already)."""
+        metadata = self.metadata
+        assert metadata is not None, "join() first"
+        if self.layout.legacy_shard != SERVED_SHARD:
+            return 0
+        if metadata.get(ADOPTION_KIND, ADOPTION_KEY) is not None:
+            return 0
+        changes = [
+            Change(kind, key, value)
+            for kind in ADOPTED_KINDS
+            for key, value in local.items(kind)
+            if metadata.get(kind, key) is None
+        ]
+        marker = {"node": self.node_id, "copied": len(changes), "at_ms": int(time.time() * 1000)}
+        changes.append(Change(ADOPTION_KIND, ADOPTION_KEY, json.dumps(marker).encode()))
+        try:
+            await metadata.apply(changes, expect={(ADOPTION_KIND, ADOPTION_KEY): None})
+        except MetadataConflict:
+            return 0  # another node copied them meanwhile
+        log.info(
+            "node %d: copied %d definitions of the adopted shard %d into the cluster's metadata",
+            self.node_id,
+            len(changes) - 1,
+            SERVED_SHARD,
+        )
+        return len(changes) - 1
+
+    # -- leaving ---------------------------------------------------------------------------
+
+    async def stop(self) -> None:
+        """A clean stop, after the shard was closed: the closed marker and the lease released
+        (Membership.stop), then gRPC and the metadata connection. Idempotent."""
+        self._stopped = True
+        membership, self.membership = self.membership, None
+        if membership is not None:
+            try:
+                await membership.stop()
+            except Exception:
+                log.exception("node %d: leaving the cluster failed", self.node_id)
+        rpc, self._rpc = self._rpc, None
+        if rpc is not None:
+            with contextlib.suppress(Exception):
+                await rpc.stop(grace_s=1.0)
+        metadata, self.metadata = self.metadata, None
+        if metadata is not None:
+            await metadata.aclose()
