@@ -614,7 +614,11 @@ class BraidServer:
         node = self.cluster_node
         assert node is not None
         try:
-            store, metadata = node.open_shard(self.settings.log_config(), epoch)
+            # Recovery in a thread: the loop keeps renewing the lease meanwhile (a recovery
+            # longer than lease_ms on the loop would fence the node, again at each rejoin).
+            store, metadata = await asyncio.to_thread(
+                node.open_shard, self.settings.log_config(), epoch
+            )
         except (OSError, ValueError, KeyError) as error:
             raise StartupError(f"cannot open shard {node_runner.SERVED_SHARD}: {error}") from None
         self.store = store

@@ -182,6 +182,14 @@ def eventually(check: Any, what: str) -> Any:
     raise AssertionError(f"timed out waiting for {what} (last error: {last!r})")
 
 
+def closed_by_peer(sock: socket.socket) -> bool:
+    """Whether the other end closed ``sock`` (EOF, or a reset: Kafka's listener aborts)."""
+    try:
+        return sock.recv(1) == b""
+    except ConnectionResetError:
+        return True
+
+
 # -- refusals --------------------------------------------------------------------------------
 
 
@@ -396,9 +404,10 @@ def test_adopted_root_copies_definitions_once(tmp_path: Path, redis_server: Redi
 def test_fenced_node_closes_connections_and_rejoins(
     tmp_path: Path, redis_server: RedisServer
 ) -> None:
-    """A node paused past its lease (SIGSTOP) fences itself when it wakes: its AMQP clients
-    get 320 CONNECTION_FORCED, the shard is dropped without writing, and it rejoins at the next
-    epoch and serves again with nothing confirmed lost."""
+    """A node paused past its lease (SIGSTOP) fences itself when it wakes: its clients are
+    disconnected (AMQP 320 CONNECTION_FORCED, MQTT 5 DISCONNECT 0x8B, Kafka's socket closed),
+    the shard is dropped without writing, and the node rejoins at the next epoch and serves
+    again with nothing confirmed lost."""
     url = redis_server.url
     root = make_root(tmp_path / "root")
     first = node(tmp_path, "n1", root, url, 1).start()
@@ -408,16 +417,27 @@ def test_fenced_node_closes_connections_and_rejoins(
         channel.confirm_delivery()
         channel.queue_declare("paused", durable=True)
         for number in range(10):
-            channel.basic_publish(
-                "", "paused", b"%d" % number, pika.BasicProperties(delivery_mode=2)
-            )
-        assert first.process is not None
-        first.process.send_signal(signal.SIGSTOP)
-        time.sleep(2.5)  # past lease_ms (2000): the lease expires in Redis
-        first.process.send_signal(signal.SIGCONT)
-        with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as closed:
-            connection.sleep(DEADLINE_S)  # processes events: the broker's Connection.Close
-        assert closed.value.reply_code == 320
+            body = b"%d" % number
+            channel.basic_publish("", "paused", body, pika.BasicProperties(delivery_mode=2))
+        disconnects: queue.Queue[int] = queue.Queue()
+        client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id="paused", protocol=mqtt.MQTTv5)
+        client.on_disconnect = lambda _c, _u, _f, reason, _p: disconnects.put(reason.value)
+        client.connect("127.0.0.1", first.mqtt_port)
+        client.loop_start()
+        kafka = socket.create_connection(("127.0.0.1", first.kafka_port), timeout=DEADLINE_S)
+        try:
+            assert first.process is not None
+            first.process.send_signal(signal.SIGSTOP)
+            time.sleep(2.5)  # past lease_ms (2000): the lease expires in Redis
+            first.process.send_signal(signal.SIGCONT)
+            with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as closed:
+                connection.sleep(DEADLINE_S)  # processes events: the broker's Connection.Close
+            assert closed.value.reply_code == 320
+            assert disconnects.get(timeout=DEADLINE_S) == 0x8B  # Server shutting down
+            assert closed_by_peer(kafka)
+        finally:
+            kafka.close()
+            client.loop_stop()
         until(lambda: shard0(root, url)["epoch"] == 2, DEADLINE_S, "the shard at epoch 2")
         until(lambda: "shard 0 open at epoch 2" in first.stderr(), DEADLINE_S, "serving again")
         assert "fenced" in first.stderr()
