@@ -29,6 +29,7 @@ from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
 from kafka.admin import NewTopic
 from paho.mqtt.enums import CallbackAPIVersion
 
+from braid import config
 from core.log import LogConfig, LogStore
 from tests.braid_process import REPO_ROOT, BraidProcess
 from tests.cluster.redis_server import RedisProcesses, RedisServer, until
@@ -188,6 +189,36 @@ def closed_by_peer(sock: socket.socket) -> bool:
         return sock.recv(1) == b""
     except ConnectionResetError:
         return True
+
+
+# -- settings --------------------------------------------------------------------------------
+
+
+def test_cluster_settings_from_file_and_flags() -> None:
+    """[cluster] holds url, node_id, advertised_host, secret and ClusterSettings' fields; the
+    flags override it; wrong values are named."""
+    settings = config.settings_from_mapping(
+        {"cluster": {"url": "redis://h:6379", "node_id": 3, "lease_ms": 3000, "secret": "s"}},
+        "braid.toml",
+    )
+    assert settings.cluster.enabled
+    assert (settings.cluster.node_id, settings.cluster.secret) == (3, "s")
+    assert settings.cluster.settings().lease_ms == 3000
+    flagged = config.override(
+        settings, cluster={"node_id": 4, "expect_nodes": 2, "cluster_port": None}
+    )
+    assert flagged.cluster.node_id == 4
+    assert flagged.cluster.settings().expect_nodes == 2
+    assert flagged.cluster.settings().lease_ms == 3000
+    assert not config.ServerSettings().cluster.enabled
+    with pytest.raises(config.ConfigError, match=r"\[cluster\] nope: unknown key"):
+        config.settings_from_mapping({"cluster": {"nope": 1}}, "t")
+    with pytest.raises(config.ConfigError, match="must be below lease_ms"):
+        config.settings_from_mapping({"cluster": {"lease_ms": 100}}, "t")
+    with pytest.raises(config.ConfigError, match="node id is an integer"):
+        config.settings_from_mapping({"cluster": {"url": "redis://h", "node_id": -1}}, "t")
+    with pytest.raises(config.ConfigError, match="needs its node_id"):
+        config.settings_from_mapping({"cluster": {"url": "redis://h"}}, "t")
 
 
 # -- refusals --------------------------------------------------------------------------------
