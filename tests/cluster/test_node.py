@@ -34,9 +34,11 @@ from core.log import LogConfig, LogStore
 from tests.braid_process import REPO_ROOT, BraidProcess
 from tests.cluster.redis_server import RedisProcesses, RedisServer, until
 
-# Short leases: a restarted node waits for its killed predecessor's lease (up to 2 x lease_ms),
-# and a paused one is fenced after lease_ms. A heartbeat well inside it on a loaded box.
-CLUSTER_CONFIG = "[cluster]\nlease_ms = 2000\nheartbeat_ms = 400\n"
+# Short leases (docs/cluster.md section 14's): a restarted node waits for its killed
+# predecessor's lease, and a paused one is fenced after lease_ms; long enough that a loaded
+# 2-core box does not fence a node by a slow loop turn.
+LEASE_MS = 3000
+CLUSTER_CONFIG = f"[cluster]\nlease_ms = {LEASE_MS}\nheartbeat_ms = 500\n"
 DEADLINE_S = 30.0
 COMMAND_TIMEOUT_S = 60
 
@@ -459,7 +461,7 @@ def test_fenced_node_closes_connections_and_rejoins(
         try:
             assert first.process is not None
             first.process.send_signal(signal.SIGSTOP)
-            time.sleep(2.5)  # past lease_ms (2000): the lease expires in Redis
+            time.sleep(LEASE_MS / 1000 + 0.5)  # past lease_ms: the lease expires in Redis
             first.process.send_signal(signal.SIGCONT)
             with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as closed:
                 connection.sleep(DEADLINE_S)  # processes events: the broker's Connection.Close
