@@ -12,9 +12,10 @@ prefix + key, body = value, a null body deletes; replayed and compacted by snaps
 
 Versions count the :meth:`LocalMetadata.apply` calls since the store was opened (nothing else
 shares this metadata, so no version is persisted); :meth:`LocalMetadata.watch` replays the last
-:data:`WATCH_BACKLOG` changes. An apply of several changes is atomic for every other caller (one
-thread applies it without yielding); a crash in the middle of one can keep a prefix of its records,
-as the separate writes before this interface could.
+:data:`~core.cluster.metadata.WATCH_BACKLOG` changes (``ChangeBacklog``).
+An apply of several changes is atomic for every other caller (one thread applies it without
+yielding); a crash in the middle of one can keep a prefix of its records, as the separate writes
+before this interface could.
 
 One instance per log store: two DurableTables over one topic would each compact the topic with
 their own view, so a second ``LocalMetadata`` on the same store is refused. Not thread-safe: the
@@ -23,8 +24,6 @@ event loop's thread, like the log store.
 
 from __future__ import annotations
 
-import asyncio
-from collections import deque
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Final
@@ -38,9 +37,9 @@ from core.cluster.metadata import (
     KIND_SETTING,
     KIND_TOPIC,
     Change,
+    ChangeBacklog,
     Expectation,
     MetadataConflict,
-    MetadataGap,
     Versioned,
 )
 from core.log import LogStore
@@ -49,9 +48,6 @@ from core.state.table import DurableTable
 
 SECURITY_TOPIC: Final = "__security"  # a system topic ("__": reserved, core/log/names.py)
 LIMITS_TOPIC: Final = "__limits"  # a system topic ("__": reserved, core/log/names.py)
-# Changes watch() can replay. A watcher further behind reloads (MetadataGap). Small: nothing in
-# the single node watches from far back, and each kept change holds its value.
-WATCH_BACKLOG: Final = 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,18 +89,15 @@ class LocalMetadata:
             topic: DurableTable(store, topic)
             for topic in dict.fromkeys(place.topic for place in _LAYOUT.values())
         }
-        self._version = 0
+        self._changes = ChangeBacklog()
         self._end = 0
-        self._backlog: deque[Versioned] = deque()
-        self._dropped_through = 0  # the newest version of which a change left the backlog
-        self._waiters: list[asyncio.Future[None]] = []
         store.retention_guards.append(self._segment_is_owed)
 
     # -- reading ---------------------------------------------------------------------------
 
     @property
     def version(self) -> int:
-        return self._version
+        return self._changes.version
 
     @property
     def durable_mark(self) -> int:
@@ -165,38 +158,15 @@ class LocalMetadata:
             else:
                 self._end = table.put(table_key, change.value).end
             applied.append(change)
-        if not applied:
-            return self._version
-        self._version += 1
-        for change in applied:
-            self._backlog.append(Versioned(self._version, change))
-        while len(self._backlog) > WATCH_BACKLOG:
-            self._dropped_through = self._backlog.popleft().version
-        waiters, self._waiters = self._waiters, []
-        for waiter in waiters:
-            if not waiter.done():
-                waiter.set_result(None)
-        return self._version
+        return self._changes.record(applied)
 
     async def wait_durable(self, version: int) -> None:
         # Log positions grow with versions, so the last change's end covers ``version``.
         if version > 0:
             await self.store.wait_durable(self._end)
 
-    async def watch(self, from_version: int) -> AsyncIterator[Versioned]:
-        seen = from_version
-        while True:
-            if seen < self._dropped_through:
-                raise MetadataGap(f"changes after version {seen} are no longer kept")
-            pending = [entry for entry in self._backlog if entry.version > seen]
-            if not pending:
-                waiter = asyncio.get_running_loop().create_future()
-                self._waiters.append(waiter)
-                await waiter
-                continue
-            for entry in pending:
-                seen = entry.version
-                yield entry
+    def watch(self, from_version: int) -> AsyncIterator[Versioned]:
+        return self._changes.watch(from_version)
 
     # -- retention -------------------------------------------------------------------------
 

@@ -17,6 +17,8 @@ blocks join the interface with the Redis implementation (section 15 step 4).
 
 from __future__ import annotations
 
+import asyncio
+from collections import deque
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final, Protocol
@@ -104,3 +106,50 @@ class MetadataStore(Protocol):
         """Every change after ``from_version``, in order, then each new one as it is applied
         (:class:`MetadataGap` when those after ``from_version`` are no longer kept)."""
         ...
+
+
+# Changes a ChangeBacklog keeps for watch(). Small: nothing on a node watches its own store from
+# far back (a watcher further behind reloads: MetadataGap), and each kept change holds its value.
+WATCH_BACKLOG: Final = 1024
+
+
+class ChangeBacklog:
+    """The version counter and the last :data:`WATCH_BACKLOG` changes of a store that keeps its
+    history in memory (:class:`~core.cluster.local.LocalMetadata`,
+    :class:`~core.cluster.split.SplitMetadata`), and their :meth:`MetadataStore.watch`."""
+
+    def __init__(self) -> None:
+        self.version = 0
+        self._backlog: deque[Versioned] = deque()
+        self._dropped_through = 0  # the newest version of which a change left the backlog
+        self._waiters: list[asyncio.Future[None]] = []
+
+    def record(self, changes: Sequence[Change]) -> int:
+        """``changes`` applied as one new version (none: the version stays); wakes watchers."""
+        if not changes:
+            return self.version
+        self.version += 1
+        for change in changes:
+            self._backlog.append(Versioned(self.version, change))
+        while len(self._backlog) > WATCH_BACKLOG:
+            self._dropped_through = self._backlog.popleft().version
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+        return self.version
+
+    async def watch(self, from_version: int) -> AsyncIterator[Versioned]:
+        seen = from_version
+        while True:
+            if seen < self._dropped_through:
+                raise MetadataGap(f"changes after version {seen} are no longer kept")
+            pending = [entry for entry in self._backlog if entry.version > seen]
+            if not pending:
+                waiter = asyncio.get_running_loop().create_future()
+                self._waiters.append(waiter)
+                await waiter
+                continue
+            for entry in pending:
+                seen = entry.version
+                yield entry

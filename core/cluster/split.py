@@ -17,8 +17,6 @@ one. Not thread-safe: the event loop's thread.
 
 from __future__ import annotations
 
-import asyncio
-from collections import deque
 from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Final
 
@@ -27,25 +25,20 @@ from core.cluster.metadata import (
     KIND_REDRIVE,
     KIND_SETTING,
     Change,
+    ChangeBacklog,
     Expectation,
-    MetadataGap,
     MetadataStore,
     Versioned,
 )
 
 SHARD_LOCAL_KINDS: Final = frozenset({KIND_REDRIVE, KIND_SETTING})
-# Changes watch() can replay (LocalMetadata's reason: nothing watches from far back).
-WATCH_BACKLOG: Final = 1024
 
 
 class SplitMetadata:
     def __init__(self, cluster: MetadataStore, local: LocalMetadata) -> None:
         self.cluster = cluster
         self.local = local
-        self._version = 0
-        self._backlog: deque[Versioned] = deque()
-        self._dropped_through = 0
-        self._waiters: list[asyncio.Future[None]] = []
+        self._changes = ChangeBacklog()
 
     def store_of(self, kind: str) -> MetadataStore:
         """Where ``kind`` lives: the shard's log for :data:`SHARD_LOCAL_KINDS`, else the
@@ -56,7 +49,7 @@ class SplitMetadata:
 
     @property
     def version(self) -> int:
-        return self._version
+        return self._changes.version
 
     @property
     def durable_mark(self) -> int:
@@ -80,7 +73,7 @@ class SplitMetadata:
         ``ValueError``: two stores cannot apply it atomically, and no caller needs it."""
         kinds = [change.kind for change in changes] + [kind for kind, _ in (expect or {})]
         if not kinds:
-            return self._version
+            return self._changes.version
         stores = {id(self.store_of(kind)): self.store_of(kind) for kind in kinds}
         if len(stores) > 1:
             raise ValueError(
@@ -91,17 +84,8 @@ class SplitMetadata:
         before = store.version
         after = await store.apply(changes, expect=expect)
         if after == before:
-            return self._version  # nothing changed (deleting absent keys)
-        self._version += 1
-        for change in changes:
-            self._backlog.append(Versioned(self._version, change))
-        while len(self._backlog) > WATCH_BACKLOG:
-            self._dropped_through = self._backlog.popleft().version
-        waiters, self._waiters = self._waiters, []
-        for waiter in waiters:
-            if not waiter.done():
-                waiter.set_result(None)
-        return self._version
+            return self._changes.version  # nothing changed (deleting absent keys)
+        return self._changes.record(changes)
 
     async def wait_durable(self, version: int) -> None:
         """Every change so far durable in both stores (which covers ``version``)."""
@@ -110,19 +94,7 @@ class SplitMetadata:
         await self.local.wait_durable(self.local.version)
         await self.cluster.wait_durable(self.cluster.version)
 
-    async def watch(self, from_version: int) -> AsyncIterator[Versioned]:
+    def watch(self, from_version: int) -> AsyncIterator[Versioned]:
         """The changes applied through this object after ``from_version`` (module
         docstring: not other nodes')."""
-        seen = from_version
-        while True:
-            if seen < self._dropped_through:
-                raise MetadataGap(f"changes after version {seen} are no longer kept")
-            pending = [entry for entry in self._backlog if entry.version > seen]
-            if not pending:
-                waiter = asyncio.get_running_loop().create_future()
-                self._waiters.append(waiter)
-                await waiter
-                continue
-            for entry in pending:
-                seen = entry.version
-                yield entry
+        return self._changes.watch(from_version)

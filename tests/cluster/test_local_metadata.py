@@ -27,7 +27,8 @@ from core.cluster import (
     MetadataConflict,
     MetadataGap,
 )
-from core.cluster.local import LIMITS_TOPIC, SECURITY_TOPIC, WATCH_BACKLOG
+from core.cluster.local import LIMITS_TOPIC, SECURITY_TOPIC
+from core.cluster.metadata import WATCH_BACKLOG
 from core.limits import LimitsStore
 from core.limits.store import MAX_CONNECTIONS, USER
 from core.log import LogConfig, LogStore
