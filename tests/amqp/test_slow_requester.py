@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import socket
 import struct
-import threading
 import time
 from collections.abc import Iterator
 from datetime import datetime, timedelta
@@ -42,12 +41,12 @@ from tests.braid_process import BraidProcess
 from tests.faults.test_slow_consumer import closed_by_broker, disconnect_times, recv_exactly
 from tests.faults.test_slow_consumer_amqp import (
     AMQP_HEADER,
-    GUEST,
     HealthyConsumer,
+    SentSampler,
     amqp_counter,
     kernel_send_buffer_max,
+    pika_connection,
     send,
-    sent_to,
 )
 from tests.faults.volume import wait_for
 
@@ -75,14 +74,6 @@ def braid(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BraidProcess]:
     )
     with BraidProcess(path, listeners=("amqp", "http"), extra_args=("--config", str(config))) as b:
         yield b
-
-
-def pika_connection(braid: BraidProcess) -> pika.BlockingConnection:
-    return pika.BlockingConnection(
-        pika.ConnectionParameters(
-            "127.0.0.1", braid.amqp_port, credentials=pika.PlainCredentials(*GUEST)
-        )
-    )
 
 
 def expect(sock: socket.socket, kind: type) -> Any:
@@ -143,30 +134,6 @@ def take_request(channel: Any, queue: str) -> str:
 
     wait_for(taken, f"a request in {queue}", DEADLINE_S)
     return found[0]
-
-
-class SentSampler:
-    """Polls a connection's ``send_oct`` in a thread until the connection is gone."""
-
-    def __init__(self, braid: BraidProcess, port: int) -> None:
-        self.braid = braid
-        self.port = port
-        self.sent = 0
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self.run)
-        self.thread.start()
-
-    def run(self) -> None:
-        while not self.stop.is_set():
-            sent = sent_to(self.braid, self.port)
-            if sent is None:
-                return
-            self.sent = max(self.sent, sent)
-            time.sleep(0.05)
-
-    def close(self) -> None:
-        self.stop.set()
-        self.thread.join(DEADLINE_S)
 
 
 def healthy_round_trip(braid: BraidProcess, request_queue: str) -> bytes:

@@ -192,7 +192,7 @@ def amqp_counter(braid: BraidProcess, name: str) -> int:
 
 
 class SentSampler:
-    """Polls the stalled connection's ``send_oct`` in a thread until the connection is gone."""
+    """Polls a connection's ``send_oct`` in a thread until the connection is gone."""
 
     def __init__(self, braid: BraidProcess, port: int) -> None:
         self.braid = braid
@@ -209,6 +209,10 @@ class SentSampler:
                 return
             self.sent = max(self.sent, sent)
             time.sleep(0.05)
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(30)
 
 
 class HealthyConsumer:
@@ -269,8 +273,7 @@ def stall_and_recover(braid: BraidProcess, name: str, *, no_ack: bool) -> tuple[
         wait_for(partial(closed_by_broker, sock), "the stalled socket to be closed")
     finally:
         if sampler is not None:
-            sampler.stop.set()
-            sampler.thread.join(30)
+            sampler.close()
         if sock is not None:
             sock.close()
         healthy.close()
