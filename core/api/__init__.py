@@ -97,6 +97,8 @@ from core.broker.eager import start_eagerly as start_eagerly
 from core.broker.topics import TopicError, TopicInfo
 from core.clock import Clock as Clock
 from core.clock import LoopClock as LoopClock
+from core.errors import NotLeader as NotLeader
+from core.errors import ShardUnavailable as ShardUnavailable
 from core.clock import ManualClock as ManualClock
 from core.clock import Timer as Timer
 from core.deadletter.policy import DEAD_LETTER_REASON_HEADER as DEAD_LETTER_REASON_HEADER
