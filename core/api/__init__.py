@@ -97,8 +97,6 @@ from core.broker.eager import start_eagerly as start_eagerly
 from core.broker.topics import TopicError, TopicInfo
 from core.clock import Clock as Clock
 from core.clock import LoopClock as LoopClock
-from core.errors import NotLeader as NotLeader
-from core.errors import ShardUnavailable as ShardUnavailable
 from core.clock import ManualClock as ManualClock
 from core.clock import Timer as Timer
 from core.deadletter.policy import DEAD_LETTER_REASON_HEADER as DEAD_LETTER_REASON_HEADER
@@ -119,6 +117,8 @@ from core.delivery.handles import Settlements as Settlements
 from core.delivery.handles import Subscription as Subscription
 from core.delivery.message import EXPIRES_AT_HEADER as EXPIRES_AT_HEADER
 from core.delivery.message import Message as Message
+from core.errors import NotLeader as NotLeader
+from core.errors import ShardUnavailable as ShardUnavailable
 from core.groups.results import GroupDescription as GroupDescription
 from core.groups.results import GroupListing as GroupListing
 from core.groups.results import JoinResult as JoinResult
