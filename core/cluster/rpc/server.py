@@ -4,8 +4,9 @@
 the one bound), checks the shared secret of every call in :class:`SecretCheck` before any
 handler runs, and stops gracefully. :class:`NodeService` answers the service's calls: ``Admin``
 through a registry of named handlers (``ping`` built in); the data calls (``Append``,
-``Consume``, ``Get``, ``Deliver``, ``TakeOverSession``, ``WriteTxnMarkers``) answer
-UNIMPLEMENTED until the steps of section 15 that build them.
+``Consume``, ``Get``, ``Deliver``, ``TakeOverSession``, ``WriteTxnMarkers``) go to the
+handlers the node plugs in (attributes of :class:`NodeService`), and answer UNIMPLEMENTED
+while none is.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import hmac
 import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import NoReturn
+from typing import NoReturn, TypeVar
 
 import grpc
 from grpc import aio
@@ -32,6 +33,11 @@ from core.cluster.rpc.options import (
 log = logging.getLogger(__name__)
 
 AdminHandler = Callable[[JsonObject], Awaitable[JsonObject]]
+In = TypeVar("In")
+Out = TypeVar("Out")
+# A streaming call's handler: the requests and the call's context in, the replies out.
+StreamHandler = Callable[[AsyncIterator[In], aio.ServicerContext], AsyncIterator[Out]]
+UnaryHandler = Callable[[In, aio.ServicerContext], Awaitable[Out]]
 
 
 async def _abort(context: aio.ServicerContext, code: grpc.StatusCode, details: str) -> NoReturn:
@@ -55,6 +61,13 @@ class NodeService(pb_grpc.NodeServicer):
         self.node_id = node_id
         self.incarnation = incarnation
         self._admin: dict[str, AdminHandler] = {PING: self._ping}
+        # The data calls' handlers, plugged in by the node (None: UNIMPLEMENTED).
+        self.append: StreamHandler[pb.AppendBatch, pb.AppendResult] | None = None
+        self.consume: StreamHandler[pb.ConsumeControl, pb.DeliveryBatch] | None = None
+        self.get: UnaryHandler[pb.ConsumeControl, pb.DeliveryBatch] | None = None
+        self.deliver: StreamHandler[pb.Fanout, pb.Empty] | None = None
+        self.take_over_session: UnaryHandler[pb.TakeOver, pb.TakenOver] | None = None
+        self.write_txn_markers: UnaryHandler[pb.TxnMarkers, pb.AppendResult] | None = None
 
     def register(self, name: str, handler: AdminHandler) -> None:
         """Answer ``Admin(name)`` with ``handler``: it takes the call's JSON object and returns
@@ -93,38 +106,54 @@ class NodeService(pb_grpc.NodeServicer):
             )
         return pb.AdminReply(json=encoded)
 
+    # The data calls are answered by the handlers the node plugs in (each in its own module:
+    # core/cluster/rpc/append.py, consume.py, ...); one that is not plugged in answers
+    # UNIMPLEMENTED.
+
     async def Append(
         self, request_iterator: AsyncIterator[pb.AppendBatch], context: aio.ServicerContext
     ) -> AsyncIterator[pb.AppendResult]:
-        await _not_built(context, "Append")
-        yield pb.AppendResult()  # never reached; makes this the async generator gRPC expects
+        if self.append is None:
+            await _not_built(context, "Append")
+        async for result in self.append(request_iterator, context):
+            yield result
 
     async def Consume(
         self, request_iterator: AsyncIterator[pb.ConsumeControl], context: aio.ServicerContext
     ) -> AsyncIterator[pb.DeliveryBatch]:
-        await _not_built(context, "Consume")
-        yield pb.DeliveryBatch()  # never reached
+        if self.consume is None:
+            await _not_built(context, "Consume")
+        async for batch in self.consume(request_iterator, context):
+            yield batch
 
     async def Get(
         self, request: pb.ConsumeControl, context: aio.ServicerContext
     ) -> pb.DeliveryBatch:
-        await _not_built(context, "Get")
+        if self.get is None:
+            await _not_built(context, "Get")
+        return await self.get(request, context)
 
     async def Deliver(
         self, request_iterator: AsyncIterator[pb.Fanout], context: aio.ServicerContext
     ) -> AsyncIterator[pb.Empty]:
-        await _not_built(context, "Deliver")
-        yield pb.Empty()  # never reached
+        if self.deliver is None:
+            await _not_built(context, "Deliver")
+        async for reply in self.deliver(request_iterator, context):
+            yield reply
 
     async def TakeOverSession(
         self, request: pb.TakeOver, context: aio.ServicerContext
     ) -> pb.TakenOver:
-        await _not_built(context, "TakeOverSession")
+        if self.take_over_session is None:
+            await _not_built(context, "TakeOverSession")
+        return await self.take_over_session(request, context)
 
     async def WriteTxnMarkers(
         self, request: pb.TxnMarkers, context: aio.ServicerContext
     ) -> pb.AppendResult:
-        await _not_built(context, "WriteTxnMarkers")
+        if self.write_txn_markers is None:
+            await _not_built(context, "WriteTxnMarkers")
+        return await self.write_txn_markers(request, context)
 
 
 def _refusing(handler: grpc.RpcMethodHandler, method: str, why: str) -> grpc.RpcMethodHandler:
