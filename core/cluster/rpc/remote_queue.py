@@ -1,0 +1,365 @@
+"""A queue consumed from another node: the consumer's side of ``Consume`` and ``Get``
+(docs/cluster.md sections 7 and 8; the owner's side and the wire rules are
+:mod:`core.cluster.rpc.consume`).
+
+:class:`RemoteConsumer` is one consumer of a queue whose owner is the node at ``address``: its
+deliveries come to a callback (``deliver``, as ``BrokerAPI.consume`` calls a gateway back) or,
+without one, out of ``async for``; :meth:`~RemoteConsumer.ack`, :meth:`~RemoteConsumer.nack`
+and :meth:`~RemoteConsumer.reject` settle them by tag (``multiple`` and ``requeue`` as AMQP's),
+and credit goes back to the owner as they are settled (a consumer with a prefetch) or handed out
+(``no_ack`` or prefetch 0), so the owner never sends more than that. Its other names mirror
+``core.api``'s :class:`~core.delivery.handles.Subscription` (``tag``, ``inflight``,
+``prefetch``, ``pause``, ``resume``, ``detach``), so the node can put it behind that handle;
+``on_cancel`` is section 6's ``Subscription.on_cancel`` (the owner cancelled it, or went away).
+
+:func:`remote_get` is basic.get on such a queue, :func:`settle_gets` settles what it took.
+
+The settling calls are synchronous, as a gateway makes them from its read: they queue the
+request, and one writer task sends the stream's requests in order. Not thread-safe: one loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Callable, Iterable
+from contextlib import suppress
+from dataclasses import dataclass
+from typing import Final
+
+import grpc
+from grpc import aio
+
+from core.cluster.rpc import cluster_pb2 as pb
+from core.cluster.rpc.client import PEER_GONE, RpcClient, peer_errors
+from core.cluster.rpc.consume import decode_message
+from core.delivery.message import Message
+
+log = logging.getLogger(__name__)
+
+# The credit a consumer without a limit (no_ack, or prefetch 0) keeps at the owner: deliveries
+# on their way or waiting in this node's buffer, at most. Returned in quarters, so the owner is
+# never left without credit while deliveries are handed out.
+STREAM_WINDOW: Final = 256
+# How long close() waits for the owner to end the stream after this side half-closed.
+CLOSE_WAIT_S: Final = 5.0
+
+
+@dataclass(slots=True)
+class RemoteDelivery:
+    """A delivery from a remote queue, named as :class:`~core.delivery.ackqueue.Delivery`'s
+    fields (``message``, ``offset``, ``redelivered``, ``delivery_count``) plus the owner's
+    ``tag`` it is settled by, and the queue it came from (``topic``, ``queue``)."""
+
+    tag: int
+    message: Message
+    redelivered: bool
+    delivery_count: int
+    topic: str
+    queue: int
+    offset: int
+
+
+def _delivery(raw: pb.Delivery) -> RemoteDelivery:
+    return RemoteDelivery(
+        raw.tag,
+        decode_message(raw),
+        raw.redelivered,
+        raw.count,
+        raw.topic,
+        raw.queue,
+        raw.offset,
+    )
+
+
+class RemoteConsumer:
+    """One consumer of a remote queue over a ``Consume`` stream: made by :meth:`attach`, ended
+    by :meth:`detach` (or :meth:`close`)."""
+
+    def __init__(
+        self,
+        call: aio.StreamStreamCall,
+        address: str,
+        queue: str,
+        tag: str,
+        prefetch: int,
+        *,
+        no_ack: bool,
+        deliver: Callable[[RemoteDelivery], None] | None,
+        on_cancel: Callable[[str], None] | None,
+    ) -> None:
+        self._call = call
+        self.address = address
+        self.queue = queue
+        self._tag = tag
+        self._prefetch = prefetch
+        self.no_ack = no_ack
+        # With a prefetch, credit comes back as deliveries are settled; without, as they are
+        # handed to the client.
+        self._limited = prefetch > 0 and not no_ack
+        self._deliver = deliver
+        self.on_cancel = on_cancel
+        self._unsettled: dict[int, RemoteDelivery] = {}  # tag -> delivery, in tag order
+        self._handed = 0  # handed out since credit was last returned (unlimited only)
+        self._outgoing: asyncio.Queue[pb.ConsumeControl | None] = asyncio.Queue()
+        self._inbox: asyncio.Queue[RemoteDelivery | None] = asyncio.Queue()
+        self.cancelled = False
+        self.cancel_reason = ""
+        self._closing = False
+        self._writer = asyncio.create_task(self._write())
+        self._reader: asyncio.Task[None] | None = None
+
+    @classmethod
+    async def attach(
+        cls,
+        client: RpcClient,
+        address: str,
+        queue: str,
+        tag: str,
+        prefetch: int,
+        *,
+        no_ack: bool = False,
+        exclusive: bool = False,
+        client_id: str = "",
+        deliver: Callable[[RemoteDelivery], None] | None = None,
+        on_cancel: Callable[[str], None] | None = None,
+    ) -> RemoteConsumer:
+        """Consume ``queue`` (its topic as the core names it) on the node at ``address``, at
+        most ``prefetch`` unsettled (0: no limit). Returns once the owner confirmed the attach;
+        ``grpc.aio.AioRpcError`` NOT_FOUND when it has no such queue, FAILED_PRECONDITION when
+        ``exclusive`` cannot be had, :class:`PeerUnavailable` when the owner cannot be reached.
+        ``deliver``: called with each delivery; without it, read them with ``async for``."""
+        call = client.stub(address).Consume()
+        consumer = cls(
+            call,
+            address,
+            queue,
+            tag,
+            prefetch,
+            no_ack=no_ack,
+            deliver=deliver,
+            on_cancel=on_cancel,
+        )
+        credit = prefetch if consumer._limited else STREAM_WINDOW
+        attach = pb.Attach(
+            queue=queue,
+            consumer_tag=tag,
+            client_id=client_id,
+            prefetch=credit,
+            no_ack=no_ack,
+            exclusive=exclusive,
+        )
+        consumer._send(pb.ConsumeControl(attach=attach))
+        try:
+            async with peer_errors(address):
+                confirmation = await call.read()
+        except BaseException:
+            await consumer._stop_writer()
+            call.cancel()
+            raise
+        if confirmation is aio.EOF or confirmation.deliveries or confirmation.cancelled:
+            await consumer._stop_writer()
+            call.cancel()
+            raise RuntimeError(f"the owner at {address} did not confirm the attach to {queue!r}")
+        consumer._reader = asyncio.create_task(consumer._read())
+        return consumer
+
+    # -- Subscription's names ----------------------------------------------------------------
+
+    @property
+    def tag(self) -> str:
+        return self._tag
+
+    @property
+    def inflight(self) -> int:
+        """Deliveries received and not settled yet."""
+        return len(self._unsettled)
+
+    @property
+    def prefetch(self) -> int:
+        """Its limit: 0 none."""
+        return self._prefetch
+
+    def pause(self) -> None:
+        """The owner delivers nothing more until :meth:`resume`; what is in flight stays
+        settleable."""
+        self._send(pb.ConsumeControl(pause=True))
+
+    def resume(self) -> None:
+        self._send(pb.ConsumeControl(pause=False))
+
+    async def detach(self) -> int:
+        """Stop it: the stream ends, and the owner puts its unsettled deliveries back in the
+        queue, redelivered. Returns how many were unsettled here."""
+        unsettled = len(self._unsettled)
+        self._unsettled.clear()
+        if not self._closing:
+            self._closing = True
+            self._send(None)  # half-close: the owner ends the call
+            reader = self._reader
+            if reader is not None:
+                with suppress(TimeoutError):
+                    await asyncio.wait_for(asyncio.shield(reader), CLOSE_WAIT_S)
+            self._call.cancel()
+            if reader is not None:
+                reader.cancel()
+                with suppress(asyncio.CancelledError):
+                    await reader
+            await self._stop_writer()
+            self._inbox.put_nowait(None)
+        return unsettled
+
+    async def close(self) -> None:
+        await self.detach()
+
+    # -- settling ----------------------------------------------------------------------------
+
+    def ack(self, tag: int, *, multiple: bool = False) -> None:
+        self._settle(pb.Settle.ACK, tag, multiple, requeue=False)
+
+    def nack(self, tag: int, *, multiple: bool = False, requeue: bool = True) -> None:
+        """Back to the queue (``requeue``, redelivered), else dead-lettered or dropped."""
+        self._settle(pb.Settle.NACK, tag, multiple, requeue=requeue)
+
+    def reject(self, tag: int, *, requeue: bool = True) -> None:
+        self._settle(pb.Settle.REJECT, tag, False, requeue=requeue)
+
+    def _settle(self, op: pb.Settle.Op.ValueType, tag: int, multiple: bool, requeue: bool) -> None:
+        """Checked here (AMQP's 406 "unknown delivery tag" is the gateway's to send), then sent;
+        a settle also returns the credit of what it settled."""
+        if self.no_ack:
+            raise ValueError("a no_ack consumer settles nothing")
+        if multiple:
+            settled = [t for t in self._unsettled if tag == 0 or t <= tag]
+        elif tag in self._unsettled:
+            settled = [tag]
+        else:
+            raise ValueError(f"unknown delivery tag {tag}")
+        if not settled:
+            return
+        for settled_tag in settled:
+            del self._unsettled[settled_tag]
+        self._send(
+            pb.ConsumeControl(
+                settle=pb.Settle(op=op, tags=[tag], multiple=multiple, requeue=requeue)
+            )
+        )
+        if self._limited:
+            self._send(pb.ConsumeControl(credit=len(settled)))
+
+    # -- deliveries out ----------------------------------------------------------------------
+
+    def __aiter__(self) -> AsyncIterator[RemoteDelivery]:
+        return self
+
+    async def __anext__(self) -> RemoteDelivery:
+        if self._deliver is not None:
+            raise TypeError("this consumer's deliveries go to its callback")
+        delivery = await self._inbox.get()
+        if delivery is None:
+            self._inbox.put_nowait(None)  # every later read ends too
+            raise StopAsyncIteration
+        self._handed_out()
+        return delivery
+
+    def _handed_out(self) -> None:
+        if self._limited:
+            return
+        self._handed += 1
+        if self._handed >= STREAM_WINDOW // 4:
+            self._send(pb.ConsumeControl(credit=self._handed))
+            self._handed = 0
+
+    def _receive(self, batch: pb.DeliveryBatch) -> None:
+        for raw in batch.deliveries:
+            delivery = _delivery(raw)
+            if not self.no_ack:
+                self._unsettled[delivery.tag] = delivery
+            if self._deliver is None:
+                self._inbox.put_nowait(delivery)
+            else:
+                self._deliver(delivery)
+                self._handed_out()
+
+    def _ended(self, reason: str) -> None:
+        """The owner ended the consumer (``reason``), or the stream broke."""
+        self.cancelled = True
+        self.cancel_reason = reason
+        self._inbox.put_nowait(None)
+        if self.on_cancel is not None and not self._closing:
+            self.on_cancel(reason)
+
+    # -- the stream --------------------------------------------------------------------------
+
+    def _send(self, request: pb.ConsumeControl | None) -> None:
+        if not self._closing or request is None:
+            self._outgoing.put_nowait(request)
+
+    async def _write(self) -> None:
+        """The stream's requests, in the order they were made; None half-closes it."""
+        try:
+            while True:
+                request = await self._outgoing.get()
+                if request is None:
+                    await self._call.done_writing()
+                    return
+                await self._call.write(request)
+        except (aio.AioRpcError, aio.UsageError, RuntimeError) as error:
+            # The call ended (the reader reports why); nothing more can be sent.
+            log.debug("remote consumer %r of %s: writes stop: %s", self._tag, self.queue, error)
+
+    async def _stop_writer(self) -> None:
+        self._writer.cancel()
+        with suppress(asyncio.CancelledError):
+            await self._writer
+
+    async def _read(self) -> None:
+        reason = ""
+        try:
+            while True:
+                batch = await self._call.read()
+                if batch is aio.EOF:
+                    reason = "the owner ended the stream"
+                    break
+                self._receive(batch)
+                if batch.cancelled:
+                    reason = batch.reason
+                    break
+        except aio.AioRpcError as error:
+            gone = error.code() in PEER_GONE or error.code() == grpc.StatusCode.CANCELLED
+            what = "unavailable" if gone else "failed"
+            reason = f"owner {self.address} {what}: {error.code().name} {error.details() or ''}"
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise  # detach() stops the reader
+            # grpc raises CancelledError from a read of a call cancelled on this side (its
+            # channel closed): the stream broke.
+            reason = "the stream was cancelled on this node"
+        self._ended(reason)
+
+
+async def remote_get(
+    client: RpcClient, address: str, queue: str, *, no_ack: bool, client_id: str = ""
+) -> RemoteDelivery | None:
+    """AMQP's basic.get on ``queue`` of the node at ``address``: the next ready record, or None
+    when none is. Unless ``no_ack``, the owner holds it (for ``client_id``) until
+    :func:`settle_gets` settles it by its tag. NOT_FOUND as ``grpc.aio.AioRpcError`` when the
+    owner has no such queue."""
+    request = pb.ConsumeControl(attach=pb.Attach(queue=queue, no_ack=no_ack, client_id=client_id))
+    batch = await client.unary(address, lambda stub: stub.Get(request))
+    return _delivery(batch.deliveries[0]) if batch.deliveries else None
+
+
+async def settle_gets(
+    client: RpcClient,
+    address: str,
+    tags: Iterable[int],
+    *,
+    op: pb.Settle.Op.ValueType = pb.Settle.ACK,
+    requeue: bool = False,
+) -> None:
+    """Settle deliveries :func:`remote_get` took from the node at ``address``, by tag
+    (FAILED_PRECONDITION as ``grpc.aio.AioRpcError`` for a tag the owner does not hold)."""
+    request = pb.ConsumeControl(settle=pb.Settle(op=op, tags=list(tags), requeue=requeue))
+    await client.unary(address, lambda stub: stub.Get(request))
