@@ -3,6 +3,8 @@
     braid serve [--config FILE] [--data-dir DIR] [--host HOST] [--<protocol>-port N] ...
     braid serve --cluster URL --node-id ID --data-dir ROOT [--advertised-host H]
                 [--cluster-port P] [--expect-nodes N]   (a node of a cluster: docs/cluster.md)
+    braid serve --workers N --data-dir ROOT [--shards S] [--cluster URL]
+                                                    (N worker nodes under a supervisor: section 9)
     braid log stat DIR [--shard N] [--json]         (DIR: a data directory or a cluster root)
     braid log dump DIR [--shard N] [--topic T] [--queue N] [--from OFFSET] [--limit N] [--json]
     braid log verify DIR [--shard N]
@@ -30,6 +32,7 @@ import sys
 from collections.abc import Sequence
 
 from braid import config, version
+from core.cluster.settings import KAFKA_WORKER_PORT_BASE, KAFKA_WORKER_TLS_PORT_BASE
 
 EXIT_USAGE = 2
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -211,6 +214,44 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="nodes to wait for before shards are planned (default: 1)",
     )
+    workers = serve.add_argument_group(
+        "workers",
+        "run N nodes of a cluster on this machine under a supervisor (docs/cluster.md section 9)",
+    )
+    workers.add_argument(
+        "--workers",
+        type=_positive,
+        metavar="N",
+        help=(
+            "worker processes (default: 1, this process alone); N > 1: a supervisor starts N "
+            "nodes on the data root --data-dir, sharing the listeners' ports (SO_REUSEPORT), "
+            "with a private redis-server unless --cluster names one"
+        ),
+    )
+    workers.add_argument(
+        "--shards",
+        type=_positive,
+        metavar="N",
+        help="shards of a data root --workers creates (default: 16; fixed once created)",
+    )
+    workers.add_argument(
+        "--kafka-worker-port-base",
+        type=_port,
+        metavar="PORT",
+        help=(
+            "worker i's own Kafka port, advertised in Metadata, is PORT + i (default: "
+            f"{KAFKA_WORKER_PORT_BASE}; 0: none, the shared Kafka port is advertised)"
+        ),
+    )
+    workers.add_argument(
+        "--kafka-tls-worker-port-base",
+        dest="kafka_worker_tls_port_base",
+        type=_port,
+        metavar="PORT",
+        help=f"the TLS twin of --kafka-worker-port-base (default: {KAFKA_WORKER_TLS_PORT_BASE})",
+    )
+    # Set by the supervisor on each worker it starts; not for people.
+    workers.add_argument("--supervised", action="store_true", help=argparse.SUPPRESS)
     serve.add_argument(
         "--log-level",
         type=str.lower,
@@ -326,7 +367,7 @@ def _add_shard(command: argparse.ArgumentParser) -> None:
     )
 
 
-def _serve(args: argparse.Namespace) -> int:
+def _serve(args: argparse.Namespace, argv: Sequence[str]) -> int:
     try:
         settings = config.ServerSettings()
         if args.config is not None:
@@ -354,6 +395,11 @@ def _serve(args: argparse.Namespace) -> int:
                 "advertised_host": args.advertised_host,
                 "cluster_port": args.cluster_port,
                 "expect_nodes": args.expect_nodes,
+                "workers": args.workers,
+                "shards": args.shards,
+                "supervised": args.supervised or None,
+                "kafka_worker_port_base": args.kafka_worker_port_base,
+                "kafka_worker_tls_port_base": args.kafka_worker_tls_port_base,
             },
         )
         config.validate(settings, "settings")
@@ -367,6 +413,10 @@ def _serve(args: argparse.Namespace) -> int:
     # Hypothesis is importable (it is in test installs). The broker never uses them, and the
     # registration cost ~0.8 s of start-up CPU per process; hide Hypothesis from this process.
     sys.modules.setdefault("hypothesis", None)  # type: ignore[arg-type]
+    if settings.cluster.supervisor:
+        from braid import workers  # a supervisor: no broker, no listeners of its own
+
+        return workers.run(settings, argv)
     from braid import server  # imports uvloop and, later, the gateways: only for serve
 
     return server.run(settings)
@@ -437,12 +487,13 @@ def _tail(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
     try:
         args = parser.parse_args(argv)
     except SystemExit as exit_:  # --help, --version, usage errors
         return exit_.code if isinstance(exit_.code, int) else EXIT_USAGE
     if args.command == "serve":
-        return _serve(args)
+        return _serve(args, argv)
     if args.command == "tail":
         return _tail(args)
     if args.command in ("user", "permission"):

@@ -15,9 +15,10 @@ Config file layout (every key optional; docs/configuration.md lists them all)::
     [auth]         any field of core.security.SecurityConfig (anonymous, loopback_users, ...)
     [tls]          cert_file, key_file, ca_file, verify_peer, fail_if_no_peer_cert
     [limits]       any field of core.limits.LimitsConfig (max_connections, max_message_size, ...)
-    [cluster]      url, node_id, advertised_host, secret, and any field of
+    [cluster]      url, node_id, advertised_host, secret, workers, shards, and any field of
                    core.cluster.settings.ClusterSettings (lease_ms, heartbeat_ms, expect_nodes,
-                   cluster_port, ...): a node of a cluster (docs/cluster.md section 13)
+                   cluster_port, kafka_worker_port_base, ...): a node of a cluster, or with
+                   workers > 1 a supervisor of that many (docs/cluster.md sections 9 and 13)
 
 Unknown sections and keys are errors, so a typo is reported instead of silently ignored. The
 [log] and [broker] keys are the fields of those dataclasses, so a field added there is
@@ -91,6 +92,9 @@ SECTIONS = (
 MAX_NODE_ID = 2**31 - 1
 # The [cluster] keys that are not ClusterSettings fields.
 CLUSTER_NODE_KEYS = ("url", "node_id", "advertised_host", "secret")
+# The [cluster] keys of `braid serve --workers N` (braid/workers.py), integers; with the
+# --supervised flag, which only the supervisor passes (to each worker it starts).
+CLUSTER_WORKER_KEYS = ("workers", "shards")
 # AMQP virtual hosts: "/" or 1-64 of these characters, as gateway/amqp/vhost.py requires (the
 # name becomes part of topic names: amq.vhost.<name>.<exchange>); "*" in a user's vhosts: all.
 AMQP_DEFAULT_VHOST = "/"
@@ -172,10 +176,22 @@ class ClusterNodeSettings:
     secret: str | None = None
     # Keyword arguments for ClusterSettings, already type-checked.
     options: Mapping[str, object] = field(default_factory=dict)
+    # `--workers N`: more than 1 runs a supervisor of N worker processes (braid/workers.py).
+    workers: int = 1
+    # `--shards N`: the shard count of a data root the supervisor creates (None: 16).
+    shards: int | None = None
+    # `--supervised`: this process is worker node_id of a supervisor (set by the supervisor):
+    # its shared listeners bind with SO_REUSEPORT, and it also listens on its own Kafka port.
+    supervised: bool = False
 
     @property
     def enabled(self) -> bool:
         return self.url is not None
+
+    @property
+    def supervisor(self) -> bool:
+        """Whether ``braid serve`` runs the supervisor of ``workers`` processes."""
+        return self.workers > 1 and not self.supervised
 
     def settings(self) -> ClusterSettings:
         return ClusterSettings(**self.options)  # type: ignore[arg-type]
@@ -556,11 +572,41 @@ def validate(settings: ServerSettings, source: str) -> None:
         cluster.settings()
     except (TypeError, ValueError) as error:
         raise ConfigError(f"{source}: {error}") from None
+    if cluster.workers < 1:
+        raise ConfigError(f"{source}: [cluster] workers must be 1 or more, not {cluster.workers}")
+    if cluster.shards is not None and cluster.shards < 1:
+        raise ConfigError(f"{source}: [cluster] shards must be 1 or more, not {cluster.shards}")
+    if cluster.supervisor:
+        _check_supervisor(settings, source)
+        return
+    if cluster.supervised and not cluster.enabled:
+        raise ConfigError(f"{source}: --supervised goes with --cluster URL and --node-id")
     if cluster.enabled and cluster.node_id is None:
         raise ConfigError(f"{source}: [cluster] a node of a cluster needs its node_id (--node-id)")
     if not cluster.enabled and cluster.node_id is not None:
         raise ConfigError(
             f"{source}: [cluster] node_id without url: --node-id goes with --cluster URL"
+        )
+
+
+def _check_supervisor(settings: ServerSettings, source: str) -> None:
+    """What `--workers N` (N > 1) cannot take: settings that name one process's own port or
+    id, where the supervisor gives each worker its own."""
+    cluster = settings.cluster
+    if cluster.node_id is not None:
+        raise ConfigError(
+            f"{source}: [cluster] node_id with workers = {cluster.workers}: the supervisor "
+            f"numbers its workers 0..{cluster.workers - 1}"
+        )
+    if cluster.settings().cluster_port != 0:
+        raise ConfigError(
+            f"{source}: [cluster] cluster_port with workers = {cluster.workers}: each worker "
+            "binds its own gRPC port (0: any free port)"
+        )
+    if settings.listeners.kafka_advertised_port is not None:
+        raise ConfigError(
+            f"{source}: [listeners] kafka_advertised_port names one port; with workers = "
+            f"{cluster.workers} worker i advertises its own, kafka_worker_port_base + i"
         )
 
 
@@ -578,7 +624,11 @@ def override(
     given = {key: value for key, value in (listeners or {}).items() if value is not None}
     tls_given = {key: value for key, value in (tls or {}).items() if value is not None}
     cluster_given = {key: value for key, value in (cluster or {}).items() if value is not None}
-    node_given = {key: cluster_given.pop(key) for key in CLUSTER_NODE_KEYS if key in cluster_given}
+    node_given = {
+        key: cluster_given.pop(key)
+        for key in (*CLUSTER_NODE_KEYS, *CLUSTER_WORKER_KEYS, "supervised")
+        if key in cluster_given
+    }
     node = dataclasses.replace(
         settings.cluster,
         options={**settings.cluster.options, **cluster_given},
@@ -659,6 +709,10 @@ def _cluster_settings(section: Mapping[str, object], source: str) -> ClusterNode
     for key, value in section.items():
         if key == "node_id":
             node[key] = check_node_id(value, f"{where} {key}")
+        elif key in CLUSTER_WORKER_KEYS:
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{where} {key}: expected a positive integer, not {value!r}")
+            node[key] = value
         elif key in CLUSTER_NODE_KEYS:
             if not isinstance(value, str) or not value:
                 raise ConfigError(f"{where} {key}: expected a non-empty string, not {value!r}")
@@ -666,7 +720,7 @@ def _cluster_settings(section: Mapping[str, object], source: str) -> ClusterNode
         elif key in fields:
             options[key] = _coerce(value, fields[key], f"{where} {key}")
         else:
-            known = ", ".join([*CLUSTER_NODE_KEYS, *fields])
+            known = ", ".join([*CLUSTER_NODE_KEYS, *CLUSTER_WORKER_KEYS, *fields])
             raise ConfigError(f"{where} {key}: unknown key (known: {known})")
     try:
         ClusterSettings(**options)  # type: ignore[arg-type]

@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from braid import version
-from braid.config import LOCK_FILE, ServerSettings, default_amqp_users
+from braid.config import LOCK_FILE, MAX_PORT, ServerSettings, default_amqp_users
 from braid.metrics import (
     COUNTER,
     GAUGE,
@@ -70,6 +70,12 @@ if TYPE_CHECKING:  # imported when a cluster node starts: redis and grpc cost a 
 log = logging.getLogger(__name__)
 
 NOT_LISTENING = "-"
+# The listen backlog of the HTTP port when a supervised worker binds it itself (aiohttp's
+# TCPSite default, which the single node keeps).
+HTTP_BACKLOG = 128
+# A supervised worker's own Kafka ports (docs/cluster.md section 9): named so in the ready line.
+KAFKA_WORKER_LISTENER = "kafka-worker"
+KAFKA_TLS_WORKER_LISTENER = "kafka-tls-worker"
 # Help texts of Node.metrics counters (exported as braid_broker_<key>_total).
 BROKER_METRICS = {
     "retried": "Unconsumed records re-queued for another attempt after a retry delay.",
@@ -105,6 +111,10 @@ class ServerContext:
     started: dict[str, Any] = field(default_factory=dict)
     # Responses of the HTTP and HTTPS listeners, by status code.
     http_responses: ResponseCounter = field(default_factory=ResponseCounter)
+    # A supervised worker (`--workers N`, docs/cluster.md section 9): every listener's port is
+    # shared by the workers, so each binds it with SO_REUSEPORT and the kernel spreads the
+    # accepted connections over them.
+    reuse_port: bool = False
 
 
 ListenerFactory = Callable[[ServerContext, str, int], Awaitable[Listener]]
@@ -120,6 +130,28 @@ class ListenerSlot:
 
 class StartupError(Exception):
     """The server could not start; the message says what and where."""
+
+
+class _WorkerPort:
+    """A supervised worker's own Kafka port: more connections for the Kafka gateway that the
+    shared port's listener started (which owns and closes them), so closing this one only
+    stops accepting."""
+
+    def __init__(self, server: asyncio.Server) -> None:
+        self._server: asyncio.Server | None = server
+
+    @property
+    def address(self) -> tuple[str, int] | None:
+        server = self._server
+        if server is None or not server.sockets:
+            return None
+        sockname = server.sockets[0].getsockname()
+        return str(sockname[0]), int(sockname[1])
+
+    async def close(self) -> None:
+        server, self._server = self._server, None
+        if server is not None:
+            server.close()
 
 
 def raise_descriptor_limit() -> None:
@@ -151,6 +183,29 @@ def lock_holder_pid(data_dir: Path) -> str:
         return "?"
 
 
+def _plain_listen(context: ServerContext, backlog: int) -> Listen | None:
+    """How a plain (not TLS) listener binds: None (the gateway's own ``create_server``) on a
+    single node; with SO_REUSEPORT as well for a supervised worker, whose port other workers
+    bind too."""
+    if not context.reuse_port:
+        return None
+
+    async def listen(
+        protocol_factory: Callable[[], asyncio.BaseProtocol], host: str, port: int
+    ) -> asyncio.Server:
+        loop = asyncio.get_running_loop()
+        return await loop.create_server(
+            protocol_factory,
+            host,
+            port,
+            reuse_address=True,
+            reuse_port=True,
+            backlog=backlog,
+        )
+
+    return listen
+
+
 def _sources(context: ServerContext) -> ManagementSources:
     """What the management API reads: the Broker API and the listeners as they start."""
     return ManagementSources(context.api, context.started)
@@ -159,7 +214,7 @@ def _sources(context: ServerContext) -> ManagementSources:
 async def _start_http(context: ServerContext, host: str, port: int) -> Listener:
     app = build_app(context.health, context.metrics, context.security, sources=_sources(context))
     server = WebServer(app, context.http_responses)
-    await server.start(host, port)
+    await server.start(host, port, listen=_plain_listen(context, HTTP_BACKLOG))
     return server
 
 
@@ -167,7 +222,9 @@ async def _start_https(context: ServerContext, host: str, port: int) -> Listener
     assert context.tls is not None
     app = build_app(context.health, context.metrics, context.security, sources=_sources(context))
     server = WebServer(app, context.http_responses)
-    await server.start(host, port, listen=tls_listen(context.tls, "http"))
+    await server.start(
+        host, port, listen=tls_listen(context.tls, "http", reuse_port=context.reuse_port)
+    )
     return server
 
 
@@ -186,7 +243,12 @@ def _tls_of(
                 "a TLS-only gateway is not supported yet"
             )
         # protocol=: the audit line of a failed handshake (mqtt-ws is MQTT too).
-        listener = TlsListener(factory(gateway), context.tls, protocol=plain.split("-")[0])
+        listener = TlsListener(
+            factory(gateway),
+            context.tls,
+            protocol=plain.split("-")[0],
+            reuse_port=context.reuse_port,
+        )
         await listener.start(host, port)
         return listener
 
@@ -220,24 +282,24 @@ def _kafka_connections(server: Any) -> Callable[[], asyncio.BaseProtocol]:
 
 async def _start_mqtt(context: ServerContext, host: str, port: int) -> Listener:
     from gateway.mqtt.options import MqttOptions
-    from gateway.mqtt.server import MQTTServer
+    from gateway.mqtt.server import LISTEN_BACKLOG, MQTTServer
 
     # The TCP and WebSocket listeners share one hub (made with the first one's options: the same).
     options = MqttOptions(**context.settings.mqtt_options)  # type: ignore[arg-type]
     server = MQTTServer(context.api, options=options)
     context.metrics.register_counters("braid_mqtt_", lambda: server.metrics)
-    await server.start(host, port)
+    await server.start(host, port, _plain_listen(context, LISTEN_BACKLOG))
     return server
 
 
 async def _start_mqtt_ws(context: ServerContext, host: str, port: int) -> Listener:
     from gateway.mqtt.options import MqttOptions
-    from gateway.mqtt.server import MQTTServer
+    from gateway.mqtt.server import LISTEN_BACKLOG, MQTTServer
 
     options = MqttOptions(**context.settings.mqtt_options)  # type: ignore[arg-type]
     server = MQTTServer(context.api, websocket=True, options=options)
     context.metrics.register_counters("braid_mqtt_ws_", lambda: server.metrics)
-    await server.start(host, port)
+    await server.start(host, port, _plain_listen(context, LISTEN_BACKLOG))
     return server
 
 
@@ -258,14 +320,18 @@ def _mqtt_tls(plain: str, websocket: bool) -> ListenerFactory:
         server = MQTTServer(context.api, websocket=websocket, options=options)
         prefix = "braid_mqtt_wss_" if websocket else "braid_mqtts_"
         context.metrics.register_counters(prefix, lambda: server.metrics)
-        await server.start(host, port, listen=tls_listen(context.tls, "mqtt"))
+        listen = tls_listen(context.tls, "mqtt", reuse_port=context.reuse_port)
+        await server.start(host, port, listen=listen)
         return server
 
     return start
 
 
 async def _start_amqp(context: ServerContext, host: str, port: int) -> Listener:
-    return await _start_amqp_server(context, host, port, None)
+    from gateway.amqp.server import LISTEN_BACKLOG
+
+    listen = _plain_listen(context, LISTEN_BACKLOG)
+    return await _start_amqp_server(context, host, port, listen, tls=False)
 
 
 def _amqp_tls(context: ServerContext, host: str, port: int) -> Awaitable[Listener]:
@@ -274,11 +340,12 @@ def _amqp_tls(context: ServerContext, host: str, port: int) -> Awaitable[Listene
     if "amqp" in context.started:
         return _tls_of("amqp", _amqp_connections)(context, host, port)
     assert context.tls is not None
-    return _start_amqp_server(context, host, port, tls_listen(context.tls, "amqp"))
+    listen = tls_listen(context.tls, "amqp", reuse_port=context.reuse_port)
+    return _start_amqp_server(context, host, port, listen, tls=True)
 
 
 async def _start_amqp_server(
-    context: ServerContext, host: str, port: int, listen: Listen | None
+    context: ServerContext, host: str, port: int, listen: Listen | None, *, tls: bool
 ) -> Listener:
     from gateway.amqp.server import AMQPServer
     from gateway.amqp.session import SessionSettings
@@ -288,14 +355,16 @@ async def _start_amqp_server(
     settings = SessionSettings(vhosts=context.settings.amqp.vhosts)
     # A gateway talks to core only through the Broker API.
     server = AMQPServer(context.api, settings)
-    prefix = "braid_amqps_" if listen is not None else "braid_amqp_"
+    prefix = "braid_amqps_" if tls else "braid_amqp_"
     context.metrics.register_counters(prefix, lambda: server.metrics)
     await server.start(host, port, listen)
     return server
 
 
 async def _start_kafka(context: ServerContext, host: str, port: int) -> Listener:
-    return await _start_kafka_server(context, host, port, None)
+    from gateway.kafka.server import LISTEN_BACKLOG
+
+    return await _start_kafka_server(context, host, port, _plain_listen(context, LISTEN_BACKLOG))
 
 
 def _kafka_tls(context: ServerContext, host: str, port: int) -> Awaitable[Listener]:
@@ -304,7 +373,8 @@ def _kafka_tls(context: ServerContext, host: str, port: int) -> Awaitable[Listen
     if "kafka" in context.started:
         return _tls_of("kafka", _kafka_connections)(context, host, port)
     assert context.tls is not None
-    return _start_kafka_server(context, host, port, tls_listen(context.tls, "kafka"))
+    listen = tls_listen(context.tls, "kafka", reuse_port=context.reuse_port)
+    return _start_kafka_server(context, host, port, listen)
 
 
 async def _start_kafka_server(
@@ -546,10 +616,76 @@ class BraidServer:
             self.health,
             security=security,
             tls=self.tls,
+            reuse_port=self.settings.cluster.supervised,
         )
         self.metrics.register("http", context.http_responses.collect_metrics)
         for slot in self.slots:
             await self._start_listener(slot, context)
+        if self.settings.cluster.supervised:
+            await self._start_worker_ports(context)
+
+    def worker_kafka_ports(self) -> tuple[int, int]:
+        """A supervised worker's own Kafka ports, plain and TLS (0: none): the bases plus its
+        node id, where the Kafka listener (and TLS) is on at all."""
+        cluster = self.settings.cluster
+        if not cluster.supervised or cluster.node_id is None:
+            return 0, 0
+        options = cluster.settings()
+        listeners = self.settings.listeners
+        plain = tls = 0
+        if options.kafka_worker_port_base and listeners.kafka_port:
+            plain = options.kafka_worker_port_base + cluster.node_id
+        if (
+            options.kafka_worker_tls_port_base
+            and listeners.kafka_tls_port
+            and self.settings.tls.enabled
+        ):
+            tls = options.kafka_worker_tls_port_base + cluster.node_id
+        for port in (plain, tls):
+            if port > MAX_PORT:
+                raise StartupError(
+                    f"worker {cluster.node_id}'s own Kafka port {port} is past {MAX_PORT}: "
+                    "lower --kafka-worker-port-base (or --kafka-tls-worker-port-base)"
+                )
+        return plain, tls
+
+    async def _start_worker_ports(self, context: ServerContext) -> None:
+        """A supervised worker's own Kafka port (and its TLS twin), which Metadata advertises:
+        the shared bootstrap port lands a client on any worker, this one on this worker. They
+        serve the Kafka gateway the shared port's listener started."""
+        plain, tls = self.worker_kafka_ports()
+        gateway = context.started.get("kafka") or context.started.get("kafka-tls")
+        if gateway is None:
+            return
+        host = self.settings.listeners.host
+        loop = asyncio.get_running_loop()
+        if plain:
+            from gateway.kafka.server import LISTEN_BACKLOG
+
+            try:
+                server = await loop.create_server(
+                    _kafka_connections(gateway),
+                    host,
+                    plain,
+                    reuse_address=True,
+                    backlog=LISTEN_BACKLOG,
+                )
+            except OSError as error:
+                raise StartupError(
+                    f"cannot listen for {KAFKA_WORKER_LISTENER} on {host}:{plain}: {error}"
+                ) from None
+            self.listeners[KAFKA_WORKER_LISTENER] = _WorkerPort(server)
+            log.info("%s listening on %s:%d", KAFKA_WORKER_LISTENER, host, plain)
+        if tls and context.tls is not None:
+            listener = TlsListener(_kafka_connections(gateway), context.tls, protocol="kafka")
+            try:
+                await listener.start(host, tls)
+            except OSError as error:
+                raise StartupError(
+                    f"cannot listen for {KAFKA_TLS_WORKER_LISTENER} on {host}:{tls}: {error}"
+                ) from None
+            self.listeners[KAFKA_TLS_WORKER_LISTENER] = listener
+            log.info("%s listening on %s:%d", KAFKA_TLS_WORKER_LISTENER, host, tls)
 
     # -- a cluster node ----------------------------------------------------------------------
 
@@ -572,6 +708,12 @@ class BraidServer:
         except node_runner.NodeRefused as error:
             raise StartupError(str(error)) from None
         listeners = self.settings.listeners
+        worker_kafka_port, _worker_kafka_tls_port = self.worker_kafka_ports()
+        if worker_kafka_port:
+            # Kafka clients (and the other nodes) are told this worker's own port: the shared
+            # one may land them on another worker.
+            listeners = dataclasses.replace(listeners, kafka_advertised_port=worker_kafka_port)
+            self.settings = dataclasses.replace(self.settings, listeners=listeners)
         self.cluster_node = node = node_runner.ClusterNode(
             root,
             cluster.url,
@@ -762,6 +904,11 @@ class BraidServer:
             f"{slot.name}={format_address(self.address_of(slot.name))}"
             for slot in self.slots
             if not slot.tls or self.tls is not None  # TLS listeners shown when configured
+        ]
+        parts += [
+            f"{name}={format_address(self.address_of(name))}"
+            for name in (KAFKA_WORKER_LISTENER, KAFKA_TLS_WORKER_LISTENER)
+            if name in self.listeners
         ]
         node = self.cluster_node
         if node is not None:

@@ -241,8 +241,12 @@ class TlsListener:
         tls: TlsContext,
         protocol: str = "tls",
         audit: HandshakeAudit | None = None,
+        *,
+        reuse_port: bool = False,
     ):
         self.protocol_factory = protocol_factory
+        # SO_REUSEPORT: the port is shared by the workers of `braid serve --workers N`.
+        self.reuse_port = reuse_port
         self.tls = tls
         self.protocol = protocol  # the audit line's protocol=
         self.audit = audit or HandshakeAudit()
@@ -257,6 +261,7 @@ class TlsListener:
             host,
             port,
             reuse_address=True,
+            reuse_port=self.reuse_port or None,
             backlog=LISTEN_BACKLOG,
         )
         return self._server
@@ -319,7 +324,13 @@ class TlsListener:
 Listen = Callable[[Callable[[], asyncio.BaseProtocol], str, int], Awaitable[asyncio.Server]]
 
 
-def tls_listen(tls: TlsContext, protocol: str, audit: HandshakeAudit | None = None) -> Listen:
+def tls_listen(
+    tls: TlsContext,
+    protocol: str,
+    audit: HandshakeAudit | None = None,
+    *,
+    reuse_port: bool = False,
+) -> Listen:
     """How a server listens on a TLS port with no plain listener beside it (a TLS-only gateway,
     HTTPS): through a :class:`TlsListener`, whose failed handshakes are audit lines, rather
     than with ``create_server(ssl=)``, whose failed handshakes asyncio reports in debug mode
@@ -329,7 +340,9 @@ def tls_listen(tls: TlsContext, protocol: str, audit: HandshakeAudit | None = No
     async def listen(
         protocol_factory: Callable[[], asyncio.BaseProtocol], host: str, port: int
     ) -> asyncio.Server:
-        listener = TlsListener(protocol_factory, tls, protocol=protocol, audit=audit)
+        listener = TlsListener(
+            protocol_factory, tls, protocol=protocol, audit=audit, reuse_port=reuse_port
+        )
         return await listener.start(host, port)
 
     return listen
