@@ -130,7 +130,8 @@ class RouteTable:
 
     async def start(self) -> None:
         """Subscribe to the channel, rewrite this node's set (dropping what a previous
-        process left) and load every node's; returns once the table is loaded."""
+        process left) and load every node's; returns once the table is loaded (it retries
+        while Redis cannot be reached: bound it with ``asyncio.timeout``)."""
         if self._watcher is not None:
             raise RuntimeError("the route table is already started")
         self._watcher = asyncio.get_running_loop().create_task(

@@ -87,12 +87,13 @@ class Shards:
 
     def __init__(self) -> None:
         self.owned: dict[int, tuple[ShardLog, int]] = {}
+        self.full: set[Destination] = set()  # destinations refusing new records
 
     def shard(self, number: int) -> tuple[ShardLog, int] | None:
         return self.owned.get(number)
 
     def refused(self, shard: int, destinations: Sequence[Destination]) -> list[Destination]:
-        return []
+        return [dest for dest in destinations if dest in self.full]
 
 
 class Node:
@@ -300,6 +301,26 @@ async def test_records_land_in_order_with_their_fields_and_destinations(
     assert audit[20].flags & rec.FLAG_COPY
     assert (audit[20].topic, audit[20].queue) == ("elsewhere", 5)
     assert bodies(store, "elsewhere", 5) == []  # only indexed in its destinations
+
+
+async def test_refusing_destinations_are_reported_and_skipped(
+    nodes: Callable[[int], Awaitable[Node]], origin: Origin
+) -> None:
+    owner = await nodes(2)
+    store = owner.open_store("s3")
+    owner.shards.owned[SHARD] = (store, 1)
+    origin.owners.set(SHARD, owner.owner(1))
+    owner.shards.full.add(("full", 1))
+    some = await settled(origin.send(0, 2, dests=[(TOPIC, 0), ("full", 1)]))
+    assert some == [ForwardResult(0, [("full", 1)]), ForwardResult(1, [("full", 1)])]
+    (none,) = await settled(origin.send(2, 1, dests=[("full", 1)]))
+    assert none == ForwardResult(-1, [("full", 1)])
+    owner.shards.full.add((TOPIC, 0))
+    (own,) = await settled(origin.send(3, 1, dests=[]))  # its own queue only, refusing
+    assert own == ForwardResult(-1, [(TOPIC, 0)])
+    assert owner.receiver.stored == 2
+    assert bodies(store) == numbered(0, 2)
+    assert bodies(store, "full", 1) == []
 
 
 async def test_a_turns_records_go_in_few_batches(

@@ -267,8 +267,11 @@ class AppendReceiver:
         frame = record.fields
         rec.verify_frame(memoryview(frame), 0, len(frame))
         fields = rec.decode_record(frame, 0)
-        dests = [(dest.topic, dest.queue) for dest in record.dests]
-        refused = self._local.refused(record.shard, dests) if dests else []
+        # No destinations: the record is indexed in its own (topic, queue) only.
+        dests = [(dest.topic, dest.queue) for dest in record.dests] or [
+            (fields.topic, fields.queue)
+        ]
+        refused = self._local.refused(record.shard, dests)
         if refused:
             dests = [dest for dest in dests if dest not in refused]
             if not dests:
@@ -286,7 +289,8 @@ class AppendReceiver:
             subject=fields.subject,
             client=fields.client,
             address=fields.address,
-            destinations=dests or None,
+            # Its own queue alone: None, so the store's plain fast path may take it.
+            destinations=None if dests == [(fields.topic, fields.queue)] else dests,
             protocol=fields.protocol,
             born_ms=fields.born_ms,
             deliver_at_ms=record.deliver_at_ms,
