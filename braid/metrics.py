@@ -185,6 +185,105 @@ def _as_list(samples: Samples) -> list[tuple[Labels, Number]]:
     return list(samples)
 
 
+# -- a cluster's families (docs/cluster.md section 9) ---------------------------------------
+
+# The label each node's samples carry on a cluster's /metrics; a sample that already has one
+# keeps it as ``exported_node`` (Prometheus' own rule for a target label a series already has).
+NODE_LABEL = "node"
+EXPORTED_NODE_LABEL = "exported_node"
+
+
+def family_to_json(family: Family) -> dict[str, object]:
+    """``family`` as JSON, for an ``Admin`` answer: name, type, help and its samples as
+    ``[labels, value]`` pairs (a NaN or infinite value as its text, which JSON lacks)."""
+    return {
+        "name": family.name,
+        "type": family.kind,
+        "help": family.help,
+        "samples": [
+            [dict(labels), _json_number(value)] for labels, value in _as_list(family.samples)
+        ],
+    }
+
+
+def family_from_json(data: object) -> Family:
+    """The family :func:`family_to_json` made; ValueError for anything else (a peer's answer is
+    checked as any input is)."""
+    if not isinstance(data, dict):
+        raise ValueError(f"a metric family is a JSON object, not {data!r}")
+    name, kind, text, samples = (data.get(key) for key in ("name", "type", "help", "samples"))
+    if not isinstance(name, str) or not _METRIC_NAME.fullmatch(name):
+        raise ValueError(f"bad metric name {name!r}")
+    if kind not in KINDS:
+        raise ValueError(f"{name}: kind must be one of {KINDS}, not {kind!r}")
+    if not isinstance(text, str) or not isinstance(samples, list):
+        raise ValueError(f"{name}: help must be a string and samples a list")
+    parsed: list[tuple[Labels, Number]] = []
+    for sample in samples:
+        if not (isinstance(sample, list) and len(sample) == 2 and isinstance(sample[0], dict)):
+            raise ValueError(f"{name}: a sample is [labels, value], not {sample!r}")
+        labels, value = sample
+        if not all(isinstance(k, str) and isinstance(v, str) for k, v in labels.items()):
+            raise ValueError(f"{name}: label names and values are strings")
+        parsed.append((labels, _number_from_json(name, value)))
+    family = Family(name, str(kind), text, parsed)
+    _sample_lines(name, parsed)  # validates the label names
+    return family
+
+
+def _json_number(value: Number) -> Number | str:
+    if isinstance(value, float) and not math.isfinite(value):
+        return format_value(value)  # "NaN", "+Inf", "-Inf"
+    return value
+
+
+def _number_from_json(name: str, value: object) -> Number:
+    if isinstance(value, int | float):
+        return value
+    if value in ("NaN", "+Inf", "-Inf"):
+        return float(str(value).replace("Inf", "inf"))
+    raise ValueError(f"{name}: a sample value is a number, not {value!r}")
+
+
+def with_node_label(family: Family, node: str) -> Family:
+    """``family`` with ``node="<node>"`` on every sample (a ``node`` label already there
+    moves to ``exported_node``)."""
+    labelled: list[tuple[Labels, Number]] = []
+    for labels, value in _as_list(family.samples):
+        moved = dict(labels)
+        if NODE_LABEL in moved:
+            moved[EXPORTED_NODE_LABEL] = moved.pop(NODE_LABEL)
+        labelled.append(({NODE_LABEL: node, **moved}, value))
+    return family._replace(samples=labelled)
+
+
+def merge_node_families(per_node: Mapping[str, Iterable[Family]]) -> list[Family]:
+    """One family per name over every node's families, each sample labelled with its node
+    (Prometheus wants one HELP and TYPE per name, and the samples of a name together). The
+    first node's help text is kept; a family whose type differs from the first node's (nodes
+    of different versions) is left out and logged, never rendered as a second TYPE line."""
+    merged: dict[str, Family] = {}
+    for node, families in per_node.items():
+        for family in families:
+            labelled = with_node_label(family, node)
+            known = merged.get(family.name)
+            if known is None:
+                merged[family.name] = labelled
+            elif known.kind != family.kind:
+                log.error(
+                    "metric %s is a %s on node %s but a %s before: left out",
+                    family.name,
+                    family.kind,
+                    node,
+                    known.kind,
+                )
+            else:
+                merged[family.name] = known._replace(
+                    samples=[*_as_list(known.samples), *_as_list(labelled.samples)]
+                )
+    return list(merged.values())
+
+
 # -- collectors the server registers ----------------------------------------------------------
 
 # LogStore.metrics keys: exported name, kind, help. A key missing here is exported as a counter

@@ -1,0 +1,391 @@
+"""The HTTP API and ``/metrics`` of a cluster node answer for the whole cluster (docs/cluster.md
+section 9), from the ``Admin`` calls of core/cluster/admin_calls.py.
+
+- :func:`node_admin_calls`: what this node answers its peers: ``metrics`` (its families, as
+  braid/metrics.py serialises them), and with the management API's listings (:class:`NodeListings`
+  over braid/web/rabbit's resources) ``queues``, ``connections`` and ``overview``.
+- :class:`ClusterHttp`: gathers one call from every node and merges the answers: ``/metrics``
+  as one family per name with a ``node`` label on every sample, plus
+  ``braid_cluster_node_up{node}`` (1: a live node that answered; 0: a known node that did not)
+  and ``braid_shard_owner{shard,node}``; the queue listing with each queue's stats from its
+  shard's owner; every node's connections, each with its ``node``.
+- :func:`enable_cluster_http`: the hook ``braid serve`` calls on a cluster node's application
+  before it starts: a middleware that answers ``GET /metrics``, ``/api/overview``,
+  ``/api/queues[/{vhost}[/{name}]]`` and ``/api/connections`` for the cluster. The local
+  handler runs first (its access checks, its 401 and 404 stand), then its body is replaced by
+  the merged one. ``/health`` stays this node's. A single node never calls the hook, so its
+  answers stay byte for byte what they were.
+
+A node is named by its id in the ``node`` label and in the listings' ``node`` field, so a
+queue's or connection's node and its series on ``/metrics`` read the same.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any, Final
+from urllib.parse import unquote
+
+from aiohttp import web
+
+from braid import metrics
+from braid.web.auth import REQUEST_TAGS, REQUEST_USER
+from braid.web.rabbit import RabbitResources
+from braid.web.rabbit.shapes import connection_json
+from core.api import INTERNAL_CONTEXT
+from core.cluster.admin_calls import (
+    ADMIN_CONNECTIONS,
+    ADMIN_METRICS,
+    ADMIN_OVERVIEW,
+    ADMIN_QUEUES,
+    AdminCall,
+    ClusterGather,
+    Gathered,
+)
+from core.cluster.rpc.options import JsonObject
+from core.security.model import TAG_ADMINISTRATOR, TAG_MONITORING
+
+log = logging.getLogger(__name__)
+
+Json = dict[str, Any]
+# The families of this node's /metrics: the registry's and the scrape's extra ones.
+LocalFamilies = Callable[[], Iterable[metrics.Family]]
+# (vhost, queue name) -> the shard holding the queue (its recorded placement, else the rule).
+QueueShard = Callable[[str, str], int]
+
+NODE_UP: Final = "braid_cluster_node_up"
+SHARD_OWNER: Final = "braid_shard_owner"
+# A queue's fields that only its owner knows; a queue whose owner did not answer is listed
+# without them and with state "down", as RabbitMQ lists a queue whose node is down.
+OWNER_STATS: Final = frozenset(
+    {
+        "messages",
+        "messages_details",
+        "messages_ready",
+        "messages_ready_details",
+        "messages_unacknowledged",
+        "messages_unacknowledged_details",
+        "consumers",
+        "consumer_utilisation",
+        "consumer_capacity",
+        "message_stats",
+        "memory",
+    }
+)
+QUEUE_DOWN: Final = "down"
+
+
+class NodeListings:
+    """This node's part of the management listings, in the management API's own shapes
+    (braid/web/rabbit builds them; every vhost, as the ``monitoring`` tag sees them)."""
+
+    def __init__(self, resources: RabbitResources) -> None:
+        self.resources = resources
+
+    def queues(self) -> list[Json]:
+        vhosts = list(self.resources.security.vhosts)
+        return self.resources.queues_of(INTERNAL_CONTEXT, vhosts)
+
+    def connections(self) -> list[Json]:
+        api = self.resources.api
+        return [connection_json(details) for details in api.list_connections(INTERNAL_CONTEXT)]
+
+    def overview(self) -> Json:
+        api = self.resources.api
+        connections = api.list_connections(INTERNAL_CONTEXT)
+        return {
+            "connections": len(connections),
+            "channels": sum(len(details.channels) for details in connections),
+            "consumers": len(api.all_consumers(INTERNAL_CONTEXT)),
+            "listeners": self.resources.listeners_json(),
+        }
+
+
+def node_admin_calls(
+    families: LocalFamilies, listings: NodeListings | None = None
+) -> dict[str, AdminCall]:
+    """The ``Admin`` handlers of this node (register them with
+    ``core.cluster.admin_calls.register_admin_calls``; give the same to :class:`ClusterGather`
+    as its local calls)."""
+
+    async def metrics_call(_args: JsonObject) -> JsonObject:
+        return {"families": [metrics.family_to_json(family) for family in families()]}
+
+    calls: dict[str, AdminCall] = {ADMIN_METRICS: metrics_call}
+    if listings is None:
+        return calls
+
+    async def queues_call(_args: JsonObject) -> JsonObject:
+        return {"queues": listings.queues()}
+
+    async def connections_call(_args: JsonObject) -> JsonObject:
+        return {"connections": listings.connections()}
+
+    async def overview_call(_args: JsonObject) -> JsonObject:
+        return listings.overview()
+
+    calls[ADMIN_QUEUES] = queues_call
+    calls[ADMIN_CONNECTIONS] = connections_call
+    calls[ADMIN_OVERVIEW] = overview_call
+    return calls
+
+
+def _listed(answer: JsonObject, key: str) -> list[Json]:
+    """``answer[key]``, a list of JSON objects (ValueError for a malformed answer)."""
+    items = answer.get(key)
+    if not isinstance(items, list) or not all(isinstance(item, dict) for item in items):
+        raise ValueError(f"the answer's {key!r} is not a list of objects")
+    return items
+
+
+class ClusterHttp:
+    """The cluster-wide answers (module docstring), from ``gather``'s calls."""
+
+    def __init__(self, gather: ClusterGather, queue_shard: QueueShard) -> None:
+        self.gather = gather
+        self.queue_shard = queue_shard
+
+    # -- /metrics --------------------------------------------------------------------------
+
+    async def metrics_families(self) -> list[metrics.Family]:
+        gathered = await self.gather.gather(ADMIN_METRICS)
+        per_node: dict[str, list[metrics.Family]] = {}
+        missing = dict(gathered.missing)
+        for node, answer in gathered.answers.items():
+            try:
+                per_node[node] = [
+                    metrics.family_from_json(item) for item in _listed(answer, "families")
+                ]
+            except ValueError as error:  # a node of another version, or a bug: not up
+                log.warning("node %s answered metrics that do not parse: %s", node, error)
+                missing[node] = str(error)
+        families = metrics.merge_node_families(per_node)
+        families.append(
+            metrics.Family(
+                NODE_UP,
+                metrics.GAUGE,
+                "1 for a cluster node that answered this scrape, 0 for a known one that did not.",
+                [({"node": node}, 0 if node in missing else 1) for node in gathered.nodes],
+            )
+        )
+        families.append(
+            metrics.Family(
+                SHARD_OWNER,
+                metrics.GAUGE,
+                "1 for each shard and the node that owns it, as recorded in the cluster metadata.",
+                [
+                    ({"shard": str(shard), "node": owner}, 1)
+                    for shard, owner in sorted(gathered.owners.items())
+                ],
+            )
+        )
+        return families
+
+    async def metrics_text(self) -> str:
+        return metrics.render_families(await self.metrics_families())
+
+    # -- listings --------------------------------------------------------------------------
+
+    async def queues(self) -> list[Json]:
+        """Every queue once, by (vhost, name): its owner's entry, with ``node``."""
+        gathered = await self.gather.gather(ADMIN_QUEUES)
+        by_node = self._lists(gathered, "queues")
+        found: dict[tuple[str, str], Json] = {}
+        for entries in by_node.values():
+            for entry in entries:
+                found.setdefault((str(entry.get("vhost")), str(entry.get("name"))), entry)
+        merged: list[Json] = []
+        for (vhost, name), first in sorted(found.items()):
+            owner = gathered.owners.get(self.queue_shard(vhost, name))
+            owned = self._entry_of(by_node.get(owner or ""), vhost, name)
+            if owner is not None and owned is not None:
+                merged.append({**owned, "node": owner})
+            else:
+                # Its owner did not answer (or has none now): the definition without the stats.
+                down = {key: value for key, value in first.items() if key not in OWNER_STATS}
+                merged.append({**down, "node": owner, "state": QUEUE_DOWN})
+        return merged
+
+    async def connections(self) -> list[Json]:
+        """Every node's connections, each with its ``node``, by name."""
+        gathered = await self.gather.gather(ADMIN_CONNECTIONS)
+        merged = [
+            {**entry, "node": node}
+            for node, entries in self._lists(gathered, "connections").items()
+            for entry in entries
+        ]
+        return sorted(merged, key=lambda entry: str(entry.get("name")))
+
+    async def overview_counts(self) -> tuple[Json, list[Json]]:
+        """The nodes' connections, channels and consumers summed, and their listeners."""
+        gathered = await self.gather.gather(ADMIN_OVERVIEW)
+        totals = {"connections": 0, "channels": 0, "consumers": 0}
+        listeners: list[Json] = []
+        for node, answer in gathered.answers.items():
+            for key in totals:
+                count = answer.get(key)
+                if isinstance(count, int):
+                    totals[key] += count
+            found = answer.get("listeners")
+            if isinstance(found, list):
+                listeners += [{**item, "node": node} for item in found if isinstance(item, dict)]
+        return totals, listeners
+
+    @staticmethod
+    def _lists(gathered: Gathered, key: str) -> dict[str, list[Json]]:
+        lists: dict[str, list[Json]] = {}
+        for node, answer in gathered.answers.items():
+            try:
+                lists[node] = _listed(answer, key)
+            except ValueError as error:
+                log.warning("node %s answered %s that do not parse: %s", node, key, error)
+        return lists
+
+    @staticmethod
+    def _entry_of(entries: list[Json] | None, vhost: str, name: str) -> Json | None:
+        for entry in entries or ():
+            if entry.get("vhost") == vhost and entry.get("name") == name:
+                return entry
+        return None
+
+
+# -- the hook ------------------------------------------------------------------------------
+
+
+def _sees_all(request: web.Request) -> bool:
+    tags = request.get(REQUEST_TAGS, ())
+    return TAG_ADMINISTRATOR in tags or TAG_MONITORING in tags
+
+
+def _api_segments(request: web.Request) -> list[str]:
+    """The percent-decoded segments after ``/api/`` (``%2F``, the vhost ``/``, stays inside its
+    segment), as braid/web/management.py reads them; empty for another path."""
+    raw = request.raw_path.split("?", 1)[0]
+    if not raw.startswith("/api/"):
+        return []
+    return [unquote(part) for part in raw[len("/api/") :].split("/")]
+
+
+def _json_body(response: web.StreamResponse) -> Any:
+    """The JSON a local handler answered, or None when it answered something else."""
+    if not isinstance(response, web.Response) or response.status != 200:
+        return None
+    body = response.body
+    if not isinstance(body, bytes | bytearray):
+        return None
+    return json.loads(body)
+
+
+def _reply(payload: object) -> web.Response:
+    return web.json_response(payload, headers={"Cache-Control": "no-store"})
+
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def enable_cluster_http(
+    app: web.Application, cluster: ClusterHttp, resources: RabbitResources | None = None
+) -> None:
+    """Make ``app`` (braid/web's :func:`~braid.web.build_app`) answer for the cluster: call
+    before the application starts. ``resources`` (the management API's, for who may see which
+    vhost): without it only ``/metrics`` is the cluster's."""
+
+    @web.middleware
+    async def cluster_answers(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.method != "GET":
+            return await handler(request)
+        if request.path == "/metrics":
+            return web.Response(
+                body=(await cluster.metrics_text()).encode(),
+                headers={"Content-Type": metrics.CONTENT_TYPE, "Cache-Control": "no-store"},
+            )
+        segments = _api_segments(request)
+        if resources is None or not segments or segments[0] not in _API_PATHS:
+            return await handler(request)
+        local = await handler(request)  # its access checks and errors stand
+        if _json_body(local) is None:
+            return local
+        return await _API_PATHS[segments[0]](cluster, resources, request, segments, local)
+
+    # Appended last: it runs inside the authentication middleware, which set the user.
+    app.middlewares.append(cluster_answers)
+
+
+async def _queues_answer(
+    cluster: ClusterHttp,
+    resources: RabbitResources,
+    request: web.Request,
+    segments: list[str],
+    local: web.StreamResponse,
+) -> web.StreamResponse:
+    if len(segments) > 3:
+        return local  # bindings, contents, get: the local answer
+    vhosts = [segments[1]] if len(segments) > 1 else resources.visible_vhosts(request)
+    queues = [queue for queue in await cluster.queues() if queue.get("vhost") in vhosts]
+    if len(segments) == 3:
+        name = segments[2]
+        for queue in queues:
+            if queue.get("name") == name:
+                return _reply(queue)
+        return local  # listed here, not gathered (a change in flight): this node's answer
+    return _reply(queues)
+
+
+async def _connections_answer(
+    cluster: ClusterHttp,
+    resources: RabbitResources,
+    request: web.Request,
+    segments: list[str],
+    local: web.StreamResponse,
+) -> web.StreamResponse:
+    if len(segments) != 1:
+        return local  # one connection, its channels: this node's (its own connections)
+    user = request.get(REQUEST_USER)
+    sees_all = _sees_all(request)
+    return _reply(
+        [entry for entry in await cluster.connections() if sees_all or entry.get("user") == user]
+    )
+
+
+async def _overview_answer(
+    cluster: ClusterHttp,
+    resources: RabbitResources,
+    request: web.Request,
+    segments: list[str],
+    local: web.StreamResponse,
+) -> web.StreamResponse:
+    overview = _json_body(local)
+    if len(segments) != 1 or not isinstance(overview, dict):
+        return local
+    vhosts = resources.visible_vhosts(request)
+    queues = [queue for queue in await cluster.queues() if queue.get("vhost") in vhosts]
+    totals, listeners = await cluster.overview_counts()
+    ready = sum(int(queue.get("messages_ready", 0)) for queue in queues)
+    unacked = sum(int(queue.get("messages_unacknowledged", 0)) for queue in queues)
+    queue_totals = dict(overview.get("queue_totals", {}))
+    queue_totals.update(
+        messages=ready + unacked, messages_ready=ready, messages_unacknowledged=unacked
+    )
+    object_totals = dict(overview.get("object_totals", {}))
+    object_totals.update(totals, queues=len(queues))
+    return _reply(
+        {
+            **overview,
+            "queue_totals": queue_totals,
+            "object_totals": object_totals,
+            "listeners": listeners,
+        }
+    )
+
+
+ApiAnswer = Callable[
+    [ClusterHttp, RabbitResources, web.Request, list[str], web.StreamResponse],
+    Awaitable[web.StreamResponse],
+]
+_API_PATHS: Final[dict[str, ApiAnswer]] = {
+    "queues": _queues_answer,
+    "connections": _connections_answer,
+    "overview": _overview_answer,
+}

@@ -1,0 +1,314 @@
+"""braid/cluster_http.py and core/cluster/admin_calls.py: two in-process nodes, each with a real
+gRPC server on loopback, a real MetricsRegistry and a real broker behind the management API's
+listings, registered with leases and shard claims in a real redis-server. Node 1's HTTP
+listener answers for both: /metrics (parsed with prometheus_client's parser) with every
+sample labelled by node, node_up and shard owners; /api/queues with each queue's stats from
+its shard's owner; and when node 2's gRPC server stops, node_up 0 for it and the rest still
+served."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from braid.cluster_http import ClusterHttp, NodeListings, enable_cluster_http, node_admin_calls
+from braid.metrics import Family, MetricsRegistry, merge_node_families, render_families
+from braid.web import WebServer, build_app
+from braid.web.rabbit import ManagementSources, RabbitResources
+from braid.web.server import ResponseCounter
+from core.api import INTERNAL_CONTEXT, AckQueueConfig, BrokerAPI
+from core.broker import Node
+from core.cluster.admin_calls import (
+    ADMIN_METRICS,
+    ADMIN_QUEUES,
+    ClusterGather,
+    register_admin_calls,
+)
+from core.cluster.membership import NodeAddresses
+from core.cluster.placement import queue_shard
+from core.cluster.redis_metadata import RedisMetadata, connect
+from core.cluster.rpc import NodeService, RpcClient, RpcServer, RpcSettings
+from core.log import LogConfig, LogStore
+from core.security import SecurityService
+from gateway.amqp.vhost import CONFIG_KEY, QUEUE_TOPIC_PREFIX
+from tests.cluster.redis_server import RedisServer, redis_processes
+
+SECRET = "braid-test-secret"
+CLUSTER = "http1"
+SHARDS = 2
+LEASE_MS = 30_000  # never expires within a test
+GUEST = {"Authorization": "Basic " + base64.b64encode(b"guest:guest").decode()}
+Samples = dict[str, list[tuple[dict[str, str], float]]]
+
+
+def queue_on(shard: int, prefix: str) -> str:
+    """A queue name of vhost "/" that the placement rule puts on ``shard``."""
+    return next(
+        f"{prefix}-{i}" for i in range(1000) if queue_shard("/", f"{prefix}-{i}", SHARDS) == shard
+    )
+
+
+# Queue name -> the shard it is placed on, and the messages its owner holds.
+QUEUES = {queue_on(0, "orders"): (0, 3), queue_on(1, "billing"): (1, 2)}
+
+
+class TestNode:
+    """One node: metadata (node record with its gRPC address, lease, claimed shard), a broker
+    with the queues declared (messages published only where the queue's shard is owned), its
+    registry, and its Admin calls on a real gRPC server."""
+
+    __test__ = False
+
+    def __init__(self, node_id: int, shard: int, directory: Path) -> None:
+        self.node_id = node_id
+        self.shard = shard
+        self.directory = directory
+        self.settings = RpcSettings(secret=SECRET, heartbeat_ms=500, rpc_timeout_ms=2000)
+        self.service = NodeService(node_id, 1)
+        self.server = RpcServer(self.settings, self.service)
+        self.client = RpcClient(self.settings)
+        self.registry = MetricsRegistry()
+        self.counters = {"published": 10 * node_id}
+        self.registry.register_counters("braid_test_", lambda: self.counters)
+        self.metadata: RedisMetadata | None = None
+        self.store: LogStore | None = None
+        self.broker: Node | None = None
+        self.gather: ClusterGather | None = None
+
+    async def start(self, redis_url: str) -> None:
+        self.store = LogStore(LogConfig(self.directory / "data", durability="async"))
+        await self.store.start()
+        self.broker = Node(self.store)
+        await self.broker.start()
+        security = SecurityService(self.broker.metadata)
+        api = BrokerAPI(self.broker, security)
+        for name, (shard, messages) in QUEUES.items():
+            config = {"object": "queue", "name": name, "durable": True, "arguments": {}}
+            topic = QUEUE_TOPIC_PREFIX + name
+            await api.declare_queue(INTERNAL_CONTEXT, topic, {CONFIG_KEY: config}, AckQueueConfig())
+            for i in range(messages if shard == self.shard else 0):
+                await api.publish(INTERNAL_CONTEXT, topic, b"m%d" % i, subject=name)
+        self.sources = ManagementSources(api, {})
+        self.resources = RabbitResources(security, self.sources)
+        calls = node_admin_calls(self.registry.collect, NodeListings(self.resources))
+        register_admin_calls(self.service, calls)
+        port = await self.server.start("127.0.0.1", 0)
+        self.metadata = metadata = await connect(redis_url, CLUSTER, shards=SHARDS)
+        node = str(self.node_id)
+        fields = NodeAddresses(host="127.0.0.1", grpc=f"127.0.0.1:{port}").fields()
+        incarnation = await metadata.register_node(node, fields)
+        await metadata.acquire_lease(node, incarnation, LEASE_MS, wait_ms=0)
+        await metadata.claim_shard(self.shard, node, incarnation, 0)
+        self.gather = ClusterGather(
+            metadata, self.client.admin, node, calls, timeout_s=self.settings.rpc_timeout_s
+        )
+
+    async def stop(self) -> None:
+        await self.server.stop(grace_s=0)
+        await self.client.close()
+        if self.metadata is not None:
+            await self.metadata.aclose()
+        if self.broker is not None:
+            await self.broker.close()
+        if self.store is not None:
+            await self.store.aclose()
+
+
+@pytest.fixture
+def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
+    with redis_processes(tmp_path / "redis") as processes:
+        yield processes.redis()
+
+
+@pytest.fixture
+async def nodes(redis_server: RedisServer, tmp_path: Path) -> AsyncIterator[dict[int, TestNode]]:
+    started = {node: TestNode(node, node - 1, tmp_path / f"node{node}") for node in (1, 2)}
+    try:
+        for node in started.values():
+            await node.start(redis_server.url)
+        yield started
+    finally:
+        for node in started.values():
+            await node.stop()
+
+
+@pytest.fixture
+async def http(nodes: dict[int, TestNode]) -> AsyncIterator[str]:
+    """Node 1's HTTP listener, answering for the cluster; its base URL."""
+    node = nodes[1]
+    assert node.gather is not None
+    counter = ResponseCounter()
+    app = build_app(
+        lambda: (True, {}), node.registry, node.resources.security, sources=node.sources
+    )
+    cluster = ClusterHttp(node.gather, lambda vhost, name: queue_shard(vhost, name, SHARDS))
+    enable_cluster_http(app, cluster, node.resources)
+    server = WebServer(app, counter)
+    await server.start("127.0.0.1", 0)
+    assert server.address is not None
+    try:
+        yield f"http://127.0.0.1:{server.address[1]}"
+    finally:
+        await server.close()
+
+
+async def get(url: str, *, auth: dict[str, str] | None = None) -> tuple[int, str]:
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(url, headers=auth, timeout=aiohttp.ClientTimeout(total=30)) as response,
+    ):
+        return response.status, await response.text()
+
+
+async def scrape(base: str) -> Samples:
+    status, text = await get(f"{base}/metrics")
+    assert status == 200, text
+    samples: Samples = {}
+    # The parser refuses a second HELP/TYPE of one name and malformed lines: the text is valid.
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            samples.setdefault(sample.name, []).append((dict(sample.labels), sample.value))
+    return samples
+
+
+def by_node(samples: Samples, name: str) -> dict[str, float]:
+    return {labels["node"]: value for labels, value in samples[name]}
+
+
+async def test_metrics_merge_every_nodes_families_with_node_labels(
+    nodes: dict[int, TestNode], http: str
+) -> None:
+    samples = await scrape(http)
+    assert by_node(samples, "braid_test_published_total") == {"1": 10, "2": 20}
+    assert by_node(samples, "braid_metrics_collector_errors_total") == {"1": 0, "2": 0}
+    assert by_node(samples, "braid_cluster_node_up") == {"1": 1, "2": 1}
+    owners = {labels["shard"]: labels["node"] for labels, _ in samples["braid_shard_owner"]}
+    assert owners == {"0": "1", "1": "2"}
+    assert all(value == 1 for _, value in samples["braid_shard_owner"])
+    # Every sample of every node's families carries its node.
+    assert all("node" in labels for series in samples.values() for labels, _ in series)
+
+
+async def test_a_node_that_stops_answering_is_down_and_the_rest_served(
+    nodes: dict[int, TestNode], http: str
+) -> None:
+    await nodes[2].server.stop(grace_s=0)  # its lease lives on: known, live, silent
+    samples = await scrape(http)
+    assert by_node(samples, "braid_cluster_node_up") == {"1": 1, "2": 0}
+    assert by_node(samples, "braid_test_published_total") == {"1": 10}
+    owners = {labels["shard"]: labels["node"] for labels, _ in samples["braid_shard_owner"]}
+    assert owners == {"0": "1", "1": "2"}
+
+    # The queue on node 2's shard is listed from its definition, without stats, down.
+    status, text = await get(f"{http}/api/queues", auth=GUEST)
+    assert status == 200, text
+    queues = {queue["name"]: queue for queue in json.loads(text)}
+    orders, billing = sorted(QUEUES, key=lambda name: QUEUES[name][0])
+    assert queues[orders]["messages"] == 3
+    assert queues[orders]["node"] == "1"
+    assert queues[billing]["state"] == "down"
+    assert "messages" not in queues[billing]
+
+
+async def test_queue_listing_takes_each_queues_stats_from_its_owner(
+    nodes: dict[int, TestNode], http: str
+) -> None:
+    status, text = await get(f"{http}/api/queues", auth=GUEST)
+    assert status == 200, text
+    listed = {(queue["name"], queue["node"], queue["messages"]) for queue in json.loads(text)}
+    expected = {(name, str(shard + 1), messages) for name, (shard, messages) in QUEUES.items()}
+    assert listed == expected
+    # Each node alone sees only its own queue's messages: the merge picked the owners'.
+    for node in nodes.values():
+        alone = {
+            queue["name"]: queue["messages"]
+            for queue in node.resources.queues_of(INTERNAL_CONTEXT, ["/"])
+        }
+        assert alone == {
+            name: messages if shard == node.shard else 0
+            for name, (shard, messages) in QUEUES.items()
+        }
+    name = next(iter(QUEUES))
+    status, text = await get(f"{http}/api/queues/%2F/{name}", auth=GUEST)
+    assert status == 200, text
+    assert json.loads(text)["messages"] == QUEUES[name][1]
+    status, _ = await get(f"{http}/api/queues", auth=None)
+    assert status == 401  # the local handler's access check stands
+
+    status, text = await get(f"{http}/api/overview", auth=GUEST)
+    assert status == 200, text
+    overview = json.loads(text)
+    assert overview["object_totals"]["queues"] == len(QUEUES)
+    assert overview["queue_totals"]["messages_ready"] == sum(m for _, m in QUEUES.values())
+
+
+async def test_gather_reports_missing_nodes_and_never_raises(nodes: dict[int, TestNode]) -> None:
+    gather = nodes[1].gather
+    assert gather is not None
+    gathered = await gather.gather(ADMIN_QUEUES)
+    assert sorted(gathered.answers) == ["1", "2"]
+    assert gathered.missing == {}
+    assert gathered.owners == {0: "1", 1: "2"}
+    # Node 2 releases its lease (a clean stop): known, but not asked.
+    assert nodes[2].metadata is not None
+    await nodes[2].metadata.release_lease("2", (await nodes[2].metadata.lease_holder("2")) or 0)
+    gathered = await gather.gather(ADMIN_METRICS)
+    assert list(gathered.answers) == ["1"]
+    assert gathered.missing == {"2": "no live lease"}
+    # An unknown call: every node's part missing, no exception.
+    gathered = await gather.gather("no-such-call")
+    assert gathered.answers == {}
+    assert set(gathered.missing) == {"1", "2"}
+
+
+def test_merged_families_render_one_help_and_type_per_name() -> None:
+    per_node = {
+        "1": [("braid_x_total", "counter", "X.", 1), ("up_like", "gauge", "Y.", [({}, 1)])],
+        "2": [
+            ("braid_x_total", "counter", "X.", 2),
+            ("up_like", "gauge", "Y.", [({"node": "inner"}, 0)]),
+        ],
+    }
+    text = render_families(
+        merge_node_families({n: [Family(*f) for f in fs] for n, fs in per_node.items()})
+    )
+    assert text.count("# TYPE braid_x_total counter") == 1
+    assert 'braid_x_total{node="1"} 1' in text
+    assert 'braid_x_total{node="2"} 2' in text
+    assert 'up_like{node="2",exported_node="inner"} 0' in text
+    assert [f.name for f in text_string_to_metric_families(text)] == ["braid_x", "up_like"]
+
+
+async def test_gather_calls_nodes_in_parallel(nodes: dict[int, TestNode]) -> None:
+    """Both nodes' answers come back within one gather even when each is slow: the calls
+    overlap (a sequential gather would see the first node's call end before the second's
+    begins)."""
+    running: set[str] = set()
+    overlapped = asyncio.Event()
+
+    def slow(node: str):  # type: ignore[no-untyped-def]
+        async def call(_args: dict[str, Any]) -> dict[str, Any]:
+            running.add(node)
+            if len(running) == 2:
+                overlapped.set()
+            await asyncio.wait_for(overlapped.wait(), 10)
+            return {"node": node}
+
+        return call
+
+    nodes[2].service.register("slow", slow("2"))
+    assert nodes[1].metadata is not None
+    # This node answers itself without gRPC, from its local calls.
+    gather = ClusterGather(
+        nodes[1].metadata, nodes[1].client.admin, "1", {"slow": slow("1")}, timeout_s=5
+    )
+    gathered = await gather.gather("slow")
+    assert gathered.answers == {"1": {"node": "1"}, "2": {"node": "2"}}
