@@ -35,7 +35,9 @@ The contract, so that security, limits and the cluster fit behind the same calls
     :meth:`~BrokerAPI.delete_exchange` and :meth:`~BrokerAPI.unbind`),
     ``unfollow_live_records`` and ``remove_route_hook`` (undoing
     :meth:`~BrokerAPI.follow_live_records` and :meth:`~BrokerAPI.add_route_hook`);
-  - gauges: ``retained_count``, ``disk_status``.
+  - gauges: ``retained_count``, ``disk_status``;
+  - the cluster's view (``cluster.py``): ``this_node``, and ``set_cluster_view``, which the
+    process that assembles a cluster node calls once.
 
   ``tests/test_layers.py`` holds the class to this list (each name above in double
   backquotes, one list, ending here).
@@ -71,6 +73,13 @@ from core.api.base import (
     Publication,
     PublishOutcome,
 )
+from core.api.cluster import COORDINATOR_GROUP as COORDINATOR_GROUP
+from core.api.cluster import COORDINATOR_TXN as COORDINATOR_TXN
+from core.api.cluster import BrokerNode as BrokerNode
+from core.api.cluster import ClusterCalls
+from core.api.cluster import ClusterView as ClusterView
+from core.api.cluster import LeaderTable as LeaderTable
+from core.api.cluster import PartitionLeader as PartitionLeader
 from core.api.connections import ConnectionCalls
 from core.api.limits import LimitCalls
 from core.api.management import REFUSED_ACCESS as REFUSED_ACCESS
@@ -219,13 +228,15 @@ class BrokerAPI(
     ManagementCalls,
     LimitCalls,
     ConnectionCalls,
+    ClusterCalls,
 ):
     """The one object a gateway talks to (the contract is the module docstring's): the calls
     every protocol uses (``base.py``), those of each consumption model: queues
     (``queues.py``), sessions (``sessions.py``) and partitions (``partitions.py``), and
     logins and access checks (``security.py``), listings and operator actions for the
-    management API (``management.py``), the open connections (``connections.py``) and the
-    limits on counts and sizes (``limits.py``).
+    management API (``management.py``), the open connections (``connections.py``), the
+    limits on counts and sizes (``limits.py``) and the cluster as Kafka clients see it
+    (``cluster.py``).
     ``BrokerAPI(node, security)``, over the broker's :class:`~core.broker.Node` (each call
     resolves the shard it is for through the node's ``ShardSet``): the process passes its
     :class:`~core.security.SecurityService`; without one, a default one over the node's

@@ -10,8 +10,12 @@ GROUP (32; 3 from librdkafka < 2.10). Every resource gets its own answer, as Kaf
 altering the broker is refused with INVALID_REQUEST, other resource types too. The other admin
 APIs are in ``admin_records.py`` and ``admin_cluster.py``, their handlers listed here.
 
-The cluster is this broker alone: node ``NODE_ID`` at the advertised address, controller, and
-leader (epoch ``LEADER_EPOCH``) of every partition, with itself as the only replica and ISR. A
+The brokers, the partition leaders and the coordinators come from the Broker API's cluster
+view (``leaders.py``): a node alone is node 0 at the advertised address, controller, and
+leader (epoch 0) of every partition, with itself as the only replica and ISR; a cluster node
+lists the live nodes, each partition led by the owner of its shard at the shard's epoch
+(``replicas = isr = [leader]``; no live owner: leader -1 and LEADER_NOT_AVAILABLE), and names
+itself controller (any node serves the controller's requests). A
 Kafka topic is a core topic; its partitions are the topic's queues. Topics whose names Kafka
 would refuse (AMQP exchange names with ``/`` or ``:``, say) are not shown to Kafka clients.
 Internal topics, as Kafka flags ``__consumer_offsets`` (``is_internal``, so that consumers'
@@ -27,7 +31,15 @@ from typing import Any, Final
 
 from kio.schema.errors import ErrorCode
 
-from core.api import ClientContext, TopicError, TopicInfo, is_system_topic
+from core.api import (
+    COORDINATOR_GROUP,
+    COORDINATOR_TXN,
+    ClientContext,
+    LeaderTable,
+    TopicError,
+    TopicInfo,
+    is_system_topic,
+)
 from gateway.kafka import admin_cluster, admin_configs, admin_records, tagfilters
 from gateway.kafka.access import allowed, config_refusal
 from gateway.kafka.admin_configs import (
@@ -46,7 +58,6 @@ from gateway.kafka.apis import ApiKey, api_versions_response
 from gateway.kafka.codec import Request
 from gateway.kafka.context import (
     CONSUMER_OFFSETS_TOPIC,
-    LEADER_EPOCH,
     NODE_ID,
     Connection,
     Handler,
@@ -56,6 +67,7 @@ from gateway.kafka.context import (
     is_legal_topic_name,
 )
 from gateway.kafka.entities import build_response
+from gateway.kafka.leaders import NO_LEADER, NO_LEADER_EPOCH, broker_list, coordinator_address
 
 log = logging.getLogger(__name__)
 
@@ -75,16 +87,18 @@ _CAP_ERRORS: Final = {
     "invalid_partitions": ErrorCode.invalid_partitions,
     "policy_violation": ErrorCode.policy_violation,
 }
-# FindCoordinator key types.
-COORDINATOR_GROUP: Final = 0
-COORDINATOR_TRANSACTION: Final = 1
+# FindCoordinator key types (FindCoordinatorRequest.CoordinatorType) and the cluster view's
+# coordinator kind of each.
+KEY_TYPE_GROUP: Final = 0
+KEY_TYPE_TRANSACTION: Final = 1
+_COORDINATOR_KINDS: Final = {
+    KEY_TYPE_GROUP: COORDINATOR_GROUP,
+    KEY_TYPE_TRANSACTION: COORDINATOR_TXN,
+}
+# FindCoordinator v4 (KIP-699) batches keys: one answer per key in ``coordinators``.
+FIRST_BATCHED_FIND_COORDINATOR: Final = 4
 # Kafka's "authorized operations not requested" marker (Integer.MIN_VALUE).
 AUTHORIZED_OPERATIONS_OMITTED: Final = -(2**31)
-
-
-def broker_list(context: KafkaContext, connection: Connection) -> list[dict[str, Any]]:
-    host, port = connection.advertised(context.settings)
-    return [{"node_id": NODE_ID, "broker_id": NODE_ID, "host": host, "port": port, "rack": None}]
 
 
 def kafka_topics(context: KafkaContext, client: ClientContext) -> list[TopicInfo]:
@@ -102,28 +116,62 @@ def internal_topics(context: KafkaContext, connection: Connection) -> list[Topic
     return listed
 
 
-def _topic_metadata(name: str, error: ErrorCode, info: TopicInfo | None) -> dict[str, Any]:
+def _topic_metadata(
+    context: KafkaContext,
+    connection: Connection,
+    name: str,
+    error: ErrorCode,
+    info: TopicInfo | None,
+) -> dict[str, Any]:
     return {
         "error_code": error,
         "name": name,
         "is_internal": is_internal_topic(name),
-        "partitions": partition_metadata(info.queues) if info is not None else [],
+        "partitions": partition_metadata(context, connection, name, info.queues)
+        if info is not None
+        else [],
     }
 
 
-def partition_metadata(count: int) -> list[dict[str, Any]]:
-    return [
-        {
-            "error_code": ErrorCode.none,
-            "partition_index": index,
-            "leader_id": NODE_ID,
-            "leader_epoch": LEADER_EPOCH,
-            "replica_nodes": (NODE_ID,),
-            "isr_nodes": (NODE_ID,),
-            "offline_replicas": (),
-        }
-        for index in range(count)
-    ]
+# A partition whose shard has no live owner (Kafka's answer for a partition without a leader).
+_NO_LEADER_PARTITION: Final = {
+    "error_code": ErrorCode.leader_not_available,
+    "leader_id": NO_LEADER,
+    "leader_epoch": NO_LEADER_EPOCH,
+    "replica_nodes": (),
+    "isr_nodes": (),
+    "offline_replicas": (),
+}
+
+
+def partition_metadata(
+    context: KafkaContext, connection: Connection, topic: str, count: int
+) -> list[dict[str, Any]]:
+    """Each partition's leader (the owner of its shard), its only replica and ISR."""
+    api = context.api
+    table: LeaderTable | None = api.leader_table(connection.client)
+    partitions = []
+    for index in range(count):
+        leader = (
+            table[topic, index]
+            if table is not None
+            else api.partition_leader(connection.client, topic, index)
+        )
+        if leader is None:
+            partitions.append({**_NO_LEADER_PARTITION, "partition_index": index})
+            continue
+        partitions.append(
+            {
+                "error_code": ErrorCode.none,
+                "partition_index": index,
+                "leader_id": leader.node_id,
+                "leader_epoch": leader.epoch,
+                "replica_nodes": (leader.node_id,),
+                "isr_nodes": (leader.node_id,),
+                "offline_replicas": (),
+            }
+        )
+    return partitions
 
 
 def check_queue_limit(
@@ -179,7 +227,7 @@ async def handle_metadata(
         for each in sorted(listed, key=lambda listed_topic: listed_topic.name):
             # As Kafka: only the topics the principal may describe are listed.
             if allowed(context, connection, "kafka Metadata", each.name):
-                topics.append(_topic_metadata(each.name, ErrorCode.none, each))
+                topics.append(_topic_metadata(context, connection, each.name, ErrorCode.none, each))
     else:
         allow_create = context.settings.auto_create_topics and getattr(
             body, "allow_auto_topic_creation", True
@@ -195,7 +243,11 @@ async def handle_metadata(
             error = ErrorCode.none
             if not allowed(context, connection, "kafka Metadata", name):
                 # Kafka: TOPIC_AUTHORIZATION_FAILED without DESCRIBE, whether it exists or not.
-                topics.append(_topic_metadata(name, ErrorCode.topic_authorization_failed, None))
+                topics.append(
+                    _topic_metadata(
+                        context, connection, name, ErrorCode.topic_authorization_failed, None
+                    )
+                )
                 continue
             if is_system_topic(name):
                 if internal is None:
@@ -223,7 +275,7 @@ async def handle_metadata(
                         error = _CAP_ERRORS.get(refused.code, ErrorCode.invalid_topic_exception)
                 else:
                     error = ErrorCode.unknown_topic_or_partition
-            topics.append(_topic_metadata(name, error, info))
+            topics.append(_topic_metadata(context, connection, name, error, info))
     return build_response(
         ApiKey.METADATA,
         version,
@@ -231,30 +283,57 @@ async def handle_metadata(
             "throttle_time": context.throttle_ms(),
             "brokers": broker_list(context, connection),
             "cluster_id": context.settings.cluster_id,
-            "controller_id": NODE_ID,
+            "controller_id": context.api.this_node(),
             "topics": topics,
             "cluster_authorized_operations": AUTHORIZED_OPERATIONS_OMITTED,
         },
     )
 
 
+def _coordinator(
+    context: KafkaContext, connection: Connection, key_type: int, key: str
+) -> tuple[ErrorCode, int, str, int]:
+    """One key's coordinator: (error, node id, host, port); node -1, "" and -1 on an error."""
+    if key_type not in _COORDINATOR_KINDS:
+        return ErrorCode.invalid_request, -1, "", -1
+    if key_type == KEY_TYPE_GROUP and not allowed(
+        context, connection, "kafka FindCoordinator group", key
+    ):
+        return ErrorCode.group_authorization_failed, -1, "", -1
+    if key_type == KEY_TYPE_TRANSACTION and not allowed(
+        context, connection, "kafka FindCoordinator transaction", key
+    ):
+        return ErrorCode.transactional_id_authorization_failed, -1, "", -1
+    return coordinator_address(context, connection, _COORDINATOR_KINDS[key_type], key)
+
+
 async def handle_find_coordinator(
     context: KafkaContext, connection: Connection, request: Request
 ) -> ResponseBody:
-    host, port = connection.advertised(context.settings)
-    key_type = getattr(request.body, "key_type", COORDINATOR_GROUP)
-    error = ErrorCode.none
-    key = getattr(request.body, "key", "")
-    if key_type not in (COORDINATOR_GROUP, COORDINATOR_TRANSACTION):
-        error = ErrorCode.invalid_request
-    elif key_type == COORDINATOR_GROUP and not allowed(
-        context, connection, "kafka FindCoordinator group", key
-    ):
-        error = ErrorCode.group_authorization_failed
-    elif key_type == COORDINATOR_TRANSACTION and not allowed(
-        context, connection, "kafka FindCoordinator transaction", key
-    ):
-        error = ErrorCode.transactional_id_authorization_failed
+    """The owner of the key's shard (group: ``h(group)``, transaction: ``h(id)``), or
+    COORDINATOR_NOT_AVAILABLE when it has none; v4+ answers each of its keys."""
+    body: Any = request.body
+    key_type = getattr(body, "key_type", KEY_TYPE_GROUP)
+    if request.api_version >= FIRST_BATCHED_FIND_COORDINATOR:
+        coordinators = []
+        for key in body.coordinator_keys:
+            error, node_id, host, port = _coordinator(context, connection, key_type, key)
+            coordinators.append(
+                {
+                    "key": key,
+                    "node_id": node_id,
+                    "host": host,
+                    "port": port,
+                    "error_code": error,
+                    "error_message": None,
+                }
+            )
+        return build_response(
+            ApiKey.FIND_COORDINATOR,
+            request.api_version,
+            {"throttle_time": context.throttle_ms(), "coordinators": coordinators},
+        )
+    error, node_id, host, port = _coordinator(context, connection, key_type, body.key)
     return build_response(
         ApiKey.FIND_COORDINATOR,
         request.api_version,
@@ -262,9 +341,9 @@ async def handle_find_coordinator(
             "throttle_time": context.throttle_ms(),
             "error_code": error,
             "error_message": None,
-            "node_id": NODE_ID if error == ErrorCode.none else -1,
-            "host": host if error == ErrorCode.none else "",
-            "port": port if error == ErrorCode.none else -1,
+            "node_id": node_id,
+            "host": host,
+            "port": port,
         },
     )
 
@@ -280,7 +359,7 @@ async def handle_describe_cluster(
             "error_code": ErrorCode.none,
             "endpoint_type": getattr(request.body, "endpoint_type", 1),
             "cluster_id": context.settings.cluster_id,
-            "controller_id": NODE_ID,
+            "controller_id": context.api.this_node(),
             "brokers": broker_list(context, connection),
             "cluster_authorized_operations": AUTHORIZED_OPERATIONS_OMITTED,
         },
@@ -615,8 +694,9 @@ async def handle_describe_configs(
             else:
                 entries = _topic_configs(context, connection.client, info)
         elif resource.resource_type == RESOURCE_BROKER:
-            if resource.resource_name not in ("", str(NODE_ID)):
-                error, message = ErrorCode.invalid_request, "the only broker is node 0"
+            this_node = str(context.api.this_node())
+            if resource.resource_name not in ("", this_node):
+                error, message = ErrorCode.invalid_request, f"this broker is node {this_node}"
             else:
                 entries = admin_configs.broker_configs(context, connection, connection.client)
         elif resource.resource_type in tagfilters.GROUP_RESOURCE_TYPES:

@@ -35,7 +35,7 @@ from typing import Any, Final
 
 from kio.schema.errors import ErrorCode
 
-from core.api import is_system_topic, now_ms
+from core.api import COORDINATOR_TXN, is_system_topic, now_ms
 from gateway.kafka.admin_records import admin_allowed
 from gateway.kafka.apis import ApiKey
 from gateway.kafka.codec import Request
@@ -47,6 +47,7 @@ from gateway.kafka.context import (
     ResponseBody,
 )
 from gateway.kafka.entities import build_response
+from gateway.kafka.leaders import coordinator_error
 from gateway.kafka.transactions import Transaction, TxnState
 
 log = logging.getLogger(__name__)
@@ -324,6 +325,11 @@ async def handle_describe_transactions(
         txn = known.get(transactional_id)
         if not _may_describe_transaction(context, connection, transactional_id):
             error = ErrorCode.transactional_id_authorization_failed
+        elif (
+            coordinator_error(context, connection, COORDINATOR_TXN, transactional_id)
+            != ErrorCode.none
+        ):
+            error = ErrorCode.not_coordinator  # another node coordinates it
         elif txn is None:
             error = ErrorCode.transactional_id_not_found
         else:

@@ -28,7 +28,7 @@ from typing import Any, Final
 from kio.schema.errors import ErrorCode
 
 from core.api import ClientContext, TopicError, TopicInfo, is_system_topic
-from gateway.kafka.context import NODE_ID, Connection, KafkaContext
+from gateway.kafka.context import Connection, KafkaContext
 
 log = logging.getLogger(__name__)
 
@@ -181,8 +181,8 @@ def broker_configs(
     listener = f"{'SSL' if connection.tls else 'PLAINTEXT'}://{host}:{port}"
     log_dir, _, _ = context.api.log_directory(client)
     return [
-        ("broker.id", str(NODE_ID), SOURCE_STATIC_BROKER, TYPE_INT),
-        ("node.id", str(NODE_ID), SOURCE_STATIC_BROKER, TYPE_INT),
+        ("broker.id", str(context.api.this_node()), SOURCE_STATIC_BROKER, TYPE_INT),
+        ("node.id", str(context.api.this_node()), SOURCE_STATIC_BROKER, TYPE_INT),
         ("process.roles", "broker,controller", SOURCE_STATIC_BROKER, TYPE_LIST),
         ("advertised.listeners", listener, SOURCE_STATIC_BROKER, TYPE_LIST),
         ("listeners", listener, SOURCE_STATIC_BROKER, TYPE_LIST),

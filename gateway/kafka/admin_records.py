@@ -5,10 +5,12 @@ DescribeLogDirs (35) and OffsetDelete (47), answered as a one-broker Kafka answe
   a fetch below it is OFFSET_OUT_OF_RANGE, ListOffsets earliest and the fetch responses'
   ``log_start_offset`` give it. An offset past the high watermark is OFFSET_OUT_OF_RANGE, as in
   Kafka; -1 means the high watermark. The broker's ``__`` topics are INVALID_TOPIC_EXCEPTION
-  (Kafka refuses internal topics the same way).
+  (Kafka refuses internal topics the same way). A partition this node does not lead is
+  NOT_LEADER_OR_FOLLOWER (``leaders.py``): admin clients send it to the leader.
 - DescribeLogDirs: one log directory, the data directory, with each partition's stored bytes
   from its log start offset on, and (v4) the file system's total and usable bytes.
-- OffsetDelete, as Kafka's GroupCoordinator.handleDeleteOffsets: an unknown group is
+- OffsetDelete, as Kafka's GroupCoordinator.handleDeleteOffsets (NOT_COORDINATOR on a node
+  that does not coordinate the group): an unknown group is
   GROUP_ID_NOT_FOUND; an Empty group loses the named offsets; a consumer group with members
   keeps the offsets of topics it is subscribed to (GROUP_SUBSCRIBED_TO_TOPIC; while it is not
   Stable its subscriptions are unknown, so every topic counts as subscribed, as Kafka's
@@ -28,7 +30,7 @@ from typing import Any, Final
 
 from kio.schema.errors import ErrorCode
 
-from core.api import SECURITY_OPERATIONS, TopicError, is_system_topic
+from core.api import COORDINATOR_GROUP, SECURITY_OPERATIONS, TopicError, is_system_topic
 from gateway.kafka.access import allowed
 from gateway.kafka.apis import ApiKey
 from gateway.kafka.codec import Request
@@ -40,6 +42,7 @@ from gateway.kafka.context import (
     is_legal_topic_name,
 )
 from gateway.kafka.entities import build_response
+from gateway.kafka.leaders import coordinator_error, partition_check
 
 log = logging.getLogger(__name__)
 
@@ -75,12 +78,16 @@ async def handle_delete_records(
     body: Any = request.body
     client = connection.client
     topics = []
+    leaders = context.api.leader_table(client)
+    this_node = context.api.this_node()
     for topic in body.topics:
         name = topic.name
         results = []
         may_delete = not is_system_topic(name) and allowed(
             context, connection, "kafka DeleteRecords", name
         )
+        # Whether this node leads the partitions (an unknown one is the core's to refuse).
+        info = context.api.topic_info(client, name) if leaders is not None else None
         for wanted in topic.partitions:
             error = ErrorCode.none
             low_watermark = -1
@@ -88,6 +95,13 @@ async def handle_delete_records(
                 error = ErrorCode.invalid_topic_exception
             elif not may_delete:
                 error = ErrorCode.topic_authorization_failed
+            elif (
+                info is not None
+                and 0 <= wanted.partition_index < info.queues
+                and partition_check(leaders, this_node, name, wanted.partition_index)
+                != ErrorCode.none
+            ):
+                error = ErrorCode.not_leader_or_follower
             else:
                 try:
                     low_watermark = await context.api.delete_records(
@@ -239,6 +253,8 @@ async def handle_offset_delete(
     top_error = ErrorCode.none
     if not admin_allowed(context, connection, "kafka OffsetDelete", "kafka DeleteGroups", group_id):
         top_error = ErrorCode.group_authorization_failed
+    elif coordinator_error(context, connection, COORDINATOR_GROUP, group_id) != ErrorCode.none:
+        top_error = ErrorCode.not_coordinator  # another node's group: the client finds it
     else:
         state = api.group_state(client, group_id)
         if state is None or str(state) == _DEAD:

@@ -16,7 +16,7 @@ ListOffsets (2)     1-11      3             11            7               1-7
 Metadata (3)        0-13      5             13            13              0-9
 OffsetCommit (8)    2-10      3             8             9               2-8
 OffsetFetch (9)     1-10      3             8             9               1-7
-FindCoordinator(10) 0-6       1             6             2               0-3
+FindCoordinator(10) 0-6       1             6             2               0-4
 JoinGroup (11)      0-9       5             7             5               0-7
 Heartbeat (12)      0-4       1             4             3               0-4
 LeaveGroup (13)     0-5       1             5             1               0-5
@@ -82,7 +82,8 @@ Rules that set the bounds:
   with Fetch >= 10 also turns on its zstd support (``RD_KAFKA_FEATURE_ZSTD``).
 - Produce 10 (KIP-951 adds only tagged response fields) is librdkafka's max; 11/12 announce
   KIP-890 semantics. ListOffsets stops at 7 (v8+ are the tiered-storage timestamps -4/-5).
-  FindCoordinator stops at 3 (v4 batches keys, KIP-699; every client handles v3).
+  FindCoordinator stops at 4 (v4 batches keys, KIP-699, answered key by key; v5 only adds
+  KIP-890's TRANSACTION_ABORTABLE, v6 KIP-932's share groups).
   JoinGroup stops at 7 (v8 adds a reason, v9 the KIP-814 skip-assignment flag).
   DescribeCluster stops at 1 (v2 reports fenced brokers). DescribeGroups stops at 5 (v6 reports
   KIP-848 groups).
@@ -177,7 +178,7 @@ SUPPORTED_APIS: Final[dict[int, tuple[int, int]]] = {
     ApiKey.METADATA: (0, 9),
     ApiKey.OFFSET_COMMIT: (2, 8),
     ApiKey.OFFSET_FETCH: (1, 7),
-    ApiKey.FIND_COORDINATOR: (0, 3),
+    ApiKey.FIND_COORDINATOR: (0, 4),
     ApiKey.JOIN_GROUP: (0, 7),
     ApiKey.HEARTBEAT: (0, 4),
     ApiKey.LEAVE_GROUP: (0, 5),

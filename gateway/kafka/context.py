@@ -29,9 +29,11 @@ if TYPE_CHECKING:
     from gateway.kafka.producers import ProducerIdAllocator, ProducerStates
     from gateway.kafka.transactions import TransactionCoordinator
 
-# This broker's node id: a cluster of one, leader of every partition and controller.
+# A broker alone's node id: leader of every partition and controller (a cluster node's id and
+# its partitions' leaders come from the Broker API's cluster view: leaders.py).
 NODE_ID: Final = 0
-# Every partition has one leader epoch, forever: there is never another leader.
+# A broker alone's one leader epoch, forever: there is never another leader. Also the epoch
+# stamped on the batches Fetch serves (fetch.py).
 LEADER_EPOCH: Final = 0
 # Kafka's Topic.LEGAL_CHARS and Topic.MAX_NAME_LENGTH.
 _LEGAL_TOPIC = re.compile(r"[a-zA-Z0-9._-]+")

@@ -40,6 +40,13 @@ carry no tags, so a filtered group never gets them. Fetches of other groups are 
 Fetch sessions (KIP-227) are not kept: every response has session id 0, which tells clients to
 send full fetch requests.
 
+Leaders (``leaders.py``): a partition this node does not lead is answered
+NOT_LEADER_OR_FOLLOWER by all three, and a ``current_leader_epoch`` other than the partition's
+FENCED_LEADER_EPOCH (older) or UNKNOWN_LEADER_EPOCH (newer); the leader epoch answered is the
+partition's (its shard's epoch; 0 on a node alone). Stored batches are still stamped with
+``LEADER_EPOCH`` (0) as they are served: a consumer validating its position with
+OffsetForLeaderEpoch gets the partition's epoch and the log end, which is never below it.
+
 Internal topics (the broker's ``__`` topics, ``__consumer_offsets``) are listed by Metadata but
 never read: Fetch, ListOffsets and OffsetForLeaderEpoch answer TOPIC_AUTHORIZATION_FAILED, a
 Kafka broker's answer to a client without READ on the topic. They hold other clients' offsets
@@ -60,7 +67,9 @@ from kio.schema.errors import ErrorCode
 
 from core.api import (
     STORED_BATCH,
+    ClientContext,
     CorruptRecordError,
+    LeaderTable,
     StoredEntry,
     StoredRecordReader,
     TagFilter,
@@ -83,6 +92,7 @@ from gateway.kafka.context import (
 )
 from gateway.kafka.entities import build_response
 from gateway.kafka.errors import RecordBatchError
+from gateway.kafka.leaders import leader_error
 from gateway.kafka.records import Headers, RecordInput, build_batch, filter_batch, gap_batch
 from gateway.kafka.tagfilters import GroupTagFilters, active_tag_filters
 from gateway.kafka.timestamps import Found, max_timestamp, offset_for_timestamp
@@ -99,6 +109,7 @@ MAX_TIMESTAMP: Final = -3
 NO_TIMESTAMP: Final = -1
 NO_OFFSET: Final = -1
 NO_LEADER_EPOCH: Final = -1
+_OK: Final = ErrorCode.none
 log = logging.getLogger(__name__)
 
 # A read counts records, a batch as all of its records: bytes are the real limit here.
@@ -244,13 +255,28 @@ def _filtered_batch_bytes(entry: StoredEntry, tag_filter: TagFilter, parts: list
 
 
 class _Partition:
-    __slots__ = ("fetch_offset", "max_bytes", "partition", "topic")
+    __slots__ = ("fetch_offset", "leader_error", "max_bytes", "partition", "topic")
 
-    def __init__(self, topic: str, partition: int, fetch_offset: int, max_bytes: int) -> None:
+    def __init__(
+        self,
+        topic: str,
+        partition: int,
+        fetch_offset: int,
+        max_bytes: int,
+        leader_error: ErrorCode = _OK,
+    ) -> None:
         self.topic = topic
         self.partition = partition
         self.fetch_offset = fetch_offset
         self.max_bytes = max_bytes
+        # Not led here, or another leader epoch (decided once, when the request came).
+        self.leader_error = leader_error
+
+
+def _leader_errors(context: KafkaContext, client: ClientContext) -> tuple[LeaderTable, int] | None:
+    """The partition leaders and this node, or None for a node alone (it leads them all)."""
+    table = context.api.leader_table(client)
+    return None if table is None else (table, context.api.this_node())
 
 
 def _read(
@@ -289,6 +315,8 @@ def _read(
                 error = ErrorCode.topic_authorization_failed
             elif info is None or not 0 <= partition < info.queues:
                 error = ErrorCode.unknown_topic_or_partition
+            elif wanted.leader_error != _OK:
+                error = wanted.leader_error
             else:
                 start, end = reader.partition_offsets(topic, partition)
                 stable = api.last_stable_offset(client, topic, partition)
@@ -365,18 +393,42 @@ async def handle_fetch(
         )
     if any(is_system_topic(topic.topic) for topic in body.topics):
         log.info("kafka: %s fetched from an internal topic: refused", connection.peer)
-    plan = [
-        (
-            topic.topic,
-            [
-                _Partition(topic.topic, p.partition, p.fetch_offset, p.partition_max_bytes)
-                for p in topic.partitions
-            ],
-        )
-        for topic in body.topics
-    ]
     api = context.api
     client = connection.client
+    leaders = _leader_errors(context, client)
+    if leaders is None:
+        plan = [
+            (
+                topic.topic,
+                [
+                    _Partition(topic.topic, p.partition, p.fetch_offset, p.partition_max_bytes)
+                    for p in topic.partitions
+                ],
+            )
+            for topic in body.topics
+        ]
+    else:
+        table, this_node = leaders
+        plan = [
+            (
+                topic.topic,
+                [
+                    _Partition(
+                        topic.topic,
+                        p.partition,
+                        p.fetch_offset,
+                        p.partition_max_bytes,
+                        leader_error(
+                            table[topic.topic, p.partition],
+                            this_node,
+                            getattr(p, "current_leader_epoch", NO_LEADER_EPOCH),
+                        ),
+                    )
+                    for p in topic.partitions
+                ],
+            )
+            for topic in body.topics
+        ]
     total = 0
 
     def respond(reader: StoredRecordReader, wait_for_more: bool) -> bytes | None:
@@ -416,6 +468,7 @@ async def handle_list_offsets(
     client = connection.client
     topics = []
     body: Any = request.body
+    leaders = _leader_errors(context, client)
     for topic in body.topics:
         name = topic.name
         # Without DESCRIBE on the topic: TOPIC_AUTHORIZATION_FAILED, as for internal topics.
@@ -442,6 +495,19 @@ async def handle_list_offsets(
                 )
                 result["leader_epoch"] = NO_LEADER_EPOCH
                 continue
+            if leaders is not None:
+                table, this_node = leaders
+                leader = table[name, partition]
+                error = leader_error(
+                    leader,
+                    this_node,
+                    getattr(wanted, "current_leader_epoch", NO_LEADER_EPOCH),
+                )
+                if error != _OK or leader is None:
+                    result["error_code"] = error
+                    result["leader_epoch"] = NO_LEADER_EPOCH
+                    continue
+                result["leader_epoch"] = leader.epoch
             start, end = api.partition_offsets(client, name, partition)
             timestamp = wanted.timestamp
             found: Found | None = None
@@ -480,11 +546,13 @@ async def handle_list_offsets(
 async def handle_offset_for_leader_epoch(
     context: KafkaContext, connection: Connection, request: Request
 ) -> ResponseBody:
-    """One leader epoch ever (``LEADER_EPOCH``): it ends at the log end offset (KIP-101)."""
+    """One leader epoch per owner: the partition's (``LEADER_EPOCH``, 0, on a node alone), and
+    it ends at the log end offset (KIP-101), whatever epoch was asked for."""
     api = context.api
     client = connection.client
     topics = []
     body: Any = request.body
+    leaders = _leader_errors(context, client)
     for topic in body.topics:
         name = topic.topic
         # Without DESCRIBE on the topic: TOPIC_AUTHORIZATION_FAILED, as for internal topics.
@@ -509,12 +577,32 @@ async def handle_offset_for_leader_epoch(
                     }
                 )
                 continue
+            epoch = LEADER_EPOCH
+            if leaders is not None:
+                table, this_node = leaders
+                leader = table[name, partition]
+                error = leader_error(
+                    leader,
+                    this_node,
+                    getattr(wanted, "current_leader_epoch", NO_LEADER_EPOCH),
+                )
+                if error != _OK or leader is None:
+                    results.append(
+                        {
+                            "error_code": error,
+                            "partition": partition,
+                            "leader_epoch": NO_LEADER_EPOCH,
+                            "end_offset": NO_OFFSET,
+                        }
+                    )
+                    continue
+                epoch = leader.epoch
             _, end = api.partition_offsets(client, name, partition)
             results.append(
                 {
                     "error_code": ErrorCode.none,
                     "partition": partition,
-                    "leader_epoch": LEADER_EPOCH,
+                    "leader_epoch": epoch,
                     "end_offset": end,
                 }
             )

@@ -3,8 +3,12 @@ DeleteGroups, OffsetCommit and OffsetFetch, translated onto the Broker API's gro
 (the core's coordinator of Kafka's classic protocol) and its committed offsets.
 
 The coordinator answers with Kafka's own error codes, so they go on the wire unchanged; this
-module only maps fields between versions. Assignors run in the clients (the leader's
-SyncGroup carries every assignment), so every client's assignors work unchanged.
+module only maps fields between versions. A group's coordinator is the owner of its shard
+(``h(group) % S``, FindCoordinator names it): on any other node a group request is answered
+NOT_COORDINATOR (16), after the access check as Kafka does, and the client finds the
+coordinator again (``leaders.py``; a node alone coordinates every group). Assignors run in
+the clients (the leader's SyncGroup carries every assignment), so every client's assignors
+work unchanged.
 """
 
 from __future__ import annotations
@@ -13,12 +17,13 @@ from typing import Any, Final
 
 from kio.schema.errors import ErrorCode
 
-from core.api import ClientContext, is_system_topic
+from core.api import COORDINATOR_GROUP, ClientContext, is_system_topic
 from gateway.kafka.access import allowed
 from gateway.kafka.apis import ApiKey
 from gateway.kafka.codec import Request
 from gateway.kafka.context import Connection, Handler, KafkaContext, ResponseBody, ms
 from gateway.kafka.entities import build_response
+from gateway.kafka.leaders import coordinator_error
 from gateway.kafka.tagfilters import group_tag_filters
 
 # Kafka's offset.metadata.max.bytes default: longer commit metadata is refused.
@@ -33,17 +38,28 @@ def _client_host(connection: Connection) -> str:
     return "/" + connection.peer.rpartition(":")[0]
 
 
-def _group_denied(api_key: int, request: Request) -> ResponseBody:
+def _group_denied(
+    api_key: int, request: Request, error: ErrorCode = ErrorCode.group_authorization_failed
+) -> ResponseBody:
     """GROUP_AUTHORIZATION_FAILED (30) for the whole request, as Kafka answers a group
-    operation without READ (DESCRIBE for OffsetFetch) on the group."""
+    operation without READ (DESCRIBE for OffsetFetch) on the group; or ``error`` (another
+    node's group: NOT_COORDINATOR)."""
     return _build(
         api_key,
         request,
         {
             "throttle_time": 0,
-            "error_code": ErrorCode.group_authorization_failed,
+            "error_code": error,
             "generation_id": -1,
         },
+    )
+
+
+def not_coordinator(context: KafkaContext, connection: Connection, group_id: str) -> bool:
+    """Another node (or none) coordinates ``group_id``."""
+    return (
+        coordinator_error(context, connection, COORDINATOR_GROUP, group_id)
+        == ErrorCode.not_coordinator
     )
 
 
@@ -57,6 +73,8 @@ async def handle_join_group(
     body: Any = request.body
     if not allowed(context, connection, "kafka JoinGroup", body.group_id):
         return _group_denied(ApiKey.JOIN_GROUP, request)
+    if not_coordinator(context, connection, body.group_id):
+        return _group_denied(ApiKey.JOIN_GROUP, request, ErrorCode.not_coordinator)
     version = request.api_version
     result = await context.api.join_group(
         connection.client,
@@ -99,6 +117,8 @@ async def handle_sync_group(
     body: Any = request.body
     if not allowed(context, connection, "kafka SyncGroup", body.group_id):
         return _group_denied(ApiKey.SYNC_GROUP, request)
+    if not_coordinator(context, connection, body.group_id):
+        return _group_denied(ApiKey.SYNC_GROUP, request, ErrorCode.not_coordinator)
     result = await context.api.sync_group(
         connection.client,
         body.group_id,
@@ -131,6 +151,8 @@ async def handle_heartbeat(
     body: Any = request.body
     if not allowed(context, connection, "kafka Heartbeat", body.group_id):
         return _group_denied(ApiKey.HEARTBEAT, request)
+    if not_coordinator(context, connection, body.group_id):
+        return _group_denied(ApiKey.HEARTBEAT, request, ErrorCode.not_coordinator)
     error = context.api.heartbeat(
         connection.client,
         body.group_id,
@@ -147,6 +169,8 @@ async def handle_leave_group(
     body: Any = request.body
     if not allowed(context, connection, "kafka LeaveGroup", body.group_id):
         return _group_denied(ApiKey.LEAVE_GROUP, request)
+    if not_coordinator(context, connection, body.group_id):
+        return _group_denied(ApiKey.LEAVE_GROUP, request, ErrorCode.not_coordinator)
     if request.api_version >= 3:
         members = [(member.member_id, member.group_instance_id) for member in body.members]
     else:
@@ -186,6 +210,15 @@ async def handle_describe_groups(
             groups.append(
                 {
                     "error_code": ErrorCode.group_authorization_failed,
+                    "group_id": group_id,
+                    "authorized_operations": -(2**31),
+                }
+            )
+            continue
+        if not_coordinator(context, connection, group_id):
+            groups.append(
+                {
+                    "error_code": ErrorCode.not_coordinator,
                     "group_id": group_id,
                     "authorized_operations": -(2**31),
                 }
@@ -259,6 +292,10 @@ async def handle_delete_groups(
     errors: dict[str, int] = dict.fromkeys(
         body.groups_names, int(ErrorCode.group_authorization_failed)
     )
+    elsewhere = {name for name in permitted if not_coordinator(context, connection, name)}
+    if elsewhere:
+        errors.update(dict.fromkeys(elsewhere, int(ErrorCode.not_coordinator)))
+        permitted = [name for name in permitted if name not in elsewhere]
     errors.update(context.api.delete_groups(connection.client, permitted) if permitted else {})
     for group_id, error in errors.items():
         if error == 0:
@@ -289,17 +326,19 @@ async def handle_offset_commit(
     api = context.api
     # Refused: GROUP_AUTHORIZATION_FAILED on every partition (OffsetCommit has no top-level
     # error; Kafka's getErrorResponse), not an empty answer.
-    error: int = (
-        api.validate_group_member(
+    error: int
+    if not allowed(context, connection, "kafka OffsetCommit", body.group_id):
+        error = ErrorCode.group_authorization_failed
+    elif not_coordinator(context, connection, body.group_id):
+        error = ErrorCode.not_coordinator
+    else:
+        error = api.validate_group_member(
             connection.client,
             body.group_id,
             body.member_id,
             body.generation_id_or_member_epoch,
             getattr(body, "group_instance_id", None),
         )
-        if allowed(context, connection, "kafka OffsetCommit", body.group_id)
-        else ErrorCode.group_authorization_failed
-    )
     commits: list[tuple[str, int, int, int, str]] = []
     topics = []
     for topic in body.topics:
@@ -341,6 +380,8 @@ async def handle_offset_fetch(
     body: Any = request.body
     if not allowed(context, connection, "kafka OffsetFetch", body.group_id):
         return _group_denied(ApiKey.OFFSET_FETCH, request)
+    if not_coordinator(context, connection, body.group_id):
+        return _group_denied(ApiKey.OFFSET_FETCH, request, ErrorCode.not_coordinator)
     api = context.api
     client = connection.client
     group_id = body.group_id

@@ -3,7 +3,9 @@
 Per partition (``ProduceRequest.validateRecords`` and ``LogValidator`` order): the topic must
 not be one of the broker's internal ``__`` topics (INVALID_TOPIC_EXCEPTION, "Cannot append to
 internal topic", as Kafka answers for ``__consumer_offsets``), the topic and partition must
-exist (UNKNOWN_TOPIC_OR_PARTITION; topics are created by Metadata, not here),
+exist (UNKNOWN_TOPIC_OR_PARTITION; topics are created by Metadata, not here), this node must
+lead the partition (NOT_LEADER_OR_FOLLOWER, with KIP-951's current leader and its endpoint
+from v10, ``leaders.py``; produce is never forwarded to the leader: the client goes there),
 the batch must be one valid magic-2 batch (its CRC-32C is checked, then every record is
 decoded: CORRUPT_MESSAGE for records that do not, MESSAGE_TOO_LARGE for a batch inflating past
 ``max_inflated_batch_bytes``; compression is kept as sent), an idempotent batch must be in
@@ -35,6 +37,9 @@ from kio.schema.errors import ErrorCode
 from core.api import (
     BRAID_HEADER_PREFIX,
     ClientContext,
+    NotLeader,
+    PartitionLeader,
+    ShardUnavailable,
     TopicError,
     is_system_topic,
     may_carry_braid_headers,
@@ -46,9 +51,10 @@ from gateway.kafka.apis import ApiKey
 from gateway.kafka.codec import Request
 from gateway.kafka.context import Connection, Handler, KafkaContext, ResponseBody
 from gateway.kafka.errors import RecordBatchError
+from gateway.kafka.leaders import find_broker, leader_error
 from gateway.kafka.producers import StoredBatch, last_sequence
 from gateway.kafka.records import validate_produce_records, validate_records
-from gateway.kafka.wire import ProducePartition, encode_produce_response
+from gateway.kafka.wire import NodeEndpoint, ProducePartition, encode_produce_response
 
 DELIVER_AT_HEADER: Final = "x-braid-deliver-at"
 DELAY_HEADER: Final = "x-delay"
@@ -59,6 +65,8 @@ ACKS_NONE: Final = 0
 ACKS_LEADER: Final = 1
 ACKS_ALL: Final = -1
 NO_OFFSET: Final = -1
+_OK: Final = ErrorCode.none
+_NOT_LEADER: Final = ErrorCode.not_leader_or_follower
 
 
 async def handle_produce(
@@ -79,6 +87,11 @@ async def handle_produce(
     # durable at the topic's durability (the last batch's Publication covers the earlier ones).
     durable_marks: list[tuple[str, int]] = []
     responses: list[tuple[str, list[ProducePartition]]] = []
+    # The partition leaders (None: this node alone leads them all) and, for the partitions led
+    # elsewhere, their leaders' endpoints (KIP-951).
+    leaders = api.leader_table(client)
+    this_node = api.this_node() if leaders is not None else 0
+    endpoints: dict[int, NodeEndpoint] = {}
     for topic_data in body.topic_data:
         name = topic_data.name
         internal = is_system_topic(name)
@@ -94,6 +107,7 @@ async def handle_produce(
             message: str | None = None
             base_offset = NO_OFFSET
             end = 0
+            current_leader: tuple[int, int] | None = None
             if acks not in (ACKS_NONE, ACKS_LEADER, ACKS_ALL):
                 error = ErrorCode.invalid_required_acks
             elif internal:
@@ -104,6 +118,11 @@ async def handle_produce(
                 error = ErrorCode.topic_authorization_failed
             elif info is None or not 0 <= index < info.queues:
                 error = ErrorCode.unknown_topic_or_partition
+            elif leaders is not None and leader_error(leaders[name, index], this_node) != _OK:
+                error = _NOT_LEADER
+                current_leader = _current_leader(
+                    context, connection, leaders[name, index], endpoints
+                )
             elif disk_alarm:
                 error = ErrorCode.kafka_storage_error
                 message = "the broker's disk is below disk_free_limit_bytes"
@@ -117,6 +136,10 @@ async def handle_produce(
                     log.info("kafka: produce to %s/%d refused: %s", name, index, exc)
                 except TopicError:
                     error = ErrorCode.unknown_topic_or_partition
+                except (NotLeader, ShardUnavailable):
+                    # The shard moved away, or its owner is gone, since the check: the client
+                    # refreshes its metadata and retries at the leader.
+                    error = ErrorCode.not_leader_or_follower
                 except OSError:
                     log.exception("kafka: cannot append to %s/%d", name, index)
                     error = ErrorCode.kafka_storage_error
@@ -129,8 +152,11 @@ async def handle_produce(
                     index,
                     error,
                     base_offset,
-                    api.partition_offsets(client, name, index)[0] if info is not None else -1,
+                    api.partition_offsets(client, name, index)[0]
+                    if info is not None and error != _NOT_LEADER
+                    else -1,
                     message,
+                    current_leader,
                 )
             )
         if durable_end:
@@ -143,8 +169,26 @@ async def handle_produce(
         for name, durable_end in durable_marks:
             await api.when_durable(durable_end, name)
     return encode_produce_response(
-        version, request.correlation_id, responses, context.throttle_ms()
+        version, request.correlation_id, responses, context.throttle_ms(), list(endpoints.values())
     )
+
+
+def _current_leader(
+    context: KafkaContext,
+    connection: Connection,
+    leader: PartitionLeader | None,
+    endpoints: dict[int, NodeEndpoint],
+) -> tuple[int, int] | None:
+    """KIP-951: the partition's leader and epoch for the response, its endpoint added to
+    ``endpoints``; None when the partition has no live leader (or it serves no Kafka)."""
+    if leader is None:
+        return None
+    if leader.node_id not in endpoints:
+        address = find_broker(context, connection, leader.node_id)
+        if address is None:
+            return None
+        endpoints[leader.node_id] = NodeEndpoint(leader.node_id, *address)
+    return leader.node_id, leader.epoch
 
 
 async def _store_batch(

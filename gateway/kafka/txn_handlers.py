@@ -1,6 +1,11 @@
 """InitProducerId, AddPartitionsToTxn, AddOffsetsToTxn, EndTxn and TxnOffsetCommit: wire
 mapping onto ``transactions.TransactionCoordinator`` (idempotent producers need only
-InitProducerId without a transactional id: a fresh producer id, epoch 0)."""
+InitProducerId without a transactional id: a fresh producer id, epoch 0).
+
+A transactional id's coordinator is the owner of its shard (``h(id) % S``), a group's the owner
+of the group's: on another node the transaction requests are answered NOT_COORDINATOR (16),
+and TxnOffsetCommit, which goes to the group's coordinator as in Kafka, too (``leaders.py``).
+"""
 
 from __future__ import annotations
 
@@ -8,6 +13,7 @@ from typing import Any, Final
 
 from kio.schema.errors import ErrorCode
 
+from core.api import COORDINATOR_GROUP, COORDINATOR_TXN
 from gateway.kafka import access
 from gateway.kafka.access import allowed
 from gateway.kafka.apis import ApiKey
@@ -22,6 +28,7 @@ from gateway.kafka.context import (
 )
 from gateway.kafka.entities import build_response
 from gateway.kafka.groups import MAX_METADATA_BYTES, partition_exists
+from gateway.kafka.leaders import coordinator_error
 
 # First versions that carry PRODUCER_FENCED (KafkaApis maps it to INVALID_PRODUCER_EPOCH
 # for older ones): AddPartitionsToTxn, AddOffsetsToTxn, EndTxn and TxnOffsetCommit v2.
@@ -40,6 +47,11 @@ async def handle_init_producer_id(
         context.metrics["producer_ids"] += 1
     elif not allowed(context, connection, "kafka InitProducerId", body.transactional_id):
         error, producer_id, epoch = ErrorCode.transactional_id_authorization_failed, -1, -1
+    elif (
+        coordinator_error(context, connection, COORDINATOR_TXN, body.transactional_id)
+        != ErrorCode.none
+    ):
+        error, producer_id, epoch = ErrorCode.not_coordinator, -1, -1
     else:
         error, producer_id, epoch = await context.transactions.init_producer_id(
             body.transactional_id, ms(body.transaction_timeout)
@@ -68,6 +80,11 @@ async def handle_add_partitions_to_txn(
     errors = access.add_partitions_refusals(
         context, connection, body.v3_and_below_transactional_id, wanted
     )
+    if errors is None and (
+        coordinator_error(context, connection, COORDINATOR_TXN, body.v3_and_below_transactional_id)
+        != ErrorCode.none
+    ):
+        errors = dict.fromkeys(wanted, ErrorCode.not_coordinator)
     if errors is None:
         errors = context.transactions.add_partitions(
             connection.client,
@@ -105,6 +122,8 @@ async def handle_add_offsets_to_txn(
     body: Any = request.body
     error = access.add_offsets_refusal(context, connection, body.transactional_id, body.group_id)
     if error == ErrorCode.none:
+        error = coordinator_error(context, connection, COORDINATOR_TXN, body.transactional_id)
+    if error == ErrorCode.none:
         error = context.transactions.add_offsets(
             body.transactional_id,
             body.producer_id,
@@ -123,6 +142,11 @@ async def handle_end_txn(
     body: Any = request.body
     if not allowed(context, connection, "kafka EndTxn", body.transactional_id):
         error = ErrorCode.transactional_id_authorization_failed
+    elif (
+        coordinator_error(context, connection, COORDINATOR_TXN, body.transactional_id)
+        != ErrorCode.none
+    ):
+        error = ErrorCode.not_coordinator
     else:
         error = await context.transactions.end_transaction(
             body.transactional_id,
@@ -143,6 +167,8 @@ async def handle_txn_offset_commit(
     error = access.txn_offset_commit_refusal(
         context, connection, body.transactional_id, body.group_id
     )
+    if error == ErrorCode.none:
+        error = coordinator_error(context, connection, COORDINATOR_GROUP, body.group_id)
     generation = getattr(body, "generation_id", -1)
     member_id = getattr(body, "member_id", "")
     instance_id = getattr(body, "group_instance_id", None)

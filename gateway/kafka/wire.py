@@ -9,16 +9,20 @@ every supported version).
 
 Layouts (https://kafka.apache.org/protocol, ``ProduceResponse.json``, ``FetchResponse.json``);
 a version is *flexible* from Produce v9 / Fetch v12: arrays and strings are compact (uvarint
-length + 1, 0 = null) and every structure ends with its tagged fields (here always none: the
-tagged fields these versions define are only sent when they differ from their defaults, which
-a single broker never needs). Frames start with the size, then the response header:
-correlation id, plus an empty tag buffer for flexible versions.
+length + 1, 0 = null) and every structure ends with its tagged fields: none, but for KIP-951's
+in Produce v10 (``current_leader``, tag 0 of a partition, and ``node_endpoints``, tag 0 of the
+response), sent, as Kafka sends them, only for partitions answered NOT_LEADER_OR_FOLLOWER whose
+leader is known (a tagged field is written only when it differs from its default). Frames
+start with the size, then the response header: correlation id, plus an empty tag buffer for
+flexible versions.
 
 Produce response::
 
     responses [name string, partitions [index i32, error_code i16, base_offset i64,
         log_append_time_ms i64, log_start_offset i64 (v5+), record_errors [] (v8+),
-        error_message nullable string (v8+)]], throttle_time_ms i32
+        error_message nullable string (v8+),
+        tag 0 (v10+): current_leader {leader_id i32, leader_epoch i32}]], throttle_time_ms i32,
+    tag 0 (v10+): node_endpoints [node_id i32, host string, port i32, rack nullable string]
 
 Fetch response::
 
@@ -44,6 +48,11 @@ _FETCH_PARTITION: Final = struct.Struct(">ihqq")  # index, error, high watermark
 _ABORTED: Final = struct.Struct(">qq")
 _NO_TAGS: Final = b"\x00"
 PRODUCE_FIRST_FLEXIBLE: Final = 9
+# KIP-951's tagged fields: ProduceResponse v10+.
+PRODUCE_FIRST_CURRENT_LEADER: Final = 10
+_CURRENT_LEADER_TAG: Final = 0
+_NODE_ENDPOINTS_TAG: Final = 0
+_LEADER_ID_AND_EPOCH: Final = struct.Struct(">ii")
 FETCH_FIRST_FLEXIBLE: Final = 12
 
 
@@ -89,6 +98,33 @@ class ProducePartition(NamedTuple):
     base_offset: int
     log_start_offset: int
     error_message: str | None = None
+    # KIP-951 (v10+): the partition's leader and its epoch, for NOT_LEADER_OR_FOLLOWER.
+    current_leader: tuple[int, int] | None = None
+
+
+class NodeEndpoint(NamedTuple):
+    """A broker named by a ``current_leader`` (KIP-951's ``node_endpoints``)."""
+
+    node_id: int
+    host: str
+    port: int
+    rack: str | None = None
+
+
+def _tagged(tag: int, data: bytes) -> bytes:
+    """One tagged field: tag, size, data (all flexible: uvarints)."""
+    return uvarint(tag) + uvarint(len(data)) + data
+
+
+def _node_endpoints(endpoints: Sequence[NodeEndpoint]) -> bytes:
+    parts = [_array_length(len(endpoints), True)]
+    for endpoint in endpoints:
+        parts.append(_I32.pack(endpoint.node_id))
+        parts.append(_string(endpoint.host, True))
+        parts.append(_I32.pack(endpoint.port))
+        parts.append(_nullable_string(endpoint.rack, True))
+        parts.append(_NO_TAGS)
+    return b"".join(parts)
 
 
 def encode_produce_response(
@@ -96,8 +132,10 @@ def encode_produce_response(
     correlation_id: int,
     topics: Sequence[tuple[str, Sequence[ProducePartition]]],
     throttle_time_ms: int = 0,
+    node_endpoints: Sequence[NodeEndpoint] = (),
 ) -> bytes:
     flexible = version >= PRODUCE_FIRST_FLEXIBLE
+    leaders = version >= PRODUCE_FIRST_CURRENT_LEADER
     parts: list[Any] = [_array_length(len(topics), flexible)]
     for name, partitions in topics:
         parts.append(_string(name, flexible))
@@ -113,12 +151,18 @@ def encode_produce_response(
             if version >= 8:
                 parts.append(_array_length(0, flexible))  # record_errors
                 parts.append(_nullable_string(partition.error_message, flexible))
-            if flexible:
+            current_leader = partition.current_leader
+            if leaders and current_leader is not None and current_leader != (-1, -1):
+                leader = _LEADER_ID_AND_EPOCH.pack(*current_leader) + _NO_TAGS
+                parts.append(b"\x01" + _tagged(_CURRENT_LEADER_TAG, leader))
+            elif flexible:
                 parts.append(_NO_TAGS)
         if flexible:
             parts.append(_NO_TAGS)
     parts.append(_I32.pack(throttle_time_ms))
-    if flexible:
+    if leaders and node_endpoints:
+        parts.append(b"\x01" + _tagged(_NODE_ENDPOINTS_TAG, _node_endpoints(node_endpoints)))
+    elif flexible:
         parts.append(_NO_TAGS)
     return _frame(parts, correlation_id, flexible)
 
