@@ -89,6 +89,32 @@ class TopicRegistry:
                 self.user_topics += 1
                 self.total_queues += self._topics[name].queues
 
+    def apply_remote(self, name: str, value: bytes | None) -> None:
+        """Make topic ``name`` what another node stored (``value``: the store's JSON, None:
+        deleted), as loading it at start would; changing nothing when it already is. Counts
+        for the caps follow; a known topic's :class:`TopicInfo` is updated in place."""
+        previous = self._topics.get(name)
+        counted = not is_system_topic(name)
+        if value is None:
+            if previous is not None:
+                del self._topics[name]
+                if counted:
+                    self.user_topics -= 1
+                    self.total_queues -= previous.queues
+            return
+        raw = json.loads(value)
+        queues, config = int(raw["queues"]), raw.get("config", {})
+        if previous is None:
+            self._topics[name] = TopicInfo(name, queues, config)
+            if counted:
+                self.user_topics += 1
+                self.total_queues += queues
+            return
+        if counted:
+            self.total_queues += queues - previous.queues
+        previous.queues = queues
+        previous.config = config
+
     def check_new_queues(self, name: str, queues: int, added: int) -> None:
         """Raise :class:`TopicError` when topic ``name`` may not have ``queues`` queues, of
         which ``added`` are new (see :class:`TopicLimits`)."""

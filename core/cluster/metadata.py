@@ -133,11 +133,23 @@ class ChangeBacklog:
             self._backlog.append(Versioned(self.version, change))
         while len(self._backlog) > WATCH_BACKLOG:
             self._dropped_through = self._backlog.popleft().version
+        self._wake()
+        return self.version
+
+    def lose(self) -> int:
+        """A new version whose changes are not known (the store under it reloaded instead of
+        replaying): every watcher from before it gets :class:`MetadataGap`."""
+        self.version += 1
+        self._backlog.clear()
+        self._dropped_through = self.version
+        self._wake()
+        return self.version
+
+    def _wake(self) -> None:
         waiters, self._waiters = self._waiters, []
         for waiter in waiters:
             if not waiter.done():
                 waiter.set_result(None)
-        return self.version
 
     async def watch(self, from_version: int) -> AsyncIterator[Versioned]:
         seen = from_version

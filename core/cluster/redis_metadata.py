@@ -398,6 +398,8 @@ class RedisMetadata:
         self._tail_tx = ""  # the tx of the cache's version ("": unknown, not checked)
         self._backlog: deque[_Entry] = deque()  # the newest whole versions, for watch()
         self._rewinds = 0  # reloads that found another history than the cache's
+        self._own_txs: set[str] = set()  # the tokens of this instance's applies in flight
+        self._own_versions: set[int] = set()  # versions in the backlog that those applied
         self._waiters: list[asyncio.Future[None]] = []
         self._lock = asyncio.Lock()  # one reader of the stream into the cache at a time
         self._replicas = 0  # connected replicas by INFO replication: 0 skips WAIT
@@ -528,10 +530,27 @@ class RedisMetadata:
             len(caps or {}),
         ]
         keys = [self._keys.version, self._keys.changes, self._keys.kinds, *hashes]
+        # Known before the script runs: the watcher may install this version before the reply
+        # is read, and made_here() must still name it this instance's.
+        self._own_txs.add(tx)
+        try:
+            return await self._apply_script(changes, expect, caps, keys, head + args, tx)
+        finally:
+            self._own_txs.discard(tx)  # installed by now (or never applied)
+
+    async def _apply_script(
+        self,
+        changes: Sequence[Change],
+        expect: Expectation | None,
+        caps: Mapping[str, int] | None,
+        keys: list[str],
+        args: list[str | bytes | int],
+        tx: str,
+    ) -> int:
         replicas = self._replicas
         async with self._redis.pipeline(transaction=False) as pipe:
             # One connection: WAIT counts the writes of the connection it is sent on.
-            await self._scripts["CHANGE"](keys=keys, args=head + args, client=pipe)
+            await self._scripts["CHANGE"](keys=keys, args=args, client=pipe)
             if replicas:
                 pipe.wait(1, self.metadata_wait_ms)
             replies = await pipe.execute()
@@ -589,6 +608,11 @@ class RedisMetadata:
                 return
         self._replicated_through = max(self._replicated_through, version)
         self._unreplicated = {v for v in self._unreplicated if v > self._replicated_through}
+
+    def made_here(self, version: int) -> bool:
+        """Whether ``version`` was applied by this instance's :meth:`apply` (False when it is
+        older than the in-memory backlog, or the cache reloaded since: cannot tell)."""
+        return version in self._own_versions
 
     async def watch(self, from_version: int) -> AsyncIterator[Versioned]:
         seen = from_version
@@ -701,12 +725,15 @@ class RedisMetadata:
             else:
                 values[change.key] = change.value
             self._backlog.append(entry)
+            if entry.tx in self._own_txs:
+                self._own_versions.add(entry.version)
         self._version = entries[-1].version
         self._tail_tx = entries[-1].tx
         while len(self._backlog) > WATCH_BACKLOG:
             dropped = self._backlog.popleft().version
             while self._backlog and self._backlog[0].version == dropped:
                 self._backlog.popleft()
+            self._own_versions.discard(dropped)
         self._wake()
 
     def _saw(self, version: int, tx: str) -> bool:
@@ -741,6 +768,7 @@ class RedisMetadata:
             self._rewinds += 1
         self._cache, self._version, self._tail_tx = cache, version, tx
         self._backlog.clear()
+        self._own_versions.clear()
         self._wake()
 
     async def _refresh_replicas(self) -> None:

@@ -51,6 +51,15 @@ class LimitsStore:
             self._limits[(kind, name)] = dict(json.loads(value))
         self._last_version = 0
 
+    def apply_remote(self, key: str, value: bytes | None) -> None:
+        """Take the limits of ``key`` another node stored (``value``: the store's JSON, None:
+        removed), as loading them at start would."""
+        kind, name = json.loads(key)
+        if value is None:
+            self._limits.pop((kind, name), None)
+        else:
+            self._limits[(kind, name)] = dict(json.loads(value))
+
     @property
     def last_version(self) -> int:
         """The metadata version of the last change: wait for it (``metadata.wait_durable``)

@@ -44,6 +44,7 @@ Not thread-safe: use from one thread (the broker's event loop) or under one lock
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -201,6 +202,30 @@ class BindingTable(Generic[D]):
         for binding in bindings:
             self._unindex(binding)
         return len(bindings)
+
+    def apply_remote(
+        self,
+        key: str,
+        value: bytes | None,
+        decode_destination: Callable[[Any], D] | None = None,
+    ) -> bool:
+        """Make a binding another node stored present or absent, as loading it would: with
+        ``value`` (a JSON object with the keys of ``SNAPSHOT_FIELDS``, as :meth:`from_snapshot`
+        rows) it is added; with None, the binding ``key`` names (its identity, a JSON list
+        ``[source, kind, pattern, destination, arguments]``) is removed. ``decode_destination``
+        as for :meth:`from_snapshot`. False when the table had it that way already."""
+        decode: Callable[[Any], Any] = decode_destination or _from_json
+        if value is not None:
+            row = json.loads(value)
+            return self.add(
+                row["source"],
+                row["kind"],
+                row["pattern"],
+                decode(row["destination"]),
+                row.get("arguments"),
+            )
+        source, kind, pattern, destination, arguments = json.loads(key)
+        return self.remove(source, kind, pattern, decode(destination), arguments)
 
     # -- reading -----------------------------------------------------------------------------
 

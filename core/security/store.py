@@ -123,6 +123,13 @@ class SecurityStore:
             else:
                 self._acls[acl_key] = KafkaAcl.from_key(acl_key)
 
+    def apply_remote(self, key: str, value: bytes | None) -> None:
+        """Take the entry ``key`` another node stored (``value``: the store's JSON, None:
+        deleted), as loading it at start would, and tell the listeners (the authorizer's
+        caches)."""
+        self._apply(key, value)
+        self._changed()
+
     async def _first_boot(self) -> None:
         await self.put_user(
             User(
