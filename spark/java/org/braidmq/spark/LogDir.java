@@ -16,6 +16,7 @@ import java.nio.file.Path;
 import java.nio.file.Paths;
 import java.nio.file.StandardOpenOption;
 import java.util.ArrayList;
+import java.util.HashMap;
 import java.util.HashSet;
 import java.util.List;
 import java.util.Map;
@@ -30,7 +31,17 @@ import java.util.TreeMap;
  *   DATA_DIR/log.json                                  segment size, entries per index file
  *   DATA_DIR/commitlog/00000000000000000000.log        segments named by their base position
  *   DATA_DIR/index/&lt;topic&gt;/&lt;queue&gt;/00000000000000000000.idx  index files (QueueIndex)
+ *   DATA_DIR/epochs/00000000000000000007[.sealed]      a cluster shard's claims: the seals
  * </pre>
+ *
+ * <p>Seals ({@code core.log.fence}, docs/cluster.md section 5.4): an owner that took a cluster
+ * shard over after an unclean stop records the recovered end of the last segment, and bytes of
+ * that segment past it are a fenced old owner's. Every file of {@code epochs/} named by 20
+ * digits (a claim) or 20 digits + {@code .sealed} (what its owner recorded when it opened the
+ * log) is JSON with a {@code "sealed": {"<segment base>": end}} object; the seal of a segment
+ * is the smallest end any file names. Each file is parsed once; one that does not parse (a
+ * claim being written) is read again at the next {@link #refresh}. A single node's directory
+ * has no {@code epochs/}: no seals, and nothing is checked per entry.
  *
  * <p>Segments are mapped whole (they are created sparse at full size, so one mapping sees what
  * the writer appends later). Not thread-safe: each Spark task opens its own (opening lists two
@@ -40,6 +51,13 @@ final class LogDir {
   static final String META_FILE = "log.json";
   static final String COMMITLOG_DIR = "commitlog";
   static final String INDEX_DIR = "index";
+  static final String EPOCHS_DIR = "epochs";
+  private static final String SEALED_SUFFIX = ".sealed";
+  private static final int EPOCH_DIGITS = 20;
+  // Trailing bytes after the JSON value fail the parse, as Python's json.loads.
+  private static final ObjectMapper EPOCH_JSON =
+      new ObjectMapper()
+          .enable(com.fasterxml.jackson.databind.DeserializationFeature.FAIL_ON_TRAILING_TOKENS);
   private static final String SEGMENT_SUFFIX = ".log";
   /** A MappedByteBuffer holds at most this much: larger segments are refused (as decode.py). */
   static final long MAX_SEGMENT_BYTES = Integer.MAX_VALUE;
@@ -50,6 +68,9 @@ final class LogDir {
   private final TreeMap<Long, Path> segmentFiles = new TreeMap<>();
   private final Map<Long, MappedByteBuffer> segments = new TreeMap<>();
   private final TreeMap<QueueKey, QueueIndex> queues = new TreeMap<>();
+  // The seals of each epoch file parsed so far, and merged: segment base -> end of its bytes.
+  private final Map<String, Map<Long, Long>> epochFiles = new HashMap<>();
+  private Map<Long, Long> seals = new HashMap<>();
 
   LogDir(String path) throws IOException {
     this.dataDir = Paths.get(path);
@@ -65,17 +86,21 @@ final class LogDir {
     }
     refreshSegments();
     discoverQueues();
+    refreshSeals();
   }
 
   // -- catalogue ---------------------------------------------------------------------------
 
-  /** Pick up what a running broker appended: new segments, queues and index entries. */
+  /** Pick up what a running broker appended: new segments, queues, index entries and seals. */
   void refresh() throws IOException {
     refreshSegments();
     discoverQueues();
     for (QueueIndex index : queues.values()) {
       index.refresh();
     }
+    // After the index: a seal is written before its owner's first write, so entries read
+    // before it are bounded by every seal written before them.
+    refreshSeals();
   }
 
   private void discoverQueues() throws IOException {
@@ -218,7 +243,8 @@ final class LogDir {
 
   /**
    * The frame at commit-log {@code position}, checked (length, magic, CRC32C) and copied out:
-   * {@code core.log.commitlog.CommitLog.read_frame}, used to follow LINKs.
+   * {@code core.log.commitlog.CommitLog.read_frame}, used to follow LINKs. A position at or
+   * past its segment's seal is refused.
    */
   byte[] readFrame(long position) throws IOException {
     long number = position / segmentSize;
@@ -226,6 +252,10 @@ final class LogDir {
     MappedByteBuffer mapped = segment(number, at + Layout.CRC_START);
     if (mapped == null) {
       throw new IOException("commit-log position " + position + ": its segment is gone");
+    }
+    if (pastSeal(position)) {
+      // A fenced owner's bytes, not the log's: CommitLog.read_frame's KeyError.
+      throw new IOException("commit-log position " + position + ": past its segment's seal");
     }
     int limit = mapped.capacity();
     if (at + Layout.CRC_START > limit) {
@@ -246,6 +276,100 @@ final class LogDir {
       throw Corruption.at(position, "crc32c mismatch");
     }
     return frame;
+  }
+
+  // -- seals (core/log/fence.py) -----------------------------------------------------------
+
+  /**
+   * Read the epoch files not parsed yet (one directory listing; a file that does not parse is
+   * left for the next call) and merge the seals: {@code core.log.fence.Seals.refresh}.
+   */
+  void refreshSeals() throws IOException {
+    Path directory = dataDir.resolve(EPOCHS_DIR);
+    List<String> names = new ArrayList<>();
+    try (DirectoryStream<Path> listing = Files.newDirectoryStream(directory)) {
+      for (Path path : listing) {
+        names.add(path.getFileName().toString());
+      }
+    } catch (NoSuchFileException none) {
+      return; // a single node's directory, or a shard never claimed
+    }
+    boolean added = false;
+    for (String name : names) {
+      if (epochFiles.containsKey(name) || !isEpochFileName(name)) {
+        continue;
+      }
+      byte[] data;
+      try {
+        data = Files.readAllBytes(directory.resolve(name));
+      } catch (NoSuchFileException gone) {
+        continue;
+      }
+      Map<Long, Long> found = parseSeals(data);
+      if (found != null) {
+        epochFiles.put(name, found);
+        added = added || !found.isEmpty();
+      }
+    }
+    if (added) {
+      Map<Long, Long> merged = new HashMap<>();
+      for (Map<Long, Long> found : epochFiles.values()) {
+        for (Map.Entry<Long, Long> seal : found.entrySet()) {
+          merged.merge(seal.getKey(), seal.getValue(), Math::min);
+        }
+      }
+      seals = merged;
+    }
+  }
+
+  /** Segment base position -> the end of its valid bytes; empty for most directories. */
+  Map<Long, Long> seals() {
+    return seals;
+  }
+
+  /** Whether {@code position} is at or past its segment's seal (a fenced owner's bytes). */
+  boolean pastSeal(long position) {
+    if (seals.isEmpty()) {
+      return false;
+    }
+    Long end = seals.get(position - position % segmentSize);
+    return end != null && position >= end;
+  }
+
+  /** {@code <20 digits>} (a claim) or {@code <20 digits>.sealed}; not a {@code .tmp}. */
+  static boolean isEpochFileName(String name) {
+    String digits =
+        name.endsWith(SEALED_SUFFIX)
+            ? name.substring(0, name.length() - SEALED_SUFFIX.length())
+            : name;
+    return digits.length() == EPOCH_DIGITS && isDigits(digits);
+  }
+
+  /** The {@code sealed} map of an epoch file's JSON; null when it does not parse (torn). */
+  static Map<Long, Long> parseSeals(byte[] data) {
+    JsonNode sealed;
+    try {
+      JsonNode parsed = EPOCH_JSON.readTree(data);
+      sealed = parsed == null || !parsed.isObject() ? null : parsed.get("sealed");
+    } catch (IOException torn) {
+      return null;
+    }
+    if (sealed == null || !sealed.isObject()) {
+      return null;
+    }
+    Map<Long, Long> found = new HashMap<>();
+    for (Map.Entry<String, JsonNode> field : sealed.properties()) {
+      JsonNode end = field.getValue();
+      if (!end.isIntegralNumber() || !end.canConvertToLong()) {
+        return null;
+      }
+      try {
+        found.put(Long.parseLong(field.getKey().trim()), end.asLong());
+      } catch (NumberFormatException notANumber) {
+        return null;
+      }
+    }
+    return found;
   }
 
   // -- names (core/log/names.py) -----------------------------------------------------------

@@ -213,6 +213,7 @@ final class RangeDecoder {
       }
       if (slice.end > index.nextOffset) {
         index.refresh(); // what a running broker appended since planning
+        log.refreshSeals(); // after the index: see LogDir.refresh
       }
       long[] bounds = log.queueBounds(slice.topic, slice.queue);
       start = Math.max(slice.start, bounds[0]);
@@ -264,9 +265,10 @@ final class RangeDecoder {
       sliceDone = true;
       return;
     }
+    // Before decoding: decodeEntries may drop entries past a seal from the chunk's arrays.
+    expectedOffset = firstOffsets[inRange - 1] + counts[inRange - 1];
     decodeEntries(inRange);
     entry += inRange;
-    expectedOffset = firstOffsets[inRange - 1] + counts[inRange - 1];
     if (inRange < count) {
       sliceDone = true;
     }
@@ -293,6 +295,9 @@ final class RangeDecoder {
 
   /** Entries [0, count) of the chunk, run by run of entries in one segment. */
   private void decodeEntries(int count) throws IOException {
+    if (!log.seals().isEmpty()) {
+      count = dropSealed(count);
+    }
     long segmentSize = log.segmentSize;
     int low = 0;
     while (low < count) {
@@ -304,6 +309,30 @@ final class RangeDecoder {
       decodeRun(number, low, high);
       low = high;
     }
+  }
+
+  /**
+   * Entries [0, count) of the chunk without those at or past their segment's seal, moved up in
+   * place; returns how many are left ({@code decode._within_seals}). A fenced old owner's
+   * entries sit at the end of their segment's run, and their first offsets continue the chain,
+   * so the contiguity check keeps them: they are dropped here, as LogReader skips them.
+   */
+  private int dropSealed(int count) {
+    int kept = 0;
+    for (int i = 0; i < count; i++) {
+      if (log.pastSeal(positions[i])) {
+        continue;
+      }
+      if (kept != i) {
+        positions[kept] = positions[i];
+        sizes[kept] = sizes[i];
+        counts[kept] = counts[i];
+        storeMs[kept] = storeMs[i];
+        firstOffsets[kept] = firstOffsets[i];
+      }
+      kept++;
+    }
+    return kept;
   }
 
   private void decodeRun(long number, int low, int high) throws IOException {

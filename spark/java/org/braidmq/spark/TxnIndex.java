@@ -119,6 +119,9 @@ final class TxnIndex {
       if (position < log.startPosition()) {
         continue; // deleted by retention
       }
+      if (log.pastSeal(position)) {
+        continue; // a fenced owner's, skipped as LogReader.read skips it
+      }
       byte[] frame = log.readFrame(position); // CRC-checked, as LogReader.read
       int bodyLength = (int) Layout.u32(frame, Layout.BODY_LEN);
       if (Layout.u32(frame, Layout.BODY_LEN) == Layout.NULL_LENGTH) {
@@ -192,7 +195,8 @@ final class TxnIndex {
     long last = index.nextEntry - 1;
     long firstOffset = index.firstOffset(last);
     long position = index.position(last);
-    if (firstOffset < stable && position >= log.startPosition()) {
+    // A last entry past its segment's seal is a fenced owner's: LogReader.read returns nothing.
+    if (firstOffset < stable && position >= log.startPosition() && !log.pastSeal(position)) {
       byte[] frame = log.readFrame(position);
       int flags = Layout.u16(frame, Layout.FLAGS);
       if ((flags & Layout.FLAG_BATCH) != 0 && (flags & Layout.FLAG_LINK) == 0) {
