@@ -9,6 +9,9 @@ section 9), from the ``Admin`` calls of core/cluster/admin_calls.py.
   ``braid_cluster_node_up{node}`` (1: a live node that answered; 0: a known node that did not)
   and ``braid_shard_owner{shard,node}``; the queue listing with each queue's stats from its
   shard's owner; every node's connections, each with its ``node``.
+- :func:`start_cluster_http`: once per cluster node, when its gRPC service exists: registers
+  the calls of a :class:`NodeAdmin` (pointed at each new broker by :meth:`NodeAdmin.attach`, as
+  a fenced node serves again) and returns the :class:`ClusterHttp` the listeners use.
 - :func:`enable_cluster_http`: the hook ``braid serve`` calls on a cluster node's application
   before it starts: a middleware that answers ``GET /metrics``, ``/api/overview``,
   ``/api/queues[/{vhost}[/{name}]]`` and ``/api/connections`` for the cluster. The local
@@ -32,6 +35,7 @@ from aiohttp import web
 
 from braid import metrics
 from braid.web.auth import REQUEST_TAGS, REQUEST_USER
+from braid.web.prometheus import DashboardMetrics
 from braid.web.rabbit import RabbitResources
 from braid.web.rabbit.shapes import connection_json
 from core.api import INTERNAL_CONTEXT
@@ -43,8 +47,13 @@ from core.cluster.admin_calls import (
     AdminCall,
     ClusterGather,
     Gathered,
+    register_admin_calls,
 )
+from core.cluster.placement import PLACE_QUEUE, queue_key, queue_shard
+from core.cluster.redis_metadata import PLACE_PREFIX, RedisMetadata
+from core.cluster.rpc.client import RpcClient
 from core.cluster.rpc.options import JsonObject
+from core.cluster.rpc.server import NodeService
 from core.security.model import TAG_ADMINISTRATOR, TAG_MONITORING
 
 log = logging.getLogger(__name__)
@@ -106,30 +115,91 @@ class NodeListings:
 def node_admin_calls(
     families: LocalFamilies, listings: NodeListings | None = None
 ) -> dict[str, AdminCall]:
-    """The ``Admin`` handlers of this node (register them with
-    ``core.cluster.admin_calls.register_admin_calls``; give the same to :class:`ClusterGather`
-    as its local calls)."""
+    """The ``Admin`` handlers over one registry and listings, fixed (:class:`NodeAdmin` for a
+    node whose broker changes)."""
+    admin = NodeAdmin()
+    admin.attach(families, listings)
+    return admin.calls()
 
-    async def metrics_call(_args: JsonObject) -> JsonObject:
-        return {"families": [metrics.family_to_json(family) for family in families()]}
 
-    calls: dict[str, AdminCall] = {ADMIN_METRICS: metrics_call}
-    if listings is None:
-        return calls
+class NodeAdmin:
+    """This node's ``Admin`` answers over the broker it serves now: :meth:`calls` are
+    registered once (a gRPC service takes each name once), :meth:`attach` points them at each
+    new registry and listings (a fenced node serves again on a new broker). Until the first
+    attach, and on a node without the management API, the listings are empty."""
 
-    async def queues_call(_args: JsonObject) -> JsonObject:
-        return {"queues": listings.queues()}
+    def __init__(self) -> None:
+        self._families: LocalFamilies = list
+        self._listings: NodeListings | None = None
 
-    async def connections_call(_args: JsonObject) -> JsonObject:
-        return {"connections": listings.connections()}
+    def attach(self, families: LocalFamilies, listings: NodeListings | None = None) -> None:
+        self._families = families
+        self._listings = listings
 
-    async def overview_call(_args: JsonObject) -> JsonObject:
-        return listings.overview()
+    def calls(self) -> dict[str, AdminCall]:
+        async def metrics_call(_args: JsonObject) -> JsonObject:
+            return {"families": [metrics.family_to_json(f) for f in self._families()]}
 
-    calls[ADMIN_QUEUES] = queues_call
-    calls[ADMIN_CONNECTIONS] = connections_call
-    calls[ADMIN_OVERVIEW] = overview_call
-    return calls
+        async def queues_call(_args: JsonObject) -> JsonObject:
+            listings = self._listings
+            return {"queues": [] if listings is None else listings.queues()}
+
+        async def connections_call(_args: JsonObject) -> JsonObject:
+            listings = self._listings
+            return {"connections": [] if listings is None else listings.connections()}
+
+        async def overview_call(_args: JsonObject) -> JsonObject:
+            listings = self._listings
+            return {} if listings is None else listings.overview()
+
+        return {
+            ADMIN_METRICS: metrics_call,
+            ADMIN_QUEUES: queues_call,
+            ADMIN_CONNECTIONS: connections_call,
+            ADMIN_OVERVIEW: overview_call,
+        }
+
+
+def local_families(
+    registry: metrics.MetricsRegistry, resources: RabbitResources | None = None
+) -> LocalFamilies:
+    """What this node's own ``/metrics`` renders: the registry's families and, with the
+    management API, the dashboards' (braid/web/prometheus.py, as braid/web's build_app adds)."""
+    if resources is None:
+        return registry.collect
+    dashboards = DashboardMetrics(resources, resources.sources)
+    return lambda: [*registry.collect(), *dashboards.aggregated()]
+
+
+def placed_queue_shard(metadata: RedisMetadata) -> QueueShard:
+    """A queue's shard: its recorded placement (``place:queue`` in the metadata cache), else
+    the placement rule (docs/cluster.md section 3)."""
+
+    def shard_of(vhost: str, name: str) -> int:
+        recorded = metadata.get(PLACE_PREFIX + PLACE_QUEUE, queue_key(vhost, name))
+        if recorded is not None:
+            return int(recorded)
+        return queue_shard(vhost, name, metadata.shards)
+
+    return shard_of
+
+
+def start_cluster_http(
+    service: NodeService,
+    metadata: RedisMetadata,
+    client: RpcClient,
+    node_id: int,
+    *,
+    timeout_s: float,
+) -> tuple[NodeAdmin, ClusterHttp]:
+    """Register this node's ``Admin`` answers on ``service`` and build the cluster-wide HTTP
+    answers (``timeout_s``: ``rpc_timeout_ms``); :meth:`NodeAdmin.attach` the served broker's
+    registry and listings next."""
+    admin = NodeAdmin()
+    calls = admin.calls()
+    register_admin_calls(service, calls)
+    gather = ClusterGather(metadata, client.admin, str(node_id), calls, timeout_s=timeout_s)
+    return admin, ClusterHttp(gather, placed_queue_shard(metadata))
 
 
 def _listed(answer: JsonObject, key: str) -> list[Json]:

@@ -19,19 +19,20 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from braid.cluster_http import ClusterHttp, NodeListings, enable_cluster_http, node_admin_calls
+from braid.cluster_http import (
+    ClusterHttp,
+    NodeListings,
+    enable_cluster_http,
+    local_families,
+    start_cluster_http,
+)
 from braid.metrics import Family, MetricsRegistry, merge_node_families, render_families
 from braid.web import WebServer, build_app
 from braid.web.rabbit import ManagementSources, RabbitResources
 from braid.web.server import ResponseCounter
 from core.api import INTERNAL_CONTEXT, AckQueueConfig, BrokerAPI
 from core.broker import Node
-from core.cluster.admin_calls import (
-    ADMIN_METRICS,
-    ADMIN_QUEUES,
-    ClusterGather,
-    register_admin_calls,
-)
+from core.cluster.admin_calls import ADMIN_METRICS, ADMIN_QUEUES, ClusterGather
 from core.cluster.membership import NodeAddresses
 from core.cluster.placement import queue_shard
 from core.cluster.redis_metadata import RedisMetadata, connect
@@ -82,6 +83,7 @@ class TestNode:
         self.store: LogStore | None = None
         self.broker: Node | None = None
         self.gather: ClusterGather | None = None
+        self.cluster: ClusterHttp | None = None
 
     async def start(self, redis_url: str) -> None:
         self.store = LogStore(LogConfig(self.directory / "data", durability="async"))
@@ -98,8 +100,6 @@ class TestNode:
                 await api.publish(INTERNAL_CONTEXT, topic, b"m%d" % i, subject=name)
         self.sources = ManagementSources(api, {})
         self.resources = RabbitResources(security, self.sources)
-        calls = node_admin_calls(self.registry.collect, NodeListings(self.resources))
-        register_admin_calls(self.service, calls)
         port = await self.server.start("127.0.0.1", 0)
         self.metadata = metadata = await connect(redis_url, CLUSTER, shards=SHARDS)
         node = str(self.node_id)
@@ -107,9 +107,16 @@ class TestNode:
         incarnation = await metadata.register_node(node, fields)
         await metadata.acquire_lease(node, incarnation, LEASE_MS, wait_ms=0)
         await metadata.claim_shard(self.shard, node, incarnation, 0)
-        self.gather = ClusterGather(
-            metadata, self.client.admin, node, calls, timeout_s=self.settings.rpc_timeout_s
+        # What braid serve does on a cluster node: the calls once, the broker attached.
+        admin, self.cluster = start_cluster_http(
+            self.service,
+            metadata,
+            self.client,
+            self.node_id,
+            timeout_s=self.settings.rpc_timeout_s,
         )
+        admin.attach(local_families(self.registry, self.resources), NodeListings(self.resources))
+        self.gather = self.cluster.gather
 
     async def stop(self) -> None:
         await self.server.stop(grace_s=0)
@@ -144,13 +151,12 @@ async def nodes(redis_server: RedisServer, tmp_path: Path) -> AsyncIterator[dict
 async def http(nodes: dict[int, TestNode]) -> AsyncIterator[str]:
     """Node 1's HTTP listener, answering for the cluster; its base URL."""
     node = nodes[1]
-    assert node.gather is not None
+    assert node.cluster is not None
     counter = ResponseCounter()
     app = build_app(
         lambda: (True, {}), node.registry, node.resources.security, sources=node.sources
     )
-    cluster = ClusterHttp(node.gather, lambda vhost, name: queue_shard(vhost, name, SHARDS))
-    enable_cluster_http(app, cluster, node.resources)
+    enable_cluster_http(app, node.cluster, node.resources)
     server = WebServer(app, counter)
     await server.start("127.0.0.1", 0)
     assert server.address is not None
@@ -190,6 +196,8 @@ async def test_metrics_merge_every_nodes_families_with_node_labels(
     assert by_node(samples, "braid_test_published_total") == {"1": 10, "2": 20}
     assert by_node(samples, "braid_metrics_collector_errors_total") == {"1": 0, "2": 0}
     assert by_node(samples, "braid_cluster_node_up") == {"1": 1, "2": 1}
+    # The dashboards' families (braid/web/prometheus.py) from each node too.
+    assert set(by_node(samples, "rabbitmq_identity_info")) == {"1", "2"}
     owners = {labels["shard"]: labels["node"] for labels, _ in samples["braid_shard_owner"]}
     assert owners == {"0": "1", "1": "2"}
     assert all(value == 1 for _, value in samples["braid_shard_owner"])
