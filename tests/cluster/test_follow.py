@@ -300,3 +300,26 @@ async def test_a_node_started_again_catches_up_from_redis(nodes):
     await eventually(lambda: "before" not in two.topics, "node 1's delete")
     assert two.topics.total_queues == 4
     assert two.follower.applied == 1
+
+
+async def test_changes_redis_lost_leave_the_registries_after_a_reload(nodes, server):
+    """Redis loses node 1's last change (as a failover without WAIT can) and the next apply
+    gets its version number: both nodes' stores reload, their watches report a gap, and the
+    followers give every definition again, dropping what no longer exists."""
+    one, two = await nodes("one"), await nodes("two")
+    await one.topics.declare("kept", 1)
+    await one.topics.declare("lost", 2)
+    await eventually(lambda: "lost" in two.topics, "node 2 to see the topic")
+    lost_version = one.redis.version
+    with server.client() as raw:  # what a failover to a replica that missed it leaves
+        raw.xdel("braid:c1:changes", f"{lost_version}-0")
+        ((top, _),) = raw.xrevrange("braid:c1:changes", count=1)
+        raw.execute_command("XSETID", "braid:c1:changes", top)
+        raw.hdel("braid:c1:def:topic", "lost")
+        raw.set("braid:c1:version", lost_version - 1)
+    await one.topics.declare("new", 1)  # the lost one's version number again
+
+    for node in (one, two):
+        await eventually(lambda node=node: "lost" not in node.topics, "the lost topic gone")
+        assert {info.name for info in node.topics.all()} == {"kept", "new"}
+        assert node.topics.total_queues == 2
