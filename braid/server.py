@@ -542,6 +542,10 @@ class BraidServer:
         # serves its shard (None: a standby), and the rejoin after a fence while it runs.
         self.cluster_node: node_runner.ClusterNode | None = None
         self.shard_epoch: int | None = None
+        # A cluster node's shards beyond the lowest (self.store), by number (docs/cluster.md
+        # section 6: a node serving many local shards).
+        self.more_stores: list[tuple[int, LogStore]] = []
+        self.shard_number = 0
         self._fence_task: asyncio.Task[None] | None = None
         # Set when the node could not serve again after a fence: the process exits 1.
         self.fatal = False
@@ -569,8 +573,11 @@ class BraidServer:
         """Build the broker on the open ``store`` (with a cluster node's ``metadata``) and start
         its listeners."""
         await store.start()
+        for _, more in self.more_stores:
+            await more.start()
         self.metrics = MetricsRegistry()  # a new one each time a cluster node serves again
-        self.broker = broker = Node(store, self.settings.broker_config(), metadata=metadata)
+        shards = [(self.shard_number, store), *self.more_stores] if self.more_stores else store
+        self.broker = broker = Node(shards, self.settings.broker_config(), metadata=metadata)
         shard = broker.shard  # the node's one shard, over store (cluster.md section 6)
         # The disk alarm (core/log/diskspace.py) is one of flow control's reasons.
         broker.flow.watch_disk(store.disk_space)
@@ -750,28 +757,27 @@ class BraidServer:
             await self._serve_shard(epoch)
 
     async def _serve_shard(self, epoch: int) -> None:
-        """Open the owned shard at ``epoch`` (with its storage fence) and serve it."""
-        from core.cluster import node_runner
-
+        """Open the owned shards (each with its storage fence; ``epoch``: the lowest one's)
+        and serve them."""
         node = self.cluster_node
         assert node is not None
         try:
             # Recovery in a thread: the loop keeps renewing the lease meanwhile (a recovery
             # longer than lease_ms on the loop would fence the node, again at each rejoin).
-            store, metadata = await asyncio.to_thread(
-                node.open_shard, self.settings.log_config(), epoch
-            )
+            stores, metadata = await asyncio.to_thread(node.open_shards, self.settings.log_config())
         except (OSError, ValueError, KeyError) as error:
-            raise StartupError(f"cannot open shard {node_runner.SERVED_SHARD}: {error}") from None
+            raise StartupError(f"cannot open the owned shards: {error}") from None
+        (self.shard_number, store), *self.more_stores = stores
         self.store = store
         self.shard_epoch = epoch
-        log.info(
-            "shard %d open at epoch %d: write position %d, %d records replayed",
-            node_runner.SERVED_SHARD,
-            epoch,
-            store.commitlog.write_position,
-            store.recovery.replayed_records,
-        )
+        for number, opened in stores:
+            log.info(
+                "shard %d open at epoch %d: write position %d, %d records replayed",
+                number,
+                node.owned.get(number, epoch),
+                opened.commitlog.write_position,
+                opened.recovery.replayed_records,
+            )
         await node.copy_adopted_definitions(metadata.local)
         await self._serve(store, metadata)
 
@@ -982,6 +988,8 @@ class BraidServer:
         store = self.store
         if fenced and store is not None:
             store.abandon()
+            for _, more in self.more_stores:
+                more.abandon()
         for name in reversed(list(self.listeners)):
             listener = self.listeners.pop(name)
             try:
@@ -997,6 +1005,9 @@ class BraidServer:
             except Exception:
                 log.exception("closing the broker failed")  # the store is still closed below
         store, self.store = self.store, None
+        more_stores, self.more_stores = self.more_stores, []
+        for _, more in more_stores:
+            await more.aclose()
         if store is not None:
             await store.aclose()
             log.info("log closed at write position %d", store.commitlog.write_position)

@@ -191,9 +191,10 @@ class BrokerCalls:
         :attr:`PublishOutcome.durable_mark`) is durable at ``topic``'s durability (the sync
         durability when no topic is given). Marks only grow: waiting for the last of several
         publishes covers them all."""
-        # The mark is a position in the log of the node's one shard (a node-local sequence
-        # over its shards in a cluster, section 6); no lookup on this per-publish path.
-        return self._node.shard.store.wait_durable(durable_mark, topic)
+        # One shard: the mark is a position in its log and this is its store's wait_durable;
+        # many: a node-local sequence over its shards (core/broker/shards.py:DurableMarks).
+        # Chosen once by the node: no lookup on this per-publish path.
+        return self._node.when_durable(durable_mark, topic)
 
     # -- the disk alarm ------------------------------------------------------------------------
 
@@ -205,7 +206,8 @@ class BrokerCalls:
         return self._node.flow.disk_alarm
 
     def disk_status(self) -> DiskStatus:
-        """Free bytes, the limit and the alarm, for /health and /metrics."""
+        """Free bytes, the limit and the alarm, for /health and /metrics (many shards: the
+        lowest local one's; the shards of a root share its file system)."""
         space = self._node.shards.home.store.disk_space
         return DiskStatus(space.free_bytes, space.limit_bytes, space.alarm)
 

@@ -34,6 +34,7 @@ from core.broker.broker import (
     PublishResult,
 )
 from core.broker.eager import Pending, run_eagerly
+from core.broker.shards import ShardSet
 from core.broker.topics import TopicError, TopicInfo, TopicRegistry
 from core.cluster.metadata import KIND_SETTING, Change
 from core.groups.results import GroupDescription, GroupListing, JoinResult, LeaveResult, SyncResult
@@ -45,6 +46,7 @@ from core.log.names import is_system_topic
 from core.log.retention import TopicLimits, stored_bytes
 from core.offsets.store import CommittedOffset
 from core.scoped_reads import (
+    StoredEntry,
     StoredRecordReader,
     stored_body,
     stored_flags,
@@ -81,15 +83,40 @@ def topic_retention_limits(topics: TopicRegistry) -> dict[str, TopicLimits]:
 class _PartitionReader(StoredRecordReader):
     """The stored-entry reader of a fetch, with the log start offsets DeleteRecords set."""
 
-    __slots__ = ("_topics",)
+    __slots__ = ("_shards", "_topics")
 
-    def __init__(self, store: Any, topics: TopicRegistry) -> None:
-        super().__init__(store)
+    def __init__(self, shards: ShardSet, topics: TopicRegistry) -> None:
+        super().__init__(shards.home.store)
         self._topics = topics
+        # Many shards: each partition read in its own shard's log (one shard: the base's).
+        self._shards = None if shards.single else shards
 
     def partition_offsets(self, topic: str, partition: int) -> tuple[int, int]:
-        start, end = super().partition_offsets(topic, partition)
+        shards = self._shards
+        if shards is None:
+            start, end = super().partition_offsets(topic, partition)
+        else:
+            start, end = shards.for_queue(topic, partition).store.queue_bounds(topic, partition)
         return max(start, _log_start_floor(self._topics, topic, partition)), end
+
+    def read(
+        self,
+        topic: str,
+        partition: int,
+        offset: int,
+        *,
+        max_records: int,
+        max_bytes: int | None = None,
+    ) -> list[StoredEntry]:
+        shards = self._shards
+        if shards is None:
+            return super().read(
+                topic, partition, offset, max_records=max_records, max_bytes=max_bytes
+            )
+        super().read(topic, partition, 0, max_records=0)  # (refused once the reader is closed)
+        return shards.for_queue(topic, partition).store.read(
+            topic, partition, offset, max_records=max_records, max_bytes=max_bytes
+        )
 
 
 class PartitionCalls(BrokerCalls):
@@ -151,11 +178,11 @@ class PartitionCalls(BrokerCalls):
 
     async def add_partitions(self, context: ClientContext, name: str, total: int) -> TopicInfo:
         """Grow the topic to ``total`` queues (:class:`TopicError` if unknown)."""
-        return await self._node.topics.add_queues(name, total)
+        return await self._node.add_queues(name, total)
 
     def storage_settings(self, context: ClientContext, topic: str | None = None) -> StorageSettings:
         """The log's retention and segment size, and ``topic``'s durability (DescribeConfigs)."""
-        config = self._node.shards.home.store.config
+        config = self._node.shards.home.store.config  # (every shard's log has the same)
         return StorageSettings(
             config.retention_ms,
             config.retention_bytes,
@@ -261,7 +288,8 @@ class PartitionCalls(BrokerCalls):
         return stored_bytes(index, index.entry_for_offset(start), index.next_entry)
 
     def log_directory(self, context: ClientContext) -> tuple[str, int, int]:
-        """``(absolute path, total bytes, usable bytes)`` of the data directory's file system."""
+        """``(absolute path, total bytes, usable bytes)`` of the data directory's file system
+        (many shards: the lowest local one's directory; they share the root's file system)."""
         path = os.path.abspath(self._node.shards.home.store.data_dir)
         usage = shutil.disk_usage(path)
         return path, usage.total, usage.free
@@ -430,8 +458,7 @@ class PartitionCalls(BrokerCalls):
         maps (the fetch fast path copies each batch once, into the response frame): they are
         valid until ``respond`` returns, and the reader is closed then, so what ``respond``
         returns must be values or copies, never an entry."""
-        # One shard holds every partition in step 2 (a fetch over several reads each one's).
-        reader = _PartitionReader(self._node.shards.home.store, self._node.topics)
+        reader = _PartitionReader(self._node.shards, self._node.topics)
         try:
             return respond(reader)
         finally:

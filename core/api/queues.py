@@ -32,6 +32,7 @@ from core.delivery.handles import (
     take_one,
 )
 from core.limits import QUEUE_VHOST_KEY
+from core.transactions import TransactionError
 
 
 class QueueCalls(BrokerCalls):
@@ -205,6 +206,7 @@ class QueueCalls(BrokerCalls):
     def waits_for_fsync(self, topic: str) -> bool:
         """Whether ``topic``'s durability is ``sync``: a publish there is durable only once
         the log is fsynced (:meth:`when_durable` waits for it); else at once."""
+        # (Every shard's log has the same durability settings: the lowest local one answers.)
         return self._node.shards.home.store.is_sync(topic)
 
     def publishing_blocked_reason(self) -> str | None:
@@ -254,7 +256,19 @@ class QueueCalls(BrokerCalls):
             )
         else:
             queue, destinations = 0, [(topic, 0)]
-        appended = node.shards.for_transaction(txn_id).transactions.add_nowait(
+        shards = node.shards
+        shard = shards.for_transaction(txn_id)
+        if not shards.single:
+            # Its commit is one LINK in the transaction's shard, which can index only that
+            # shard's queues: a transaction across shards (section 10) is step 7's.
+            for destination in destinations:
+                if shards.queue_number(*destination) != shard.number:
+                    raise TransactionError(
+                        f"transaction {txn_id!r} is kept in shard {shard.number} and "
+                        f"{destination[0]!r} queue {destination[1]} is in another: a "
+                        "transaction across shards is not supported yet"
+                    )
+        appended = shard.transactions.add_nowait(
             txn_id,
             topic,
             queue,

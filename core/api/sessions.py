@@ -126,7 +126,10 @@ class SessionCalls(BrokerCalls):
     def is_durable(self, durable_mark: int, topic: str | None = None) -> bool:
         """Whether :meth:`when_durable` would return at once (a synchronous check for a batch
         of acknowledgements that mostly need no wait)."""
-        store = self._node.shard.store  # (marks are shard 0's positions: base.py)
+        node = self._node
+        if not node.shards.single:  # a node-local sequence over its shards (base.py)
+            return node.marks.is_durable(durable_mark, topic)
+        store = node.shard.store  # (one shard: marks are its log's positions)
         return store.commitlog.flushed_position >= durable_mark or (
             topic is not None and not store.is_sync(topic)
         )

@@ -84,6 +84,7 @@ class AckQueues:
     """The ack-queue job of the shard (see the module docstring)."""
 
     # The shard's, set in its constructor.
+    number: int
     store: LogStore
     host: ShardHost
     topics: TopicRegistry
@@ -182,7 +183,10 @@ class AckQueues:
         ]
         if message.header(DEAD_LETTER_REASON_HEADER) is None:
             headers.append((DEAD_LETTER_REASON_HEADER, reason.encode()))
-        self.store.link([message.position], destinations, headers=headers)
+        # A LINK indexes only this shard's queues: the others get a copy from the node.
+        destinations = self.host.copy_elsewhere(self.number, message, destinations, headers)
+        if destinations:
+            self.store.link([message.position], destinations, headers=headers)
         self.metrics["dead_lettered"] += 1
 
     def ack_queue(self, topic: str, queue: int = 0) -> AckQueue | None:

@@ -110,6 +110,9 @@ class PublishResult:
     # Stored as a half message (header x-braid-txn-id): invisible until committed.
     half: bool = False
     record_count: int = 1
+    # A node of many shards: the publish's node-local sequence number, its durable mark
+    # (core/broker/shards.py:DurableMarks); -1 on one shard, whose mark is a log position.
+    sequence: int = -1
 
     @property
     def offset(self) -> int:
@@ -125,7 +128,7 @@ class PublishResult:
     @property
     def durable_mark(self) -> int:
         """What ``BrokerAPI.when_durable`` takes to wait for this record and all before it."""
-        return self.appended.end
+        return self.appended.end if self.sequence < 0 else self.sequence
 
 
 BRAID_HEADER_PREFIX = b"x-braid-"

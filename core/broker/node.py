@@ -30,8 +30,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, Final
 
 from core.broker.ack_queues import (
     ack_queue_config_from_json,
@@ -49,9 +49,11 @@ from core.broker.broker import (
 )
 from core.broker.flow import FlowControl
 from core.broker.partitioner import murmur2_partition
+from core.broker.remote import ForwardResult, RemoteAppend
 from core.broker.shard import Shard
-from core.broker.shards import ShardSet
+from core.broker.shards import DurableMarks, ShardSet
 from core.broker.topics import TopicError, TopicInfo, TopicLimits, TopicRegistry
+from core.cluster import placement
 from core.cluster.local import LocalMetadata
 from core.cluster.metadata import KIND_BINDING, KIND_QUEUE, Change
 from core.cluster.split import SplitMetadata
@@ -59,9 +61,11 @@ from core.delivery.ackqueue import AckQueue, AckQueueConfig
 from core.delivery.live import LiveFeed
 from core.delivery.message import (
     BATCH_SELECT_HEADER,
+    Message,
     inner_subject,
     selection_key,
 )
+from core.errors import ShardUnavailable
 from core.log import LogStore
 from core.log import record as rec
 from core.log.batches import batch_is_control, unpack_batch
@@ -72,6 +76,7 @@ from core.transactions.control import (
     CONTROL_TOPICS,
     RESULT_HEADER,
     TXN_TOPIC,
+    HalfMark,
     batch_half_mark,
     half_mark,
     outcome_txn_id,
@@ -83,27 +88,47 @@ log = logging.getLogger(__name__)
 FLOW_CHECK_INTERVAL_S = 0.25
 # Exchange-to-exchange routing deeper than this is cut (RabbitMQ has no limit but detects cycles).
 MAX_ROUTING_HOPS = 32
+# The metadata kind of recorded queue placements (Redis ``place:partition``, section 4):
+# ``place:`` + placement.PLACE_PARTITION, spelled out because core.cluster.placement imports
+# core.broker.partitioner, so this module may run while placement is only partly imported
+# (hence ``placement.X`` read at call time, never imported names).
+PLACE_PARTITION_KIND: Final = "place:partition"
+
+
+def _number(numbered: tuple[int, LogStore]) -> int:
+    return numbered[0]
 
 
 class Node:
     def __init__(
         self,
-        store: LogStore,
+        store: LogStore | Sequence[tuple[int, LogStore]],
         config: BrokerConfig | None = None,
         *,
         metadata: SplitMetadata | None = None,
+        shard_count: int | None = None,
+        remote: RemoteAppend | None = None,
     ) -> None:
-        """``metadata``: a cluster node's (its ``local`` over ``store``); None on a single
-        node, whose metadata is the __meta/__security/__limits tables of ``store``."""
+        """``store``: the node's one log store (shard 0), or ``(number, store)`` of each shard
+        it serves. ``metadata``: a cluster node's (its ``local`` over the lowest-numbered
+        shard's store); None on a single node, whose metadata is the __meta/__security/__limits
+        tables of that store. ``shard_count``: the cluster's shard count (default: the shards
+        given, numbered 0..n-1). ``remote``: where records for shards of other nodes go
+        (docs/cluster.md section 7); None: a destination in one of them is
+        :class:`~core.errors.ShardUnavailable`."""
         self.config = config or BrokerConfig()
+        stores = [(0, store)] if isinstance(store, LogStore) else sorted(store, key=_number)
+        if not stores:
+            raise ValueError("a node serves at least one shard")
+        home_number, home_store = stores[0]
         # Cluster-wide definitions (topics, bindings, queues, security, limits): on a single
         # node the __meta/__security/__limits tables of its log (docs/cluster.md section 4).
         if metadata is None:
-            local = LocalMetadata(store)
+            local = LocalMetadata(home_store)
             self.metadata: LocalMetadata | SplitMetadata = local
         else:
-            if metadata.local.store is not store:
-                raise ValueError("the shard-local metadata must be over the node's store")
+            if metadata.local.store is not home_store:
+                raise ValueError("the shard-local metadata must be over the node's first store")
             self.metadata = metadata
             local = metadata.local
         self.topics = TopicRegistry(
@@ -121,12 +146,36 @@ class Node:
         self._round_robin: dict[str, int] = {}
         self._live: LiveFeed | None = None
         self._tasks: list[asyncio.Task[None]] = []
-        # Shard 0, the node's one shard (step 2): what the publish path appends to directly.
-        self.shard = Shard(0, store, self.config, self, local)
-        self.shards = ShardSet([self.shard])
+        self.remote = remote
+        # The lowest-numbered shard (shard 0 of a single node): what the one-shard publish
+        # path appends to directly, and the home of what has no placement yet.
+        self.shard = Shard(home_number, home_store, self.config, self, local)
+        shards = [self.shard]
+        for number, other in stores[1:]:
+            # Each shard keeps its own entries (redrive intents) in its own __meta.
+            shards.append(Shard(number, other, self.config, self, LocalMetadata(other)))
+        count = len(stores) if shard_count is None else shard_count
+        self.shards = ShardSet(shards, count=count, placements=self._recorded_placements(count))
+        # Many shards: publishes are grouped by shard, and a durable mark is a node-local
+        # sequence number (module docstring of core/broker/durable.py); one shard: a position
+        # in its log, waited for by the store itself (no lookup, no table).
+        self._many = not self.shards.single
+        self.marks = DurableMarks(self.shards)
+        self.when_durable: Callable[[int, str | None], Awaitable[None]] = (
+            self.marks.wait if self._many else home_store.wait_durable
+        )
         self._load_bindings_and_queues()
         for shard in self.shards:
             shard.listen()
+
+    def _recorded_placements(self, count: int) -> placement.Placements:
+        """The placements recorded in the cluster's store (Redis ``place:partition``); none
+        on a single node, whose one shard holds everything."""
+        placements = placement.Placements(count)
+        if count > 1 and isinstance(self.metadata, SplitMetadata):
+            for key, value in self.metadata.items(PLACE_PARTITION_KIND):
+                placements.record(placement.PLACE_PARTITION, key, int(value))
+        return placements
 
     # -- startup / shutdown ----------------------------------------------------------------
 
@@ -143,8 +192,9 @@ class Node:
         for _key, value in self.metadata.items(KIND_QUEUE):
             raw = json.loads(value)
             destination = (raw["topic"], int(raw["queue"]))
-            shard = self.shards.for_queue(*destination)
-            shard.open_ack_queue(destination, ack_queue_config_from_json(raw["config"]))
+            shard = self.shards.local(self.shards.queue_number(*destination))
+            if shard is not None:  # (a queue of another node's shard is opened there)
+                shard.open_ack_queue(destination, ack_queue_config_from_json(raw["config"]))
 
     async def start(self) -> None:
         for shard in self.shards:
@@ -181,6 +231,9 @@ class Node:
         first call: a node without live subscribers does not follow its index)."""
         feed = self._live
         if feed is None:
+            # The live feed has no placement yet: it follows the lowest local shard (with many
+            # shards, live subscribers see what that shard indexes; section 8's routes and
+            # Fanout are step 8's).
             feed = self._live = LiveFeed(self.shards.home.store)
         return feed
 
@@ -189,7 +242,67 @@ class Node:
     async def declare_topic(
         self, name: str, queues: int | None = None, config: dict[str, Any] | None = None
     ) -> tuple[TopicInfo, bool]:
-        return await self.topics.declare(name, queues or self.config.num_partitions, config)
+        declared = await self.topics.declare(name, queues or self.config.num_partitions, config)
+        info, created = declared
+        if created:
+            await self.record_placements(name, range(info.queues))
+        return declared
+
+    async def add_queues(self, name: str, total: int) -> TopicInfo:
+        """Grow the topic ``name`` to ``total`` queues (Kafka CreatePartitions), the new ones
+        placed."""
+        before = self.topics.get(name)
+        info = await self.topics.add_queues(name, total)
+        await self.record_placements(name, range(before.queues if before else 0, info.queues))
+        return info
+
+    async def record_placements(self, topic: str, queues: range) -> None:
+        """Record where the new ``queues`` of ``topic`` are (Redis ``place:partition``, section
+        3), so every node reads the same shard even where the rule would say otherwise later.
+        Only a node of many shards over the cluster's store records; a single node's one
+        shard holds everything. A separate apply after the definition's (not the same script
+        as section 3 foresees): a node that stops between the two leaves the rule, which the
+        record would have said anyway."""
+        shards = self.shards
+        if shards.single or not queues or not isinstance(self.metadata, SplitMetadata):
+            return
+        placed = [(queue, shards.queue_number(topic, queue)) for queue in queues]
+        changes = [
+            Change(
+                PLACE_PARTITION_KIND, placement.partition_key(topic, queue), str(number).encode()
+            )
+            for queue, number in placed
+            if shards.placements.shard_of(
+                placement.PLACE_PARTITION, placement.partition_key(topic, queue)
+            )
+            is None
+        ]
+        if changes:
+            await self.metadata.apply(changes)
+            for queue, number in placed:
+                shards.record_queue(topic, queue, number)
+
+    async def _forget_placements(self, topic: str, queues: range) -> None:
+        shards = self.shards
+        if shards.single or not isinstance(self.metadata, SplitMetadata):
+            return
+        known = [
+            queue
+            for queue in queues
+            if shards.placements.shard_of(
+                placement.PLACE_PARTITION, placement.partition_key(topic, queue)
+            )
+            is not None
+        ]
+        if known:
+            await self.metadata.apply(
+                [
+                    Change(PLACE_PARTITION_KIND, placement.partition_key(topic, q), None)
+                    for q in known
+                ]
+            )
+        for queue in queues:
+            shards.forget_queue(topic, queue)
 
     def topic(self, name: str) -> TopicInfo:
         """The topic ``name``; :class:`TopicError` when there is none."""
@@ -215,6 +328,7 @@ class Node:
             self.bindings.remove_destination((name, queue))
         await self._persist_bindings_of(name)
         deleted = await self.topics.delete(name)
+        await self._forget_placements(name, range(info.queues))
         # As Kafka does: the topic's committed offsets go with it, and a topic created again
         # under the same name starts empty at offset 0.
         for shard in self.shards:
@@ -247,6 +361,8 @@ class Node:
         existing = shard.ack_queues.get(destination)
         if existing is not None:  # declared meanwhile (the store answered after a wait)
             return existing, False
+        if topic not in self.topics:  # a queue of no topic (an MQTT session's): placed here
+            await self.record_placements(topic, range(queue, queue + 1))
         return shard.open_ack_queue(destination, config), True
 
     async def delete_ack_queue(self, topic: str, queue: int = 0) -> AckQueue | None:
@@ -434,11 +550,17 @@ class Node:
                 seen.add(destination)
                 destinations.append(destination)
         refused = []
-        ack_queues = self.shard.ack_queues
-        for destination in destinations[1:]:
-            ack_queue = ack_queues.get(destination)
-            if ack_queue is not None and ack_queue.would_overflow():
-                refused.append(destination)
+        if self._many:
+            for destination in destinations[1:]:
+                ack_queue = self._local_ack_queue(destination)
+                if ack_queue is not None and ack_queue.would_overflow():
+                    refused.append(destination)
+        else:
+            ack_queues = self.shard.ack_queues
+            for destination in destinations[1:]:
+                ack_queue = ack_queues.get(destination)
+                if ack_queue is not None and ack_queue.would_overflow():
+                    refused.append(destination)
         if refused:
             destinations = [d for d in destinations if d not in refused]
         return destinations, refused
@@ -492,7 +614,8 @@ class Node:
         if topic in CONTROL_TOPICS:
             if topic == TXN_TOPIC:
                 txn_id = outcome_txn_id(headers, subject, key)
-                result, outcome_ok = await self.shard.half_messages.apply(txn_id, body)
+                shard = self.shards.for_transaction(txn_id) if self._many else self.shard
+                result, outcome_ok = await shard.half_messages.apply(txn_id, body)
                 headers = [*headers, (RESULT_HEADER, result.encode())]
         elif headers:
             mark = half_mark(headers)
@@ -520,11 +643,24 @@ class Node:
             "born_ms": born_ms,
         }
         if mark is not None:
-            appended = self.shard.half_messages.add_half(
+            appended = self._half_shard(mark, destinations).half_messages.add_half(
                 mark, topic, chosen, body, destinations=destinations, **fields
             )
             await self._after_half(appended, topic, wait_durable)
             return PublishResult(appended, destinations, chosen, refused, half=True)
+        if self._many:
+            return await self._publish_across(
+                topic,
+                chosen,
+                body,
+                destinations,
+                refused,
+                flags=0,
+                record_count=1,
+                deliver_at_ms=deliver_at_ms,
+                fields=fields,
+                wait_durable=wait_durable,
+            )
         appended = self.shard.store.append(
             topic,
             chosen,
@@ -543,8 +679,8 @@ class Node:
         topic: str,
         wait_durable: bool,
     ) -> None:
-        """What every publish does once its record is stored: apply max-length (drop-head) on
-        the ack queues it reached, then wait for the topic's durability."""
+        """What every publish to one shard does once its record is stored: apply max-length
+        (drop-head) on the ack queues it reached, then wait for the topic's durability."""
         ack_queues = self.shard.ack_queues
         for destination in destinations[1:]:
             ack_queue = ack_queues.get(destination)
@@ -558,7 +694,7 @@ class Node:
         in its topic); a gateway that hands its own publishes to live subscribers checks
         ``PublishResult.half`` first (the MQTT hub does)."""
         if wait_durable:
-            await self.shard.store.wait_durable(appended.end, topic)
+            await self.when_durable(appended.end, topic)
 
     async def publish_batch(
         self,
@@ -590,13 +726,16 @@ class Node:
         mark = None
         outcome: tuple[str, bool] | None = None
         if topic == TXN_TOPIC:
-            outcome = await self.shard.half_messages.apply_batch(batch)
+            if self._many:
+                outcome = await self._apply_outcome_batch(batch)
+            else:
+                outcome = await self.shard.half_messages.apply_batch(batch)
         elif braid_headers and topic not in CONTROL_TOPICS:
             mark = batch_half_mark(batch)
         destinations, headers = self.batch_destinations(topic, queue, batch)
         tags = batch_tags(batch) if braid_headers and batch_may_have_tags(batch) else []
         if mark is not None:
-            appended = self.shard.half_messages.add_half(
+            appended = self._half_shard(mark, destinations).half_messages.add_half(
                 mark,
                 topic,
                 queue,
@@ -620,6 +759,26 @@ class Node:
             headers = [*headers, (RESULT_HEADER, outcome[0].encode())]
             if not outcome[1]:
                 refused.append((topic, queue))
+        if self._many:
+            return await self._publish_across(
+                topic,
+                queue,
+                batch,
+                destinations,
+                refused,
+                flags=flags | rec.FLAG_BATCH,
+                record_count=record_count,
+                deliver_at_ms=deliver_at_ms,
+                fields={
+                    "headers": headers,
+                    "tags": tags,
+                    "client": client,
+                    "address": address,
+                    "protocol": rec.PROTOCOL_KAFKA,
+                    "born_ms": born_ms,
+                },
+                wait_durable=wait_durable,
+            )
         appended = self.shard.store.append_batch(
             topic,
             queue,
@@ -636,6 +795,191 @@ class Node:
         )
         await self._after_append(appended, destinations, topic, wait_durable)
         return PublishResult(appended, destinations, queue, refused)
+
+    # -- publishing across shards (docs/cluster.md sections 2 and 6) ------------------------
+
+    def _local_ack_queue(self, destination: Destination) -> AckQueue | None:
+        shard = self.shards.local(self.shards.queue_number(*destination))
+        return None if shard is None else shard.ack_queues.get(destination)
+
+    def _by_shard(self, destinations: Sequence[Destination]) -> dict[int, list[Destination]]:
+        """``destinations`` grouped by the number of their shard, in their order."""
+        groups: dict[int, list[Destination]] = {}
+        number_of = self.shards.queue_number
+        for destination in destinations:
+            groups.setdefault(number_of(*destination), []).append(destination)
+        return groups
+
+    def _half_shard(self, mark: HalfMark, destinations: Sequence[Destination]) -> Shard:
+        """The shard that keeps a half message of the transaction ``mark``: its transaction's
+        (section 10). A commit there indexes the half with a LINK in that shard's log, so a
+        half whose destinations sit in other shards is refused for now (the commit across
+        shards of section 10 is step 7's)."""
+        if not self._many:
+            return self.shard
+        shard = self.shards.for_transaction(mark.txn_id)
+        elsewhere = [d for d in destinations if self.shards.queue_number(*d) != shard.number]
+        if elsewhere:
+            raise TopicError(
+                "invalid_txn",
+                f"transaction {mark.txn_id!r} is kept in shard {shard.number}, and "
+                f"{elsewhere[0]} is in another: a transaction across shards is not supported yet",
+            )
+        return shard
+
+    async def _apply_outcome_batch(self, batch: bytes | memoryview) -> tuple[str, bool]:
+        """``HalfMessages.apply_batch`` over many shards: each outcome record applied by the
+        shard of the transaction it names."""
+        if batch_is_control(batch):
+            return "", True
+        results: list[str] = []
+        ok = True
+        for inner in unpack_batch(batch):
+            txn_id = outcome_txn_id(inner.headers, inner_subject(inner.key, inner.headers), None)
+            shard = self.shards.for_transaction(txn_id)
+            result, applied = await shard.half_messages.apply(txn_id, inner.value)
+            results.append(result)
+            ok = ok and applied
+        return "; ".join(results), ok
+
+    def copy_elsewhere(
+        self,
+        shard: int,
+        message: Message,
+        destinations: list[Destination],
+        headers: list[tuple[str, bytes]],
+    ) -> list[Destination]:
+        """``destinations`` of a record of shard ``shard`` that a LINK there can index (a
+        dead letter's, core/broker/ack_queues.py); each other local shard holding some of the
+        rest gets a copy (``FLAG_COPY``) indexed in its own, with ``headers`` laid over the
+        record's as the LINK's would be. A destination on another node's shard is left out
+        (with a warning) until dead letters are forwarded (step 6)."""
+        if not self._many:
+            return destinations
+        groups = self._by_shard(destinations)
+        linked = groups.pop(shard, [])
+        if not groups:
+            return linked
+        overlaid = {name for name, _ in headers}
+        fields: RecordFields = {
+            "key": message.key,
+            "headers": [*((n, v) for n, v in message.headers if n not in overlaid), *headers],
+            "tags": message.tags,
+            "subject": message.subject,
+            "client": message.client,
+            "address": message.address,
+            "protocol": message.protocol,
+            "born_ms": message.born_ms,
+        }
+        for number, group in groups.items():
+            other = self.shards.local(number)
+            if other is None:
+                log.warning(
+                    "a dead letter for %s in shard %d is not forwarded yet: dropped there",
+                    group,
+                    number,
+                )
+                continue
+            other.store.append(
+                message.topic,
+                message.queue,
+                message.body,
+                destinations=group,
+                flags=rec.FLAG_COPY,
+                **fields,
+            )
+        return linked
+
+    async def _publish_across(
+        self,
+        topic: str,
+        queue: int,
+        body: bytes | memoryview | None,
+        destinations: list[Destination],
+        refused: list[Destination],
+        *,
+        flags: int,
+        record_count: int,
+        deliver_at_ms: int,
+        fields: RecordFields,
+        wait_durable: bool,
+    ) -> PublishResult:
+        """Store one routed record on a node of many shards: the home shard of ``(topic,
+        queue)`` stores it indexed in its destinations there (the topic's queue first), every
+        other shard holding destinations a copy (``FLAG_COPY``) indexed only in its own; the
+        shards of other nodes get theirs through :attr:`remote`. Nothing is stored when a
+        shard is unavailable (:class:`ShardUnavailable`)."""
+        groups = self._by_shard(destinations)
+        home = self.shards.queue_number(topic, queue)
+        for number in groups:
+            if self.shards.local(number) is None:
+                if self.remote is None:
+                    raise ShardUnavailable(number, reason="not served by this node")
+                if flags & rec.FLAG_BATCH:
+                    # RemoteAppend.forward carries no record count nor flags: a Kafka batch
+                    # sent through it would arrive as one plain record.
+                    raise ShardUnavailable(number, reason="a Kafka batch is not forwarded yet")
+        mark = self.marks.next()
+        appended: Appended | None = None
+        forwards: list[asyncio.Future[ForwardResult]] = []
+        stored: list[tuple[Shard, Appended, list[Destination]]] = []
+        for number, group in groups.items():
+            copy = number != home
+            shard = self.shards.local(number)
+            if shard is None:
+                assert self.remote is not None  # checked above
+                forwards.append(
+                    asyncio.ensure_future(
+                        self.remote.forward(
+                            number,
+                            topic,
+                            queue,
+                            body,
+                            destinations=group,
+                            copy=copy,
+                            deliver_at_ms=deliver_at_ms,
+                            fields=fields,
+                        )
+                    )
+                )
+                continue
+            written = shard.store.append(
+                topic,
+                queue,
+                body,
+                destinations=group if copy or len(group) > 1 else None,
+                deliver_at_ms=deliver_at_ms,
+                flags=flags | rec.FLAG_COPY if copy else flags,
+                record_count=record_count,
+                **fields,
+            )
+            stored.append((shard, written, group))
+            if not copy:
+                appended = written
+        if appended is None:
+            # The topic's own queue is on another node: its offset is not known here (-1).
+            appended = Appended(-1, -1, [(topic, queue, -1)])
+        result = PublishResult(appended, destinations, queue, refused, record_count=record_count)
+        result.sequence = mark
+        for shard, _, group in stored:
+            for destination in group:
+                ack_queue = shard.ack_queues.get(destination)
+                if ack_queue is not None and ack_queue.config.max_length is not None:
+                    ack_queue.enforce_max_length()
+        if forwards:
+
+            def add_refused(done: asyncio.Future[ForwardResult]) -> None:
+                # What the other shards refused (reject-publish) is known once they answer:
+                # a gateway reads the outcome after awaiting its publication (section 6).
+                if not done.cancelled() and done.exception() is None:
+                    result.refused.extend(done.result().refused)
+
+            for future in forwards:
+                future.add_done_callback(add_refused)
+            self.marks.add_forwards(mark, forwards)
+        if wait_durable:
+            await self.marks.wait(mark, topic)
+        return result
 
     def batch_destinations(
         self, topic: str, queue: int, batch: bytes | memoryview
@@ -674,9 +1018,30 @@ class Node:
     # -- long polling ----------------------------------------------------------------------
 
     async def wait_for_records(self, keys: Sequence[Destination], timeout_s: float) -> bool:
-        """Long poll: True when any of ``keys`` got a new entry before ``timeout_s`` (every
-        queue is in shard 0 while it is the node's one shard)."""
-        return await self.shard.wait_for_records(keys, timeout_s)
+        """Long poll: True when any of ``keys`` got a new entry before ``timeout_s``."""
+        if not self._many:
+            return await self.shard.wait_for_records(keys, timeout_s)
+        by_shard: dict[int, list[Destination]] = {}
+        for key in keys:
+            number = self.shards.queue_number(*key)
+            if self.shards.local(number) is not None:
+                by_shard.setdefault(number, []).append(key)
+        if len(by_shard) <= 1:
+            for number, local_keys in by_shard.items():
+                return await self.shards[number].wait_for_records(local_keys, timeout_s)
+            return False
+        waits = [
+            asyncio.ensure_future(self.shards[number].wait_for_records(local_keys, timeout_s))
+            for number, local_keys in by_shard.items()
+        ]
+        try:
+            for finished in asyncio.as_completed(waits):
+                if await finished:
+                    return True
+            return False
+        finally:
+            for wait in waits:
+                wait.cancel()
 
     # -- flow control ----------------------------------------------------------------------
 

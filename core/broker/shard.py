@@ -27,6 +27,7 @@ from core.broker.broker import BrokerConfig, Destination, PublishResult
 from core.broker.topics import TopicInfo, TopicRegistry
 from core.cluster.local import LocalMetadata
 from core.delivery.ackqueue import AckQueue, DeadLetterHook
+from core.delivery.message import Message
 from core.groups import GroupCoordinator
 from core.log import LogStore
 from core.log import record as rec
@@ -58,6 +59,14 @@ class ShardHost(Protocol):
 
     def route(
         self, topic: str, subject: str, headers: Mapping[str, Any] | None = None
+    ) -> list[Destination]: ...
+
+    def copy_elsewhere(
+        self,
+        shard: int,
+        message: Message,
+        destinations: list[Destination],
+        headers: list[tuple[str, bytes]],
     ) -> list[Destination]: ...
 
     async def declare_topic(

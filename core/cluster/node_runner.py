@@ -3,8 +3,10 @@ a cluster (docs/cluster.md sections 2, 5, 9 and 11; steps 4 and 5 of section 15)
 
 :func:`open_root` checks ROOT first, before anything connects anywhere: a single-node data
 directory is refused (section 2: `braid cluster init --adopt`), as is a directory that is not a
-root, and a root of more than one shard (this slice serves roots of one shard; the others need
-forwarding between nodes, step 6).
+root, and an adopted root of more than one shard (what the adopted directory defined would have
+to be placed in its legacy shard, which is not done yet). A root of many shards is served by a
+node that owns every one of them (`--expect-nodes 1`); a node that owns only some is refused
+after the claims (:data:`PARTIAL_REFUSAL`): the others need forwarding between nodes (step 6).
 
 :meth:`ClusterNode.join`:
 
@@ -13,12 +15,12 @@ forwarding between nodes, step 6).
 2. starts the gRPC server on ``cluster_port`` (0: any free port) with the shared secret;
 3. starts :class:`~core.cluster.membership.Membership` with its addresses (advertised host, gRPC
    and Kafka ports): lease, the plan, the claims. It answers the epoch at which this node owns
-   shard 0, or None: then it is a standby that owns nothing (takeover is issue 23).
+   its lowest shard, or None: then it is a standby that owns nothing (takeover is issue 23).
 
-The owner then opens the shard (:meth:`ClusterNode.open_shard`): ``ROOT/shards/0000`` as a
-:class:`~core.log.LogStore` with the storage fence of its epoch (``epochs/<e+1>`` checked at each
-group commit, a new segment after an unclean change, section 5), and a
-:class:`~core.cluster.split.SplitMetadata` over the cluster's store and the shard's own
+The owner then opens its shards (:meth:`ClusterNode.open_shards`): each ``ROOT/shards/NNNN`` as
+a :class:`~core.log.LogStore` with the storage fence of its epoch (``epochs/<e+1>`` checked at
+each group commit, a new segment after an unclean change, section 5), and a
+:class:`~core.cluster.split.SplitMetadata` over the cluster's store and the lowest shard's own
 :class:`~core.cluster.local.LocalMetadata`. On an adopted root (``legacy_shard`` 0) the
 definitions that exist only in the shard's old ``__meta``/``__security``/``__limits`` are copied
 into the cluster's store at the first start, once (:meth:`ClusterNode.copy_adopted_definitions`,
@@ -74,9 +76,11 @@ from core.log import LogConfig, LogStore
 
 log = logging.getLogger(__name__)
 
-# The one shard this slice serves (a root made by `braid cluster init --shards 1`).
+# The lowest shard, which a node of a root of one shard serves (and an adopted root's legacy
+# shard).
 SERVED_SHARD: Final = 0
 MULTI_SHARD_REFUSAL: Final = "multi-shard roots come with step 6 (forwarding between nodes)"
+PARTIAL_REFUSAL: Final = "a node owning some of the shards needs forwarding (step 6)"
 # Definitions an adopted shard's old tables may hold that are cluster-wide now (section 3: the
 # shard-local kinds, redrive and setting, stay in the shard's log).
 ADOPTED_KINDS: Final = (KIND_TOPIC, KIND_BINDING, KIND_QUEUE, KIND_SECURITY, KIND_LIMIT)
@@ -97,7 +101,7 @@ _REJOIN_ERRORS: Final = (
 )
 
 
-class NodeRefused(Exception):
+class NodeRefused(ValueError):
     """The node cannot serve this data directory; the message says why and what to run."""
 
 
@@ -119,10 +123,11 @@ def open_root(data_dir: Path) -> ClusterLayout:
         found = ClusterLayout.open(data_dir)
     except layout.LayoutError as error:
         raise NodeRefused(str(error)) from None
-    if found.shards != 1:
+    if found.shards != 1 and found.legacy_shard is not None:
         raise NodeRefused(
-            f"data root {data_dir} has {found.shards} shards; this node serves roots of one "
-            f"shard (`braid cluster init ROOT --shards 1`): {MULTI_SHARD_REFUSAL}"
+            f"data root {data_dir} adopted a single-node directory into shard "
+            f"{found.legacy_shard} and has {found.shards} shards; an adopted root is served "
+            f"with one shard (`braid cluster init --adopt D --shards 1`): {MULTI_SHARD_REFUSAL}"
         )
     return found
 
@@ -225,13 +230,22 @@ class ClusterNode:
         return self._served(owned)
 
     def _served(self, owned: dict[int, int]) -> int | None:
-        epoch = owned.get(SERVED_SHARD)
-        if epoch is None:
+        """The epoch of the lowest owned shard, None for a standby; :class:`NodeRefused` when
+        the node owns some of the root's shards but not all (module docstring)."""
+        if not owned:
             log.info(
                 "node %d owns no shard: standby, no listeners (taking shards over is issue 23)",
                 self.node_id,
             )
-        return epoch
+            return None
+        shards = self.layout.shards
+        if len(owned) != shards:
+            raise NodeRefused(
+                f"node {self.node_id} owns shards {sorted(owned)} of the {shards} of "
+                f"{self.layout.root} (start it with --expect-nodes 1 to own them all): "
+                f"{PARTIAL_REFUSAL}"
+            )
+        return owned[min(owned)]
 
     def _fenced(self, reason: str) -> None:
         if self._on_fenced is not None:
@@ -272,15 +286,40 @@ class ClusterNode:
         and the node's metadata over it."""
         metadata = self.metadata
         assert metadata is not None, "join() first"
-        shard_dir = self.layout.shard_dir(SERVED_SHARD)
-        config = dataclasses.replace(log_config, data_dir=shard_dir)
-        store = LogStore(config, fence=epochs.log_fence(shard_dir, epoch))
+        store = self._open_store(log_config, SERVED_SHARD, epoch)
         try:
             local = LocalMetadata(store)
         except BaseException:
             store.abandon()
             raise
         return store, SplitMetadata(metadata, local)
+
+    def open_shards(
+        self, log_config: LogConfig
+    ) -> tuple[list[tuple[int, LogStore]], SplitMetadata]:
+        """Open every owned shard's log, each as the owner of its epoch, and the node's
+        metadata over the lowest one's: ``((number, store) by number, metadata)``. Recovery
+        of each runs here (a worker thread's, braid/server.py)."""
+        metadata = self.metadata
+        assert metadata is not None, "join() first"
+        owned = sorted(self.owned.items())
+        if not owned:
+            raise ValueError(f"node {self.node_id} owns no shard to open")
+        stores: list[tuple[int, LogStore]] = []
+        try:
+            for number, epoch in owned:
+                stores.append((number, self._open_store(log_config, number, epoch)))
+            local = LocalMetadata(stores[0][1])
+        except BaseException:
+            for _, store in stores:
+                store.abandon()
+            raise
+        return stores, SplitMetadata(metadata, local)
+
+    def _open_store(self, log_config: LogConfig, shard: int, epoch: int) -> LogStore:
+        shard_dir = self.layout.shard_dir(shard)
+        config = dataclasses.replace(log_config, data_dir=shard_dir)
+        return LogStore(config, fence=epochs.log_fence(shard_dir, epoch))
 
     async def copy_adopted_definitions(self, local: LocalMetadata) -> int:
         """On a root that adopted a single-node directory into the served shard: copy the

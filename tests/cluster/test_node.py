@@ -251,9 +251,10 @@ def serve_refusal(data_dir: Path, url: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_refusals(tmp_path: Path, redis_server: RedisServer) -> None:
-    """`--cluster` on a single-node directory says to adopt it; a multi-shard root is refused
-    until forwarding exists; a directory that is not a root says how to make one; --node-id is
-    required. Nothing is registered in Redis by a refused start."""
+    """`--cluster` on a single-node directory says to adopt it; an adopted root of several
+    shards is refused until forwarding exists (its old definitions are not placed yet); a
+    directory that is not a root says how to make one; --node-id is required. Nothing is
+    registered in Redis by a refused start."""
     single = tmp_path / "single"
     LogStore(LogConfig(single)).close()  # a real single-node data directory (log.json)
     refused = serve_refusal(single, redis_server.url)
@@ -261,7 +262,10 @@ def test_refusals(tmp_path: Path, redis_server: RedisServer) -> None:
     assert f"run `braid cluster init --adopt {single}`" in refused.stderr
     assert not (single / "cluster.json").exists()
 
-    multi = make_root(tmp_path / "multi", shards=2)
+    multi = tmp_path / "multi"
+    LogStore(LogConfig(multi)).close()
+    adopted = braid("cluster", "init", str(multi), "--adopt", "--shards", "2")
+    assert adopted.returncode == 0, adopted.stderr
     refused = serve_refusal(multi, redis_server.url)
     assert refused.returncode == 1
     assert "multi-shard roots come with step 6 (forwarding between nodes)" in refused.stderr
