@@ -65,6 +65,9 @@ from core.security import SecurityService
 from core.security.store import SecurityStore
 
 if TYPE_CHECKING:  # imported when a cluster node starts: redis and grpc cost a single node
+    from aiohttp import web
+
+    from braid.cluster_http import ClusterHttp, NodeAdmin
     from core.cluster import node_runner
 
 log = logging.getLogger(__name__)
@@ -115,6 +118,9 @@ class ServerContext:
     # shared by the workers, so each binds it with SO_REUSEPORT and the kernel spreads the
     # accepted connections over them.
     reuse_port: bool = False
+    # A cluster node's HTTP answers for the whole cluster (braid/cluster_http.py): the HTTP
+    # and HTTPS listeners' applications are given them; None on a single node.
+    cluster_http: ClusterHttp | None = None
 
 
 ListenerFactory = Callable[[ServerContext, str, int], Awaitable[Listener]]
@@ -211,8 +217,21 @@ def _sources(context: ServerContext) -> ManagementSources:
     return ManagementSources(context.api, context.started)
 
 
+def _cluster_app(context: ServerContext, app: web.Application) -> None:
+    """A cluster node's application answers /metrics and the listings for the cluster."""
+    if context.cluster_http is None:
+        return
+    from braid.cluster_http import enable_cluster_http
+    from braid.web.rabbit import RabbitResources
+
+    security = context.security
+    resources = None if security is None else RabbitResources(security, _sources(context))
+    enable_cluster_http(app, context.cluster_http, resources)
+
+
 async def _start_http(context: ServerContext, host: str, port: int) -> Listener:
     app = build_app(context.health, context.metrics, context.security, sources=_sources(context))
+    _cluster_app(context, app)
     server = WebServer(app, context.http_responses)
     await server.start(host, port, listen=_plain_listen(context, HTTP_BACKLOG))
     return server
@@ -221,6 +240,7 @@ async def _start_http(context: ServerContext, host: str, port: int) -> Listener:
 async def _start_https(context: ServerContext, host: str, port: int) -> Listener:
     assert context.tls is not None
     app = build_app(context.health, context.metrics, context.security, sources=_sources(context))
+    _cluster_app(context, app)
     server = WebServer(app, context.http_responses)
     await server.start(
         host, port, listen=tls_listen(context.tls, "http", reuse_port=context.reuse_port)
@@ -547,6 +567,12 @@ class BraidServer:
         self.more_stores: list[tuple[int, LogStore]] = []
         self.shard_number = 0
         self._fence_task: asyncio.Task[None] | None = None
+        # A cluster node's broker joined to the other nodes' shards (one per serving), and
+        # its cluster-wide HTTP answers (registered once per process: gRPC takes each Admin
+        # call once; attached to each new broker).
+        self.serving: node_runner.ClusterServing | None = None
+        self._cluster_admin: NodeAdmin | None = None
+        self._cluster_http: ClusterHttp | None = None
         # Set when the node could not serve again after a fence: the process exits 1.
         self.fatal = False
 
@@ -576,8 +602,17 @@ class BraidServer:
         for _, more in self.more_stores:
             await more.start()
         self.metrics = MetricsRegistry()  # a new one each time a cluster node serves again
-        shards = [(self.shard_number, store), *self.more_stores] if self.more_stores else store
-        self.broker = broker = Node(shards, self.settings.broker_config(), metadata=metadata)
+        node = self.cluster_node if metadata is not None else None
+        # A cluster node serves its shards of the root's (docs/cluster.md section 6); the
+        # metadata version its registries are loaded at, which the follower starts from.
+        shards = [(self.shard_number, store), *self.more_stores] if node is not None else store
+        loaded_version = metadata.version if metadata is not None else None
+        self.broker = broker = Node(
+            shards,
+            self.settings.broker_config(),
+            metadata=metadata,
+            shard_count=node.layout.shards if node is not None else None,
+        )
         shard = broker.shard  # the node's one shard, over store (cluster.md section 6)
         # The disk alarm (core/log/diskspace.py) is one of flow control's reasons.
         broker.flow.watch_disk(store.disk_space)
@@ -614,7 +649,13 @@ class BraidServer:
                 raise StartupError(str(error)) from None
         api = BrokerAPI(broker, security)
         # [limits] and RabbitMQ's user and vhost limits (__limits), for every protocol.
-        attach_limits(api, LimitsService(LimitsStore(broker.metadata), self.settings.limits))
+        limits = LimitsStore(broker.metadata)
+        attach_limits(api, LimitsService(limits, self.settings.limits))
+        if node is not None:
+            await self._join_shards(node, broker, api, security, limits, loaded_version)
+        # The listeners as they start (the management API lists them, on this node and for
+        # the cluster's overview).
+        started: dict[str, Any] = {}
         context = ServerContext(
             self.settings,
             broker,
@@ -624,12 +665,80 @@ class BraidServer:
             security=security,
             tls=self.tls,
             reuse_port=self.settings.cluster.supervised,
+            started=started,
+            cluster_http=self._attach_cluster_http(node, security, api, started),
         )
         self.metrics.register("http", context.http_responses.collect_metrics)
         for slot in self.slots:
             await self._start_listener(slot, context)
         if self.settings.cluster.supervised:
             await self._start_worker_ports(context)
+
+    async def _join_shards(
+        self,
+        node: node_runner.ClusterNode,
+        broker: Node,
+        api: BrokerAPI,
+        security: SecurityService,
+        limits: LimitsStore,
+        loaded_version: int | None,
+    ) -> None:
+        """Join the broker over this node's shards to the others' (forwarding, Append and
+        Consume for its shards, the Kafka view, the metadata follower: ClusterServing)."""
+        from core.cluster.node_runner import ClusterServing
+
+        self.serving = serving = ClusterServing(
+            node, broker, security=security.store, limits=limits, from_version=loaded_version
+        )
+        try:
+            view = await serving.start()
+        except (OSError, ValueError) as error:
+            raise StartupError(f"cannot read the cluster's owners: {error}") from None
+        except Exception as error:  # redis-py's errors are not OSErrors
+            raise StartupError(f"cannot read the cluster's owners: {error!r}") from None
+        api.set_cluster_view(view)
+
+    def _attach_cluster_http(
+        self,
+        node: node_runner.ClusterNode | None,
+        security: SecurityService,
+        api: BrokerAPI,
+        started: dict[str, Any],
+    ) -> ClusterHttp | None:
+        """A cluster node's cluster-wide HTTP answers (docs/cluster.md section 9): the Admin
+        calls registered once, pointed at this broker's registry and listings."""
+        if node is None or node.service is None or node.rpc_client is None:
+            return None
+        from braid.cluster_http import NodeListings, local_families, start_cluster_http
+        from braid.web.rabbit import RabbitResources
+
+        assert node.metadata is not None
+        if self._cluster_admin is None:
+            self._cluster_admin, self._cluster_http = start_cluster_http(
+                node.service,
+                node.metadata,
+                node.rpc_client,
+                node.node_id,
+                timeout_s=node.settings.rpc_timeout_ms / 1000,
+            )
+            # A queue's shard as this node places it: its topic's queue 0 (core/broker/
+            # shards.py), where the listings' own rule would hash vhost and name.
+            self._cluster_http.queue_shard = self._queue_shard
+        resources = RabbitResources(security, ManagementSources(api, started))
+        self._cluster_admin.attach(local_families(self.metrics, resources), NodeListings(resources))
+        return self._cluster_http
+
+    def _queue_shard(self, vhost: str, name: str) -> int:
+        """The shard of the AMQP queue ``name`` of ``vhost`` (its topic's queue 0)."""
+        from core.cluster.placement import partition_shard
+        from gateway.amqp.vhost import QUEUE_TOPIC_PREFIX, topic_prefix
+
+        topic = topic_prefix(vhost) + QUEUE_TOPIC_PREFIX + name
+        broker = self.broker
+        if broker is not None:
+            return broker.shards.queue_number(topic, 0)
+        node = self.cluster_node
+        return partition_shard(topic, 0, node.layout.shards if node is not None else 1)
 
     def worker_kafka_ports(self) -> tuple[int, int]:
         """A supervised worker's own Kafka ports, plain and TLS (0: none): the bases plus its
@@ -990,6 +1099,13 @@ class BraidServer:
             store.abandon()
             for _, more in self.more_stores:
                 more.abandon()
+        serving, self.serving = self.serving, None
+        if serving is not None:
+            # No more Append or Consume for these shards; forwards still out fail.
+            try:
+                await serving.stop()
+            except Exception:
+                log.exception("leaving the other nodes' shards failed")
         for name in reversed(list(self.listeners)):
             listener = self.listeners.pop(name)
             try:

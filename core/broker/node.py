@@ -33,6 +33,7 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Final
 
+from core.broker import cross_shard
 from core.broker.ack_queues import (
     ack_queue_config_from_json,
     ack_queue_config_to_json,
@@ -49,7 +50,7 @@ from core.broker.broker import (
 )
 from core.broker.flow import FlowControl
 from core.broker.partitioner import murmur2_partition
-from core.broker.remote import ForwardResult, RemoteAppend
+from core.broker.remote import RemoteAppend
 from core.broker.shard import Shard
 from core.broker.shards import DurableMarks, ShardSet
 from core.broker.topics import TopicError, TopicInfo, TopicLimits, TopicRegistry
@@ -339,7 +340,63 @@ class Node:
     # -- ack queues: definitions here, the queues in their shards ---------------------------
 
     def ack_queue(self, topic: str, queue: int = 0) -> AckQueue | None:
-        return self.shards.for_queue(topic, queue).ack_queues.get((topic, queue))
+        """The ack queue over ``(topic, queue)`` on this node; None when there is none, or
+        when its shard is another node's (its owner holds it: :meth:`queue_is_local`)."""
+        if not self._many:
+            return self.shard.ack_queues.get((topic, queue))
+        shard = self.shards.local(self.shards.queue_number(topic, queue))
+        return None if shard is None else shard.ack_queues.get((topic, queue))
+
+    def queue_is_local(self, topic: str, queue: int = 0) -> bool:
+        """Whether ``(topic, queue)``'s shard is one this node serves."""
+        return self.shards.local(self.shards.queue_number(topic, queue)) is not None
+
+    def queue_defined(self, topic: str, queue: int = 0) -> bool:
+        """Whether an ack queue over ``(topic, queue)`` is defined, on any node."""
+        return self.metadata.get(KIND_QUEUE, queue_key((topic, queue))) is not None
+
+    async def define_remote_queue(
+        self, topic: str, queue: int = 0, config: AckQueueConfig | None = None
+    ) -> bool:
+        """Define the ack queue over ``(topic, queue)`` whose shard another node serves: its
+        definition is recorded (and its placement, for a queue of no topic); the owner opens
+        it when it follows the change (:meth:`on_queue`). False when it was defined already.
+        :class:`ShardUnavailable` for a queue of a local shard (:meth:`declare_ack_queue`)."""
+        if self.queue_is_local(topic, queue):
+            raise ShardUnavailable(
+                self.shards.queue_number(topic, queue), reason="local: declare_ack_queue"
+            )
+        if self.queue_defined(topic, queue):
+            return False
+        value = {
+            "topic": topic,
+            "queue": queue,
+            "config": ack_queue_config_to_json(config or AckQueueConfig()),
+        }
+        key = queue_key((topic, queue))
+        await self.metadata.apply([Change(KIND_QUEUE, key, json.dumps(value).encode())])
+        if topic not in self.topics:
+            await self.record_placements(topic, range(queue, queue + 1))
+        return True
+
+    def on_queue(self, key: str, value: bytes | None) -> None:
+        """Another node defined (``value``, the store's JSON) or deleted (None) the ack queue
+        ``key``: open or close it here when its shard is this node's, as loading the
+        definitions at start would (core/cluster/follow.py). Idempotent."""
+        topic, _, number = key.rpartition("\x00")
+        if not number.isdigit():
+            raise ValueError(f"not an ack queue key: {key!r}")
+        destination = (topic, int(number))
+        shard = self.shards.local(self.shards.queue_number(*destination))
+        if shard is None:
+            return
+        if value is None:
+            if shard.take_ack_queue(destination) is not None:
+                shard.forget_ack_state(destination)
+            return
+        if destination not in shard.ack_queues:
+            raw = json.loads(value)
+            shard.open_ack_queue(destination, ack_queue_config_from_json(raw["config"]))
 
     def ack_queues(self) -> list[tuple[Destination, AckQueue]]:
         """Every ack queue of every shard of the node."""
@@ -366,9 +423,17 @@ class Node:
         return shard.open_ack_queue(destination, config), True
 
     async def delete_ack_queue(self, topic: str, queue: int = 0) -> AckQueue | None:
-        """Close the ack queue, drop its bindings and its definition, then its state."""
+        """Close the ack queue, drop its bindings and its definition, then its state. A
+        queue of another node's shard: its bindings and definition (the owner closes it as
+        it follows the change, :meth:`on_queue`); None."""
         destination = (topic, queue)
-        shard = self.shards.for_queue(topic, queue)
+        shard = self.shards.local(self.shards.queue_number(topic, queue))
+        if shard is None:
+            if self.queue_defined(topic, queue):
+                self.bindings.remove_destination(destination)
+                await self._persist_bindings_of(topic)
+                await self.metadata.apply([Change(KIND_QUEUE, queue_key(destination), None)])
+            return None
         removed = shard.take_ack_queue(destination)
         if removed is None:
             return None
@@ -649,7 +714,8 @@ class Node:
             await self._after_half(appended, topic, wait_durable)
             return PublishResult(appended, destinations, chosen, refused, half=True)
         if self._many:
-            return await self._publish_across(
+            return await cross_shard.publish_across(
+                self,
                 topic,
                 chosen,
                 body,
@@ -760,7 +826,8 @@ class Node:
             if not outcome[1]:
                 refused.append((topic, queue))
         if self._many:
-            return await self._publish_across(
+            return await cross_shard.publish_across(
+                self,
                 topic,
                 queue,
                 batch,
@@ -802,14 +869,6 @@ class Node:
         shard = self.shards.local(self.shards.queue_number(*destination))
         return None if shard is None else shard.ack_queues.get(destination)
 
-    def _by_shard(self, destinations: Sequence[Destination]) -> dict[int, list[Destination]]:
-        """``destinations`` grouped by the number of their shard, in their order."""
-        groups: dict[int, list[Destination]] = {}
-        number_of = self.shards.queue_number
-        for destination in destinations:
-            groups.setdefault(number_of(*destination), []).append(destination)
-        return groups
-
     def _half_shard(self, mark: HalfMark, destinations: Sequence[Destination]) -> Shard:
         """The shard that keeps a half message of the transaction ``mark``: its transaction's
         (section 10). A commit there indexes the half with a LINK in that shard's log, so a
@@ -849,137 +908,11 @@ class Node:
         destinations: list[Destination],
         headers: list[tuple[str, bytes]],
     ) -> list[Destination]:
-        """``destinations`` of a record of shard ``shard`` that a LINK there can index (a
-        dead letter's, core/broker/ack_queues.py); each other local shard holding some of the
-        rest gets a copy (``FLAG_COPY``) indexed in its own, with ``headers`` laid over the
-        record's as the LINK's would be. A destination on another node's shard is left out
-        (with a warning) until dead letters are forwarded (step 6)."""
+        """``destinations`` of a dead letter in shard ``shard`` that a LINK there can index;
+        the others get a copy (core/broker/cross_shard.py)."""
         if not self._many:
             return destinations
-        groups = self._by_shard(destinations)
-        linked = groups.pop(shard, [])
-        if not groups:
-            return linked
-        overlaid = {name for name, _ in headers}
-        fields: RecordFields = {
-            "key": message.key,
-            "headers": [*((n, v) for n, v in message.headers if n not in overlaid), *headers],
-            "tags": message.tags,
-            "subject": message.subject,
-            "client": message.client,
-            "address": message.address,
-            "protocol": message.protocol,
-            "born_ms": message.born_ms,
-        }
-        for number, group in groups.items():
-            other = self.shards.local(number)
-            if other is None:
-                log.warning(
-                    "a dead letter for %s in shard %d is not forwarded yet: dropped there",
-                    group,
-                    number,
-                )
-                continue
-            other.store.append(
-                message.topic,
-                message.queue,
-                message.body,
-                destinations=group,
-                flags=rec.FLAG_COPY,
-                **fields,
-            )
-        return linked
-
-    async def _publish_across(
-        self,
-        topic: str,
-        queue: int,
-        body: bytes | memoryview | None,
-        destinations: list[Destination],
-        refused: list[Destination],
-        *,
-        flags: int,
-        record_count: int,
-        deliver_at_ms: int,
-        fields: RecordFields,
-        wait_durable: bool,
-    ) -> PublishResult:
-        """Store one routed record on a node of many shards: the home shard of ``(topic,
-        queue)`` stores it indexed in its destinations there (the topic's queue first), every
-        other shard holding destinations a copy (``FLAG_COPY``) indexed only in its own; the
-        shards of other nodes get theirs through :attr:`remote`. Nothing is stored when a
-        shard is unavailable (:class:`ShardUnavailable`)."""
-        groups = self._by_shard(destinations)
-        home = self.shards.queue_number(topic, queue)
-        for number in groups:
-            if self.shards.local(number) is None:
-                if self.remote is None:
-                    raise ShardUnavailable(number, reason="not served by this node")
-                if flags & rec.FLAG_BATCH:
-                    # RemoteAppend.forward carries no record count nor flags: a Kafka batch
-                    # sent through it would arrive as one plain record.
-                    raise ShardUnavailable(number, reason="a Kafka batch is not forwarded yet")
-        mark = self.marks.next()
-        appended: Appended | None = None
-        forwards: list[asyncio.Future[ForwardResult]] = []
-        stored: list[tuple[Shard, Appended, list[Destination]]] = []
-        for number, group in groups.items():
-            copy = number != home
-            shard = self.shards.local(number)
-            if shard is None:
-                assert self.remote is not None  # checked above
-                forwards.append(
-                    asyncio.ensure_future(
-                        self.remote.forward(
-                            number,
-                            topic,
-                            queue,
-                            body,
-                            destinations=group,
-                            copy=copy,
-                            deliver_at_ms=deliver_at_ms,
-                            fields=fields,
-                        )
-                    )
-                )
-                continue
-            written = shard.store.append(
-                topic,
-                queue,
-                body,
-                destinations=group if copy or len(group) > 1 else None,
-                deliver_at_ms=deliver_at_ms,
-                flags=flags | rec.FLAG_COPY if copy else flags,
-                record_count=record_count,
-                **fields,
-            )
-            stored.append((shard, written, group))
-            if not copy:
-                appended = written
-        if appended is None:
-            # The topic's own queue is on another node: its offset is not known here (-1).
-            appended = Appended(-1, -1, [(topic, queue, -1)])
-        result = PublishResult(appended, destinations, queue, refused, record_count=record_count)
-        result.sequence = mark
-        for shard, _, group in stored:
-            for destination in group:
-                ack_queue = shard.ack_queues.get(destination)
-                if ack_queue is not None and ack_queue.config.max_length is not None:
-                    ack_queue.enforce_max_length()
-        if forwards:
-
-            def add_refused(done: asyncio.Future[ForwardResult]) -> None:
-                # What the other shards refused (reject-publish) is known once they answer:
-                # a gateway reads the outcome after awaiting its publication (section 6).
-                if not done.cancelled() and done.exception() is None:
-                    result.refused.extend(done.result().refused)
-
-            for future in forwards:
-                future.add_done_callback(add_refused)
-            self.marks.add_forwards(mark, forwards)
-        if wait_durable:
-            await self.marks.wait(mark, topic)
-        return result
+        return cross_shard.copy_elsewhere(self, shard, message, destinations, headers)
 
     def batch_destinations(
         self, topic: str, queue: int, batch: bytes | memoryview

@@ -60,10 +60,13 @@ class RemoteAppend(Protocol):
         deliver_at_ms: int,
         fields: RecordFields,
         txn: str = "",
+        record_count: int = 1,
+        flags: int = 0,
     ) -> Awaitable[ForwardResult]:
         """Send one routed record to the owner of ``shard``, which indexes it in
         ``destinations`` (all in that shard). ``copy``: the shard is not the home of
         ``(topic, queue)`` (FLAG_COPY, so readers of the whole root count the record once).
+        ``record_count`` and ``flags``: a Kafka batch's (``FLAG_BATCH``, its records' count).
         Called synchronously in publish order; records for one shard keep that order. The
         awaitable resolves once the record is durable there, or raises
         :class:`core.errors.ShardUnavailable` (no live owner, or it did not answer within

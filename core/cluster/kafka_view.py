@@ -23,9 +23,15 @@ Metadata requests never wait for Redis: a failed refresh keeps the last answers 
 each successful one starts a new :class:`~core.api.cluster.LeaderTable`, so a request sees one
 refresh's answers throughout.
 
-Wiring (braid/server.py, a cluster node): after ``ClusterNode.join()``,
-``view = MembershipView(node.metadata, node.node_id)``, ``await view.start()``,
-``api.set_cluster_view(view)``; at stop, ``await view.stop()`` before ``node.stop()``.
+The same refresh answers who owns a shard for the node's forwarding (:meth:`owner_address`:
+the live owner's gRPC address, registered as ``grpc``, and its epoch), which
+core/cluster/owners.py's :class:`~core.cluster.owners.ViewOwners` hands to the
+:class:`~core.cluster.rpc.forward.Forwarder` as its :class:`~core.broker.remote.ShardOwners`.
+
+Wiring (core/cluster/node_runner.py ``ClusterServing``, a cluster node): after
+``ClusterNode.join()``, ``view = MembershipView(node.metadata, node.node_id)``,
+``await view.start()``, ``api.set_cluster_view(view)``; at stop, ``await view.stop()`` before
+``node.stop()``.
 
 Not thread-safe: the node's event loop.
 """
@@ -47,6 +53,7 @@ from core.api.cluster import (
     LeaderTable,
     PartitionLeader,
 )
+from core.broker.remote import OwnerAddress
 from core.cluster.placement import (
     PLACE_GROUP,
     PLACE_PARTITION,
@@ -110,6 +117,23 @@ def live_leaders(
     return leaders
 
 
+def owner_addresses(
+    live: Mapping[str, NodeInfo],
+    owners: Mapping[int, ShardOwner],
+    leaders: Mapping[int, PartitionLeader],
+) -> dict[int, OwnerAddress]:
+    """Shard -> its live owner's gRPC address (registered ``grpc``) and epoch, for the
+    shards :func:`live_leaders` found a leader for."""
+    found: dict[int, OwnerAddress] = {}
+    for shard, leader in leaders.items():
+        record = owners[shard]
+        node = live.get(record.owner) if record.owner is not None else None
+        address = node.fields.get("grpc", "") if node is not None else ""
+        if address:
+            found[shard] = OwnerAddress(leader.node_id, address, leader.epoch)
+    return found
+
+
 class MembershipView:
     """A cluster node's view for Kafka clients (module docstring)."""
 
@@ -129,6 +153,7 @@ class MembershipView:
         self._refresh_s = (refresh_ms if refresh_ms is not None else metadata.heartbeat_ms) / 1000
         self._brokers: tuple[BrokerNode, ...] = (BrokerNode(node_id, "", 0),)
         self._leaders: dict[int, PartitionLeader] = {}
+        self._owners: dict[int, OwnerAddress] = {}
         self._table = LeaderTable(self._lookup_leader)
         self._task: asyncio.Task[None] | None = None
         self._refreshes = 0
@@ -155,6 +180,13 @@ class MembershipView:
 
     def leader_table(self) -> LeaderTable | None:
         return self._table
+
+    # -- forwarding ----------------------------------------------------------------------------
+
+    def owner_address(self, shard: int) -> OwnerAddress | None:
+        """Shard ``shard``'s live owner as of the last refresh: its id, gRPC address and the
+        shard's epoch; None without a live owner that registered a gRPC address."""
+        return self._owners.get(shard)
 
     # -- refreshing ----------------------------------------------------------------------------
 
@@ -184,7 +216,8 @@ class MembershipView:
             if broker is not None and broker.node_id != self._node_id:
                 brokers[broker.node_id] = broker
         self._brokers = tuple(brokers[node_id] for node_id in sorted(brokers))
-        self._leaders = live_leaders(live, owners)
+        self._leaders = leaders = live_leaders(live, owners)
+        self._owners = owner_addresses(live, owners, leaders)
         self._table = LeaderTable(self._lookup_leader)
         self._refreshes += 1
 

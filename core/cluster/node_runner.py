@@ -4,9 +4,9 @@ a cluster (docs/cluster.md sections 2, 5, 9 and 11; steps 4 and 5 of section 15)
 :func:`open_root` checks ROOT first, before anything connects anywhere: a single-node data
 directory is refused (section 2: `braid cluster init --adopt`), as is a directory that is not a
 root, and an adopted root of more than one shard (what the adopted directory defined would have
-to be placed in its legacy shard, which is not done yet). A root of many shards is served by a
-node that owns every one of them (`--expect-nodes 1`); a node that owns only some is refused
-after the claims (:data:`PARTIAL_REFUSAL`): the others need forwarding between nodes (step 6).
+to be placed in its legacy shard, which is not done yet). A node serves the shards it claimed,
+any number of the root's (section 6); the others are other nodes', reached through
+:class:`ClusterServing`.
 
 :meth:`ClusterNode.join`:
 
@@ -26,9 +26,19 @@ definitions that exist only in the shard's old ``__meta``/``__security``/``__lim
 into the cluster's store at the first start, once (:meth:`ClusterNode.copy_adopted_definitions`,
 under a marker the copy's own apply sets).
 
+Serving (sections 6-8): :class:`ClusterServing` joins a broker built over the owned shards to
+the others' (one per serving: a fenced node serves again on a new broker): the Kafka view
+(:class:`~core.cluster.kafka_view.MembershipView`, also who owns which shard for forwarding),
+the :class:`~core.cluster.rpc.forward.Forwarder` as the broker's ``remote``, the
+:class:`~core.cluster.rpc.append.AppendReceiver` and
+:class:`~core.cluster.rpc.consume.ConsumeService` behind the gRPC service, and the
+:class:`~core.cluster.follow.MetadataFollower` keeping the broker's registries in step with
+what other nodes define.
+
 Self-fencing (section 11): Membership calls ``on_fenced(reason)``; the caller (braid/server.py)
-drops what it serves without writing and calls :meth:`ClusterNode.rejoin`. A clean stop:
-:meth:`ClusterNode.stop` after the shard was closed (``epochs/<e>.closed``, lease released).
+drops what it serves without writing (:meth:`ClusterServing.stop` first) and calls
+:meth:`ClusterNode.rejoin`. A clean stop: :meth:`ClusterNode.stop` after the shards were closed
+(``epochs/<e>.closed``, lease released).
 
 This module builds no broker: core/cluster sits below core/broker, and the process that
 assembles the broker and its listeners is braid/server.py.
@@ -45,11 +55,13 @@ import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from redis import exceptions as redis_errors
 
 from core.cluster import epochs, layout
+from core.cluster.follow import FollowsRemote, MetadataFollower
+from core.cluster.kafka_view import MembershipView
 from core.cluster.layout import ClusterLayout
 from core.cluster.local import LocalMetadata
 from core.cluster.membership import (
@@ -67,20 +79,30 @@ from core.cluster.metadata import (
     Change,
     MetadataConflict,
 )
+from core.cluster.owners import ServedShards, ViewOwners
 from core.cluster.redis_metadata import LeaseHeld, RedisMetadata, connect
+from core.cluster.rpc.append import AppendReceiver
+from core.cluster.rpc.client import RpcClient
+from core.cluster.rpc.consume import ConsumeService
+from core.cluster.rpc.forward import Forwarder
 from core.cluster.rpc.options import RpcSettings
 from core.cluster.rpc.server import NodeService, RpcServer
 from core.cluster.settings import ClusterSettings
 from core.cluster.split import SplitMetadata
 from core.log import LogConfig, LogStore
 
+if TYPE_CHECKING:  # (annotations only: this module builds no broker)
+    from core.broker import Node
+
 log = logging.getLogger(__name__)
 
 # The lowest shard, which a node of a root of one shard serves (and an adopted root's legacy
 # shard).
 SERVED_SHARD: Final = 0
-MULTI_SHARD_REFUSAL: Final = "multi-shard roots come with step 6 (forwarding between nodes)"
-PARTIAL_REFUSAL: Final = "a node owning some of the shards needs forwarding (step 6)"
+MULTI_SHARD_REFUSAL: Final = "an adopted root's definitions are not placed in many shards yet"
+# Why a remote consumer's stream ends when its queue goes away or the node stops serving.
+QUEUE_DELETED: Final = "queue deleted"
+NOT_SERVING: Final = "the node stopped serving the queue's shard"
 # Definitions an adopted shard's old tables may hold that are cluster-wide now (section 3: the
 # shard-local kinds, redrive and setting, stay in the shard's log).
 ADOPTED_KINDS: Final = (KIND_TOPIC, KIND_BINDING, KIND_QUEUE, KIND_SECURITY, KIND_LIMIT)
@@ -176,7 +198,10 @@ class ClusterNode:
         self.metadata: RedisMetadata | None = None
         self.membership: Membership | None = None
         self._rpc: RpcServer | None = None
-        self._service: NodeService | None = None
+        # The gRPC service (its data calls plugged in by ClusterServing) and this node's
+        # client of the others' (forwarding, the cluster-wide HTTP answers).
+        self.service: NodeService | None = None
+        self.rpc_client: RpcClient | None = None
         self.rpc_port = 0
         self._stopped = False
 
@@ -209,8 +234,9 @@ class ClusterNode:
                 else {"max_message_size": self._max_message_size}
             ),
         )
-        self._service = NodeService(self.node_id, 0)
-        self._rpc = RpcServer(rpc_settings, self._service)
+        self.service = NodeService(self.node_id, 0)
+        self.rpc_client = RpcClient(rpc_settings)
+        self._rpc = RpcServer(rpc_settings, self.service)
         self.rpc_port = await self._rpc.start(self.listen_host, settings.cluster_port)
         addresses = NodeAddresses(
             host=self.host,
@@ -226,24 +252,23 @@ class ClusterNode:
             on_fenced=self._fenced,
         )
         owned = await membership.start()
-        self._service.incarnation = membership.incarnation or 0
+        self.service.incarnation = membership.incarnation or 0
         return self._served(owned)
 
     def _served(self, owned: dict[int, int]) -> int | None:
-        """The epoch of the lowest owned shard, None for a standby; :class:`NodeRefused` when
-        the node owns some of the root's shards but not all (module docstring)."""
+        """The epoch of the lowest owned shard, None for a standby (it owns none)."""
         if not owned:
             log.info(
                 "node %d owns no shard: standby, no listeners (taking shards over is issue 23)",
                 self.node_id,
             )
             return None
-        shards = self.layout.shards
-        if len(owned) != shards:
-            raise NodeRefused(
-                f"node {self.node_id} owns shards {sorted(owned)} of the {shards} of "
-                f"{self.layout.root} (start it with --expect-nodes 1 to own them all): "
-                f"{PARTIAL_REFUSAL}"
+        if len(owned) != self.layout.shards:
+            log.info(
+                "node %d serves shards %s of %d; the others are other nodes'",
+                self.node_id,
+                sorted(owned),
+                self.layout.shards,
             )
         return owned[min(owned)]
 
@@ -266,8 +291,8 @@ class ClusterNode:
                 )
                 await asyncio.sleep(delay_s)
                 continue
-            if self._service is not None:
-                self._service.incarnation = membership.incarnation or 0
+            if self.service is not None:
+                self.service.incarnation = membership.incarnation or 0
             log.info("node %d: rejoined as incarnation %s", self.node_id, membership.incarnation)
             return self._served(owned)
         return None
@@ -368,6 +393,103 @@ class ClusterNode:
         if rpc is not None:
             with contextlib.suppress(Exception):
                 await rpc.stop(grace_s=1.0)
+        client, self.rpc_client = self.rpc_client, None
+        if client is not None:
+            with contextlib.suppress(Exception):
+                await client.close(grace_s=0)
         metadata, self.metadata = self.metadata, None
         if metadata is not None:
             await metadata.aclose()
+
+
+class ClusterServing:
+    """A broker over this node's shards joined to the cluster's other shards (module
+    docstring): :meth:`start` once the broker is built (before its listeners), :meth:`stop`
+    before it closes. ``registries``: the security and limits stores the follower keeps in
+    step (the broker's own topics, bindings and queues it always does); ``from_version``: the
+    metadata version the broker's registries were loaded at."""
+
+    def __init__(
+        self,
+        node: ClusterNode,
+        broker: Node,
+        *,
+        security: FollowsRemote | None = None,
+        limits: FollowsRemote | None = None,
+        from_version: int | None = None,
+    ) -> None:
+        metadata, client, service, membership = (
+            node.metadata,
+            node.rpc_client,
+            node.service,
+            node.membership,
+        )
+        assert metadata is not None, "join() first"
+        assert client is not None, "join() first"
+        assert service is not None, "join() first"
+        assert membership is not None, "join() first"
+        assert isinstance(broker.metadata, SplitMetadata), "a cluster node's broker"
+        self.node = node
+        self.broker = broker
+        self.view = MembershipView(metadata, node.node_id, broker.shards.placements)
+        self.forwarder = Forwarder(
+            client,
+            ViewOwners(self.view),
+            node.settings,
+            node=node.node_id,
+            incarnation=membership.incarnation or 0,
+            meta_version=lambda: metadata.version,
+        )
+        self.receiver = AppendReceiver(
+            ServedShards(broker.shards.local, lambda: node.owned),
+            node_id=node.node_id,
+            window_ms=node.settings.rpc_timeout_ms,
+        )
+        self.consume = ConsumeService(broker)
+        self.follower = MetadataFollower(
+            broker.metadata,
+            topics=broker.topics,
+            bindings=broker.bindings,
+            queues=self,
+            security=security,
+            limits=limits,
+            from_version=from_version,
+        )
+        self._service = service
+        self._started = False
+
+    async def start(self) -> MembershipView:
+        """Read who owns what (errors propagate: no serving on no view), make the broker
+        forward to the other nodes' shards, take their calls, follow their definitions.
+        Returns the view, for the Broker API (``set_cluster_view``)."""
+        await self.view.start()
+        self.broker.remote = self.forwarder
+        service = self._service
+        service.append = self.receiver
+        service.consume = self.consume.consume
+        service.get = self.consume.get
+        self.follower.start()
+        self._started = True
+        return self.view
+
+    def on_queue(self, key: str, value: bytes | None) -> None:
+        """The follower's queue definitions: the broker opens or closes its ack queue, and a
+        deleted queue's remote consumers are told (their owner's queue is gone)."""
+        self.broker.on_queue(key, value)
+        if value is None:
+            self.consume.cancel(key.rpartition("\0")[0], QUEUE_DELETED)
+
+    async def stop(self) -> None:
+        """Stop taking calls for the broker's shards (new ones answer UNIMPLEMENTED, remote
+        consumers are cancelled), following, the view and the forwards (unanswered ones fail
+        with ShardUnavailable). Idempotent."""
+        if not self._started:
+            return
+        self._started = False
+        service = self._service
+        if service.append is self.receiver:
+            service.append = service.consume = service.get = None
+        self.consume.cancel(None, NOT_SERVING)
+        await self.follower.aclose()
+        await self.view.stop()
+        await self.forwarder.aclose()

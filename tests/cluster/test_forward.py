@@ -303,6 +303,38 @@ async def test_records_land_in_order_with_their_fields_and_destinations(
     assert bodies(store, "elsewhere", 5) == []  # only indexed in its destinations
 
 
+async def test_a_kafka_batch_keeps_its_flag_and_record_count(
+    nodes: Callable[[int], Awaitable[Node]], origin: Origin
+) -> None:
+    """A Kafka batch routed to another node's queue arrives as the batch it is: FLAG_BATCH
+    and its record count kept, its offsets taken in its own queue (one per record)."""
+    from aiokafka.record.default_records import DefaultRecordBatchBuilder
+
+    owner = await nodes(2)
+    store = owner.open_store("s3")
+    owner.shards.owned[SHARD] = (store, 1)
+    origin.owners.set(SHARD, owner.owner(1))
+    builder = DefaultRecordBatchBuilder(2, 0, False, -1, -1, -1, 1 << 20)
+    for delta in range(3):
+        builder.append(delta, timestamp=0, key=b"k%d" % delta, value=b"v%d" % delta, headers=[])
+    batch = bytes(builder.build())
+    forward = origin.forwarder.forward
+    first, second = await settled(
+        [
+            forward(SHARD, TOPIC, 0, batch, destinations=[(TOPIC, 0)], copy=False,
+                    deliver_at_ms=0, fields={"protocol": rec.PROTOCOL_KAFKA},
+                    record_count=3, flags=rec.FLAG_BATCH)
+            for _ in range(2)
+        ]
+    )  # fmt: skip
+    assert (first.offset, second.offset) == (0, 3)
+    stored = [entry.record() for entry in store.read(TOPIC, 0, 0, max_records=10)]
+    assert [(r.flags & rec.FLAG_BATCH, r.record_count, r.body) for r in stored] == [
+        (rec.FLAG_BATCH, 3, batch),
+        (rec.FLAG_BATCH, 3, batch),
+    ]
+
+
 async def test_refusing_destinations_are_reported_and_skipped(
     nodes: Callable[[int], Awaitable[Node]], origin: Origin
 ) -> None:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import queue
-import re
 import time
 from pathlib import Path
 from typing import Any
@@ -27,7 +26,7 @@ from paho.mqtt.enums import CallbackAPIVersion
 
 from core.broker import Node
 from core.cluster import layout
-from core.cluster.node_runner import PARTIAL_REFUSAL, ClusterNode, NodeRefused
+from core.cluster.node_runner import ClusterNode
 from core.cluster.placement import partition_shard
 from core.cluster.settings import ClusterSettings
 from core.deadletter.policy import DeadLetterPolicy
@@ -248,13 +247,13 @@ def test_queues_spread_over_shards_are_placed_consumed_and_kept(
     assert not any("copy" in record["flags"] for record in home)
 
 
-def test_a_node_owning_some_shards_is_refused(tmp_path: Path) -> None:
-    """Until forwarding (step 6), a node that owns only part of a root of many shards stops
-    with a message that says so; owning all of them, or none (a standby), is served."""
+def test_a_node_owning_some_shards_serves_them(tmp_path: Path) -> None:
+    """A node that owns only part of a root of many shards serves those (the others are
+    reached by forwarding, tests/cluster/test_three_nodes.py): the lowest one's epoch; owning
+    all of them too, and none is a standby."""
     root = layout.init(tmp_path / "root", shards=SHARDS)
     node = ClusterNode(root, "redis://unused", 1, ClusterSettings(), listen_host="127.0.0.1")
-    with pytest.raises(NodeRefused, match=re.escape(PARTIAL_REFUSAL)):
-        node._served({0: 1, 2: 1})
+    assert node._served({2: 1, 3: 4}) == 1
     assert node._served({number: 3 for number in range(SHARDS)}) == 3
     assert node._served({}) is None
 

@@ -41,6 +41,10 @@ OK: Final = pb.AppendResult.OK
 NOT_OWNER: Final = pb.AppendResult.NOT_OWNER
 UNAVAILABLE: Final = pb.AppendResult.UNAVAILABLE
 REFUSED: Final = pb.AppendResult.REFUSED
+# The flags of a forwarded record that travel in its frame (core/cluster/rpc/forward.py) and
+# the owner keeps: what the record is (a Kafka batch, a control batch). Where it sits
+# (FLAG_COPY) is Record.copy; the rest the owner's log sets itself.
+FORWARDED_FLAGS: Final = rec.FLAG_BATCH | rec.FLAG_TXN_CONTROL
 
 # Seqs remembered per origin at most, whatever the window: bounds memory under a flood (about
 # 100 bytes each: ~25 MiB per origin). At more than MAX_REMEMBERED / window records a second from
@@ -68,6 +72,7 @@ class ShardLog(Protocol):
         born_ms: int,
         deliver_at_ms: int,
         flags: int,
+        record_count: int,
     ) -> Appended: ...
 
     def add_durable_waiter(self, end: int, future: asyncio.Future[None]) -> None: ...
@@ -294,7 +299,9 @@ class AppendReceiver:
             protocol=fields.protocol,
             born_ms=fields.born_ms,
             deliver_at_ms=record.deliver_at_ms,
-            flags=rec.FLAG_COPY if record.copy else 0,
+            # A Kafka batch keeps FLAG_BATCH and its count (core/cluster/rpc/forward.py).
+            flags=(fields.flags & FORWARDED_FLAGS) | (rec.FLAG_COPY if record.copy else 0),
+            record_count=fields.record_count,
         )
         offset = -1
         if not record.copy:

@@ -32,6 +32,7 @@ from grpc import aio
 
 from core.broker.remote import Destination, ForwardResult, OwnerAddress, ShardOwners
 from core.cluster.rpc import cluster_pb2 as pb
+from core.cluster.rpc.append import FORWARDED_FLAGS
 from core.cluster.rpc.client import PeerUnavailable, RpcClient, peer_errors
 from core.cluster.settings import ClusterSettings
 from core.errors import ShardUnavailable
@@ -93,7 +94,13 @@ class _Target:
 
 
 def encode_fields(
-    topic: str, queue: int, body: bytes | memoryview | None, fields: RecordFields
+    topic: str,
+    queue: int,
+    body: bytes | memoryview | None,
+    fields: RecordFields,
+    *,
+    record_count: int = 1,
+    flags: int = 0,
 ) -> bytes:
     """A record's fields as ``Record.fields`` carries them: one frame of core/log/record.py.
     The log's own encoder and decoder, so there is no second format to keep in step with the
@@ -117,6 +124,9 @@ def encode_fields(
         address=address.encode() if address else b"",
         protocol=fields.get("protocol", rec.PROTOCOL_INTERNAL),
         born_ms=fields.get("born_ms", 0),
+        # A Kafka batch: FLAG_BATCH and its records' count travel in the frame.
+        flags=flags & FORWARDED_FLAGS,
+        record_count=record_count,
     )
 
 
@@ -177,6 +187,8 @@ class Forwarder:
         deliver_at_ms: int,
         fields: RecordFields,
         txn: str = "",
+        record_count: int = 1,
+        flags: int = 0,
     ) -> asyncio.Future[ForwardResult]:
         """See :meth:`core.broker.remote.RemoteAppend.forward`."""
         loop = asyncio.get_running_loop()
@@ -191,7 +203,7 @@ class Forwarder:
                 )
             )
             return future
-        frame = encode_fields(topic, queue, body, fields)
+        frame = encode_fields(topic, queue, body, fields, record_count=record_count, flags=flags)
         dests = [pb.Dest(topic=t, queue=q) for t, q in destinations]
         size = len(frame) + RECORD_OVERHEAD + sum(len(t) + 8 for t, _ in destinations)
         pending = _Pending(
