@@ -1,42 +1,414 @@
 """Exchanges, queues, bindings, consumers, basic.get, flow listeners and tx: the Broker
-API's calls for queues and their consumers (AMQP's model)."""
+API's calls for queues and their consumers (AMQP's model).
+
+A queue whose shard another node owns (docs/cluster.md section 8, AMQP) is handed out as a
+:class:`RemoteQueueHandle` behind the same :class:`QueueHandle` methods, and its consumers as a
+:class:`RemoteSubscription`, over the node's ``RemoteQueues`` (``set_remote_queues``): a
+``Consume`` stream to the owner per consumer (prefetch as credit; acks, nacks, rejects, requeue
+and the redelivered flag are the owner's), basic.get by ``Get``. A gateway keeps settling the
+deliveries with its :class:`Settlements`: a remote delivery's ``queue`` is a stand-in
+(:class:`_SettledRemotely`) that sends the settle to the owner instead. What cannot wait for
+the owner in a gateway's synchronous call is answered from what this node knows: the counts are
+the owner's last answer (asked again in the background when older than
+:data:`STATS_MAX_AGE_S`), and basic.get hands out a record taken from the owner ahead
+(:meth:`RemoteQueueHandle.take`).
+"""
 
 from __future__ import annotations
 
 # (AMQP section's imports)
 # (MQTT section's imports)
 # (Kafka section's imports)
+import asyncio
+import logging
+import time
 from collections.abc import (
     Callable,
+    Coroutine,
     Iterable,
     Mapping,
     Sequence,
 )
-from typing import Any
+from typing import Any, Final, cast
 
 from core.api.base import BrokerCalls, ClientContext, Headers, PublishOutcome
 from core.broker.broker import (
     EXCHANGE_QUEUE,
     Destination,
 )
+from core.broker.remote import RemoteQueueConsumer, RemoteQueueDelivery, RemoteQueues
 from core.broker.topics import TopicInfo
 from core.delivery.ackqueue import (
+    AckQueue,
     AckQueueConfig,
+    Consumer,
     Delivery,
 )
 from core.delivery.handles import (
+    NO_CREDIT,
     QueueHandle,
     QueueStats,
     Subscription,
     attach,
     take_one,
 )
+from core.errors import ShardUnavailable
 from core.limits import QUEUE_VHOST_KEY
 from core.transactions import TransactionError
+
+log = logging.getLogger(__name__)
+
+# A remote queue's counts older than this are asked for again (in the background) when read.
+STATS_MAX_AGE_S: Final = 1.0
+# A record basic.get took ahead from a remote queue goes back to it (redelivered) when no
+# basic.get took it within this.
+GET_AHEAD_HOLD_S: Final = 2.0
+# Who holds the records basic.get takes ahead (the owner's ConsumeService.release_gets name).
+GET_HOLDER: Final = "amqp-basic-get"
+
+
+class _SettledRemotely:
+    """Where a remote delivery names its queue: :class:`Settlements` (and ``Delivery.ack``)
+    call ``ack(offset)`` and ``nack(offset, requeue=)`` on it, which go to the owner by the
+    delivery's tag (its ``offset`` here); it has no local consumers to pump."""
+
+    __slots__ = ("_ack", "_nack", "topic")
+
+    consumers: tuple[()] = ()
+
+    def __init__(
+        self, topic: str, ack: Callable[[int], None], nack: Callable[[int, bool], None]
+    ) -> None:
+        self.topic = topic
+        self._ack = ack
+        self._nack = nack
+
+    def ack(self, offset: int) -> None:
+        self._ack(offset)
+
+    def nack(self, offset: int, *, requeue: bool = True) -> None:
+        self._nack(offset, requeue)
+
+    def pump(self) -> None:
+        """(A local queue's: delivers what settles freed. The owner does that for this one.)"""
+
+    def __repr__(self) -> str:
+        return f"_SettledRemotely({self.topic!r})"
+
+
+def _as_queue(stand_in: _SettledRemotely) -> AckQueue:
+    # Delivery and Consumer name an AckQueue; of it a gateway's Settlements use only what
+    # _SettledRemotely has, so the stand-in goes where the queue would.
+    return cast("AckQueue", stand_in)
+
+
+class RemoteSubscription(Subscription):
+    """A consumer of a queue of another node (``BrokerAPI.consume`` on a
+    :class:`RemoteQueueHandle`), the :class:`Subscription` names over a
+    ``RemoteQueueConsumer``. ``on_cancel(reason)`` is called when the owner ends it (the queue
+    deleted, the owner gone) or it could not be attached."""
+
+    __slots__ = ("_limit", "_remote", "_tag", "on_cancel")
+
+    def __init__(self, tag: str, limit: int, on_cancel: Callable[[str], None] | None) -> None:
+        # (No local Consumer: the base class's slot stays empty.)
+        self._tag = tag
+        self._limit = limit
+        self._remote: RemoteQueueConsumer | None = None
+        self.on_cancel = on_cancel
+
+    @property
+    def tag(self) -> str:
+        return self._tag
+
+    @property
+    def inflight(self) -> int:
+        return 0 if self._remote is None else self._remote.inflight
+
+    @property
+    def prefetch(self) -> int:
+        return self._limit
+
+    def set_prefetch(self, limit: int, *, deliver_now: bool = True) -> None:
+        self._limit = limit
+        remote = self._remote
+        if remote is None:
+            return
+        if limit == NO_CREDIT:
+            remote.pause()
+        else:
+            remote.set_prefetch(limit)
+            remote.resume()
+
+    def pause(self) -> None:
+        self.set_prefetch(NO_CREDIT)
+
+    def resume(self, prefetch: int) -> None:
+        self.set_prefetch(prefetch)
+
+    def detach(self) -> int:
+        """Stop it: the stream to the owner ends (in the background) and the owner puts its
+        unsettled deliveries back, redelivered. How many were unsettled here."""
+        return 0 if self._remote is None else self._remote.detach()
+
+    def cancelled(self, reason: str) -> None:
+        log.info("remote consumer %r cancelled: %s", self._tag, reason)
+        if self.on_cancel is not None:
+            self.on_cancel(reason)
+
+    def __repr__(self) -> str:
+        return f"RemoteSubscription({self._tag!r}, inflight={self.inflight}/{self._limit})"
+
+
+class RemoteQueueHandle(QueueHandle):
+    """A queue whose shard another node owns, as a gateway may use it (module docstring).
+    TTL, max-length and overflow are the owner's: here none apply."""
+
+    __slots__ = (
+        "_ahead",
+        "_ahead_timer",
+        "_fetching",
+        "_remote",
+        "_shard",
+        "_stats",
+        "_stats_at",
+        "_tasks",
+        "_topic",
+    )
+
+    def __init__(
+        self, remote: RemoteQueues, shard: int, topic: str, stats: QueueStats | None
+    ) -> None:
+        # (No local AckQueue: the base class's slot stays empty.)
+        self._remote = remote
+        self._shard = shard
+        self._topic = topic
+        self._stats = stats or QueueStats(0, 0, 0)
+        self._stats_at = time.monotonic() if stats is not None else float("-inf")
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._ahead: RemoteQueueDelivery | None = None
+        self._ahead_timer: asyncio.TimerHandle | None = None
+        self._fetching = False
+
+    @property
+    def shard(self) -> int:
+        return self._shard
+
+    @property
+    def topic(self) -> str:
+        return self._topic
+
+    @property
+    def deleted(self) -> bool:
+        return False  # (its consumers are cancelled by the owner when it is)
+
+    @property
+    def message_ttl_ms(self) -> int | None:
+        return None
+
+    @property
+    def max_length(self) -> int | None:
+        return None
+
+    def message_count(self) -> int:
+        """Ready records, as the owner last said."""
+        return self.stats().ready
+
+    def stats(self) -> QueueStats:
+        """The owner's last answer (asked again in the background when it is old)."""
+        if time.monotonic() - self._stats_at > STATS_MAX_AGE_S:
+            self._stats_at = time.monotonic()  # one question at a time
+            self._run_soon(self._refresh_stats())
+        return self._stats
+
+    async def refresh_stats(self) -> QueueStats | None:
+        """Ask the owner now: its counts, or None when it has no such queue
+        (:class:`ShardUnavailable` when it does not answer)."""
+        stats = await self._remote.stats(self._shard, self._topic)
+        if stats is not None:
+            self._stats = stats
+            self._stats_at = time.monotonic()
+        return stats
+
+    async def _refresh_stats(self) -> None:
+        try:
+            await self.refresh_stats()
+        except ShardUnavailable as error:
+            log.info("remote queue %s: no counts: %s", self._topic, error)
+
+    def would_overflow(self) -> bool:
+        return False  # (the owner refuses a publish it cannot take: the forward says so)
+
+    def enforce_max_length(self) -> int:
+        return 0  # (the owner's)
+
+    def expire_head(self) -> None:
+        """(The owner expires its records.)"""
+
+    def purge(self) -> int:
+        raise ShardUnavailable(
+            self._shard, reason=f"purging {self._topic!r} on its owner is not supported yet"
+        )
+
+    # -- consumers ---------------------------------------------------------------------------
+
+    def subscribe(
+        self,
+        tag: str,
+        prefetch: int,
+        deliver: Callable[[Delivery], None],
+        *,
+        no_ack: bool,
+        client_id: str,
+        on_cancel: Callable[[str], None] | None,
+    ) -> RemoteSubscription:
+        """``BrokerAPI.consume``'s work for this queue: a consumer on the owner whose
+        deliveries come to ``deliver`` as :class:`Delivery` objects settled there."""
+        subscription = RemoteSubscription(tag, prefetch, on_cancel)
+        stand_in = _SettledRemotely(
+            self._topic,
+            lambda tag_: remote.ack(tag_),
+            lambda tag_, requeue: remote.nack(tag_, requeue=requeue),
+        )
+        queue = _as_queue(stand_in)
+        # Marks the deliveries as a consumer's (not basic.get's): a gateway that lets go of
+        # them leaves them to the consumer's detach, which the owner answers.
+        marker = Consumer(queue, tag, 0, deliver, no_ack)
+
+        def delivered(remote_delivery: RemoteQueueDelivery) -> None:
+            deliver(
+                Delivery(
+                    queue,
+                    remote_delivery.tag,
+                    remote_delivery.message,
+                    remote_delivery.redelivered,
+                    remote_delivery.delivery_count,
+                    marker,
+                )
+            )
+
+        # Paused at the start (a gateway whose client is not reading): attached with a
+        # limit of one, then paused, until the gateway gives it credit.
+        remote = self._remote.consumer(
+            self._shard,
+            self._topic,
+            tag,
+            1 if prefetch == NO_CREDIT else prefetch,
+            delivered,
+            no_ack=no_ack,
+            client_id=client_id,
+            on_cancel=subscription.cancelled,
+        )
+        if prefetch == NO_CREDIT:
+            remote.pause()
+        subscription._remote = remote
+        return subscription
+
+    # -- basic.get ---------------------------------------------------------------------------
+
+    def take(self, *, no_ack: bool) -> Delivery | None:
+        """basic.get: a gateway asks synchronously, so it is answered with the record taken
+        from the owner ahead, if one arrived, and the next is taken ahead now. The first
+        basic.get (or one right after another) may so answer none while the owner has some:
+        a client asks again. A record taken ahead and not asked for within
+        :data:`GET_AHEAD_HOLD_S` goes back to the owner's queue (redelivered)."""
+        ahead, self._ahead = self._ahead, None
+        if self._ahead_timer is not None:
+            self._ahead_timer.cancel()
+            self._ahead_timer = None
+        self._fetch_ahead()
+        if ahead is None:
+            return None
+        remote, shard = self._remote, self._shard
+        stand_in = _SettledRemotely(
+            self._topic,
+            lambda tag: remote.settle_gets(shard, [tag], ack=True, requeue=False),
+            lambda tag, requeue: remote.settle_gets(shard, [tag], ack=False, requeue=requeue),
+        )
+        if no_ack:
+            stand_in.ack(ahead.tag)
+        return Delivery(
+            _as_queue(stand_in),
+            ahead.tag,
+            ahead.message,
+            ahead.redelivered,
+            ahead.delivery_count,
+            None,
+        )
+
+    def _fetch_ahead(self) -> None:
+        if not self._fetching:
+            self._fetching = True
+            self._run_soon(self._fetch())
+
+    async def _fetch(self) -> None:
+        try:
+            delivery = await self._remote.get(
+                self._shard, self._topic, no_ack=False, client_id=GET_HOLDER
+            )
+        except ShardUnavailable as error:
+            log.info("remote queue %s: basic.get: %s", self._topic, error)
+            return
+        finally:
+            self._fetching = False
+        if delivery is None:
+            return
+        self._ahead = delivery
+        self._ahead_timer = asyncio.get_running_loop().call_later(
+            GET_AHEAD_HOLD_S, self._give_back_ahead
+        )
+        self._run_soon(self._refresh_stats())
+
+    def _give_back_ahead(self) -> None:
+        self._ahead_timer = None
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None:
+            self._remote.settle_gets(self._shard, [ahead.tag], ack=False, requeue=True)
+
+    def _run_soon(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def __repr__(self) -> str:
+        return f"RemoteQueueHandle({self._topic!r}, shard={self._shard})"
+
+
+def _cancel_told_by(deliver: Callable[[Delivery], None]) -> Callable[[str], None] | None:
+    """How a gateway that sets no ``on_cancel`` learns that the owner ended its consumer: the
+    path its deleted queues' consumers are told by (AMQP: ``cancelled_by_server`` of the
+    consumer whose bound ``deliver`` this is, which sends basic.cancel), or None."""
+    told = getattr(getattr(deliver, "__self__", None), "cancelled_by_server", None)
+    if not callable(told):
+        return None
+    return lambda _reason: told()
 
 
 class QueueCalls(BrokerCalls):
     """Exchanges, queues, bindings, consumers and tx."""
+
+    # Queues of shards other nodes own are reached through this (None: a single node, or a
+    # node that reaches none: ShardUnavailable).
+    _remote_queues: RemoteQueues | None = None
+
+    def set_remote_queues(self, remote: RemoteQueues | None) -> None:
+        """The queues of other nodes' shards are reached through ``remote`` (the process that
+        assembles a cluster node calls this once)."""
+        self._remote_queues = remote
+
+    def _remote_shard(self, topic: str) -> int | None:
+        """The shard of the queue ``topic`` when another node owns it, else None."""
+        shards = self._node.shards
+        if shards.single:
+            return None
+        number = shards.queue_number(topic, 0)
+        return None if shards.local(number) is not None else number
+
+    def _remote(self, shard: int) -> RemoteQueues:
+        remote = self._remote_queues
+        if remote is None:
+            raise ShardUnavailable(shard, reason="not served by this node")
+        return remote
 
     # Topics, exchanges and bindings. An AMQP exchange is a topic, an AMQP queue a topic whose
     # queue 0 is an ack queue; the gateway keeps its settings in the topic's config (see
@@ -116,7 +488,13 @@ class QueueCalls(BrokerCalls):
     def has_ack_queue(self, destination: Destination) -> bool:
         """Whether ``destination`` is an ack queue (a queue consumers read, as opposed to a
         topic's own stream): a publish that reached one was routed, for AMQP's mandatory."""
-        return self._node.ack_queue(*destination) is not None
+        node = self._node
+        shards = node.shards
+        if not shards.single and shards.local(shards.queue_number(*destination)) is None:
+            # Another node's queue: an AMQP queue's topic is marked as one (declare_queue).
+            info = node.topics.get(destination[0])
+            return destination[1] == 0 and info is not None and QUEUE_VHOST_KEY in info.config
+        return node.ack_queue(*destination) is not None
 
     # Queues.
 
@@ -133,7 +511,16 @@ class QueueCalls(BrokerCalls):
         :class:`TopicError` for a name that cannot be a topic."""
         node = self._node
         # The queue's topic, config merged; marked to count for the queue limits of its vhost.
-        await self.declare_exchange(context, topic, {**config, QUEUE_VHOST_KEY: context.vhost})
+        config = {**config, QUEUE_VHOST_KEY: context.vhost}
+        await self.declare_exchange(context, topic, config)
+        shard = self._remote_shard(topic)
+        if shard is not None:
+            # Another node owns it: it makes the queue, or keeps the one it has (a queue this
+            # node's gateway did not know yet may well exist there).
+            remote = self._remote(shard)
+            await node.define_remote_queue(topic, 0, settings)  # for the cluster's followers
+            stats = await remote.declare(shard, topic, dict(config), settings)
+            return RemoteQueueHandle(remote, shard, topic, stats)
         if node.ack_queue(topic) is not None:  # left by a queue deleted while its topic stayed
             await node.delete_ack_queue(topic)
         ack, _ = await node.declare_ack_queue(topic, 0, settings)
@@ -146,6 +533,9 @@ class QueueCalls(BrokerCalls):
         gateway's stored arguments say whether it is a priority queue (the records keep their
         own priorities)."""
         node = self._node
+        shard = self._remote_shard(topic)
+        if shard is not None:  # its owner opens it; the counts come when first read
+            return RemoteQueueHandle(self._remote(shard), shard, topic, None)
         ack = node.ack_queue(topic)
         if ack is None:
             ack, _ = await node.declare_ack_queue(topic, 0, settings)
@@ -166,6 +556,14 @@ class QueueCalls(BrokerCalls):
         """The counts of the queue ``topic`` now, or None when there is none."""
         ack = self._node.ack_queue(topic)
         return None if ack is None else QueueHandle(ack).stats()
+
+    async def queue_stats(self, context: ClientContext, topic: str) -> QueueStats | None:
+        """:meth:`queue_info` for a queue of any node: another node's queue is asked its owner
+        (:class:`ShardUnavailable` when it does not answer)."""
+        shard = self._remote_shard(topic)
+        if shard is None:
+            return self.queue_info(context, topic)
+        return await self._remote(shard).stats(shard, topic)
 
     def enforce_max_length(self, destinations: Iterable[Destination]) -> None:
         """After records reached ``destinations`` other than by :meth:`publish` (a transaction
@@ -191,14 +589,31 @@ class QueueCalls(BrokerCalls):
         """Attach a consumer to ``queue``: records are pushed to ``deliver`` (called
         synchronously by the queue's pump, one :class:`Delivery` each) while fewer than
         ``prefetch`` (0: no limit) are unsettled; ``no_ack`` deliveries are settled as they go.
-        Settle deliveries with a :class:`Settlements`."""
+        Settle deliveries with a :class:`Settlements`.
+
+        A queue of another node (a :class:`RemoteQueueHandle`) gets a
+        :class:`RemoteSubscription`, attached in the background: when the owner ends it (or
+        refuses the attach), the gateway is told as of a deleted queue (see
+        :func:`_cancel_told_by`), unless it set the subscription's ``on_cancel``."""
+        if isinstance(queue, RemoteQueueHandle):
+            return queue.subscribe(
+                tag,
+                prefetch,
+                deliver,
+                no_ack=no_ack,
+                client_id=context.connection_id,
+                on_cancel=_cancel_told_by(deliver),
+            )
         return attach(queue, tag, prefetch, deliver, no_ack=no_ack)
 
     def get_message(
         self, context: ClientContext, queue: QueueHandle, *, no_ack: bool
     ) -> Delivery | None:
         """AMQP's basic.get: the next ready record of ``queue``, held by no consumer (settled
-        with a :class:`Settlements` unless ``no_ack``), or None when there is none."""
+        with a :class:`Settlements` unless ``no_ack``), or None when there is none. A queue
+        of another node answers from a record taken ahead (:meth:`RemoteQueueHandle.take`)."""
+        if isinstance(queue, RemoteQueueHandle):
+            return queue.take(no_ack=no_ack)
         return take_one(queue, no_ack=no_ack)
 
     # Durability and flow control.

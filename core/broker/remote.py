@@ -8,10 +8,13 @@ implements them over ``Append`` streams and the ownership table in Redis.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
+from core.delivery.ackqueue import AckQueueConfig
+from core.delivery.handles import QueueStats
+from core.delivery.message import Message
 from core.transactions.service import RecordFields
 
 Destination = tuple[str, int]
@@ -71,4 +74,95 @@ class RemoteAppend(Protocol):
         awaitable resolves once the record is durable there, or raises
         :class:`core.errors.ShardUnavailable` (no live owner, or it did not answer within
         ``unavailable_wait_ms``)."""
+        ...
+
+
+# -- queues consumed from another node (docs/cluster.md section 8, AMQP) ------------------------
+#
+# ``core.api`` puts a queue whose shard another node owns behind the same QueueHandle and
+# Subscription as a local one; these are what it needs of the node's gRPC side for that
+# (``core.cluster.remote_queues.RemoteQueuesOverRpc`` implements them over ``Consume``, ``Get``
+# and two ``Admin`` calls). Every call names the queue's shard (``ShardOwners`` finds its owner)
+# and its topic as the core names it; a shard without a live owner, or an owner that does not
+# answer, is :class:`core.errors.ShardUnavailable`.
+
+
+class RemoteQueueDelivery(Protocol):
+    """One delivery from a queue of another node: ``tag`` is what it is settled by there."""
+
+    tag: int
+    message: Message
+    redelivered: bool
+    delivery_count: int
+
+
+class RemoteQueueConsumer(Protocol):
+    """One consumer attached to a queue of another node. The calls are synchronous, as a
+    gateway makes them from its read: each is sent in order on the consumer's stream."""
+
+    @property
+    def inflight(self) -> int:
+        """Deliveries received and not settled yet."""
+        ...
+
+    def set_prefetch(self, limit: int) -> None:
+        """A new limit of unsettled deliveries (0: none)."""
+        ...
+
+    def pause(self) -> None: ...
+
+    def resume(self) -> None: ...
+
+    def ack(self, tag: int) -> None: ...
+
+    def nack(self, tag: int, *, requeue: bool) -> None:
+        """Back to the queue, redelivered (``requeue``), else dead-lettered or dropped."""
+        ...
+
+    def detach(self) -> int:
+        """End it now: the stream is closed in the background, and the owner puts what was
+        unsettled back in the queue, redelivered. How many were unsettled here."""
+        ...
+
+
+class RemoteQueues(Protocol):
+    def consumer(
+        self,
+        shard: int,
+        topic: str,
+        tag: str,
+        prefetch: int,
+        deliver: Callable[[RemoteQueueDelivery], None],
+        *,
+        no_ack: bool,
+        client_id: str,
+        on_cancel: Callable[[str], None],
+    ) -> RemoteQueueConsumer:
+        """Attach a consumer to the queue ``topic`` in ``shard``, at most ``prefetch``
+        unsettled (0: no limit). Returns at once; the attach is made in the background, and
+        when it fails, or the owner later ends the consumer (the queue deleted, the owner
+        gone), ``on_cancel(reason)`` is called once (never after :meth:`detach`)."""
+        ...
+
+    def get(
+        self, shard: int, topic: str, *, no_ack: bool, client_id: str
+    ) -> Awaitable[RemoteQueueDelivery | None]:
+        """basic.get: the next ready record, or None; held by the owner for this node until
+        :meth:`settle_gets` settles it, unless ``no_ack``."""
+        ...
+
+    def settle_gets(self, shard: int, tags: Sequence[int], *, ack: bool, requeue: bool) -> None:
+        """Settle records :meth:`get` took (ack, or nack with ``requeue``), in the
+        background and in order."""
+        ...
+
+    def stats(self, shard: int, topic: str) -> Awaitable[QueueStats | None]:
+        """The owner's counts of the queue ``topic`` now, or None when it has no such queue."""
+        ...
+
+    def declare(
+        self, shard: int, topic: str, config: dict[str, object], settings: AckQueueConfig
+    ) -> Awaitable[QueueStats]:
+        """Make sure the owner has the queue ``topic`` (its topic with ``config``, its ack
+        queue with ``settings``; one that exists is kept as it is) and return its counts."""
         ...

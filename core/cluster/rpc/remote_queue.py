@@ -95,12 +95,18 @@ class RemoteConsumer:
         self._prefetch = prefetch
         self.no_ack = no_ack
         # With a prefetch, credit comes back as deliveries are settled; without, as they are
-        # handed to the client.
+        # handed to the client (_target says how much the owner should hold).
         self._limited = prefetch > 0 and not no_ack
+        # Credit the owner holds as this side counts it: granted, less the deliveries received
+        # (those in transit make it high, by as many as they will add to _unsettled or
+        # _buffered, so _target - _outstanding stays right).
+        self._outstanding = prefetch if self._limited else STREAM_WINDOW
+        self._buffered = 0  # received, not yet handed out of async for
+        self._paused = False
+        self._top_up_due = False
         self._deliver = deliver
         self.on_cancel = on_cancel
         self._unsettled: dict[int, RemoteDelivery] = {}  # tag -> delivery, in tag order
-        self._handed = 0  # handed out since credit was last returned (unlimited only)
         self._outgoing: asyncio.Queue[pb.ConsumeControl | None] = asyncio.Queue()
         self._inbox: asyncio.Queue[RemoteDelivery | None] = asyncio.Queue()
         self.cancelled = False
@@ -140,12 +146,11 @@ class RemoteConsumer:
             deliver=deliver,
             on_cancel=on_cancel,
         )
-        credit = prefetch if consumer._limited else STREAM_WINDOW
         attach = pb.Attach(
             queue=queue,
             consumer_tag=tag,
             client_id=client_id,
-            prefetch=credit,
+            prefetch=consumer._outstanding,
             no_ack=no_ack,
             exclusive=exclusive,
         )
@@ -180,13 +185,32 @@ class RemoteConsumer:
         """Its limit: 0 none."""
         return self._prefetch
 
+    @property
+    def paused(self) -> bool:
+        return self._paused
+
+    def set_prefetch(self, limit: int) -> None:
+        """A new limit (AMQP's basic.qos after the consume; 0: none): more credit goes to the
+        owner at once when it grows, and less comes back as deliveries are settled when it
+        shrinks (credit cannot be taken back, so the owner may still send what it held). A
+        ``no_ack`` consumer keeps no limit, as AMQP ignores its prefetch."""
+        if limit < 0:
+            raise ValueError(f"a prefetch is 0 or more, not {limit}")
+        self._prefetch = limit
+        self._limited = limit > 0 and not self.no_ack
+        self._top_up()
+
     def pause(self) -> None:
         """The owner delivers nothing more until :meth:`resume`; what is in flight stays
         settleable."""
-        self._send(pb.ConsumeControl(pause=True))
+        if not self._paused:
+            self._paused = True
+            self._send(pb.ConsumeControl(pause=True))
 
     def resume(self) -> None:
-        self._send(pb.ConsumeControl(pause=False))
+        if self._paused:
+            self._paused = False
+            self._send(pb.ConsumeControl(pause=False))
 
     async def detach(self) -> int:
         """Stop it: the stream ends, and the owner puts its unsettled deliveries back in the
@@ -244,8 +268,33 @@ class RemoteConsumer:
                 settle=pb.Settle(op=op, tags=[tag], multiple=multiple, requeue=requeue)
             )
         )
+        self._top_up()
+
+    # -- credit ------------------------------------------------------------------------------
+
+    def _target(self) -> int:
+        """The credit the owner should hold now: with a limit, what the unsettled deliveries
+        leave of it; without, the window less what waits in this node's buffer."""
         if self._limited:
-            self._send(pb.ConsumeControl(credit=len(settled)))
+            return self._prefetch - len(self._unsettled)
+        return STREAM_WINDOW - self._buffered
+
+    def _top_up(self) -> None:
+        """Send the credit the owner lacks, once what runs now is done: a gateway settles
+        deliveries, then changes the limit (AMQP's channel-wide prefetch) in one read, and
+        credit sent in between could not be taken back."""
+        if not self._top_up_due:
+            self._top_up_due = True
+            asyncio.get_running_loop().call_soon(self._send_credit)
+
+    def _send_credit(self) -> None:
+        """With a limit, as soon as one is missing; without, in quarters of the window (fewer,
+        larger messages; the owner never runs dry)."""
+        self._top_up_due = False
+        missing = self._target() - self._outstanding
+        if missing >= (1 if self._limited else STREAM_WINDOW // 4):
+            self._outstanding += missing
+            self._send(pb.ConsumeControl(credit=missing))
 
     # -- deliveries out ----------------------------------------------------------------------
 
@@ -259,27 +308,22 @@ class RemoteConsumer:
         if delivery is None:
             self._inbox.put_nowait(None)  # every later read ends too
             raise StopAsyncIteration
-        self._handed_out()
+        self._buffered -= 1
+        self._top_up()
         return delivery
-
-    def _handed_out(self) -> None:
-        if self._limited:
-            return
-        self._handed += 1
-        if self._handed >= STREAM_WINDOW // 4:
-            self._send(pb.ConsumeControl(credit=self._handed))
-            self._handed = 0
 
     def _receive(self, batch: pb.DeliveryBatch) -> None:
         for raw in batch.deliveries:
             delivery = _delivery(raw)
+            self._outstanding -= 1
             if not self.no_ack:
                 self._unsettled[delivery.tag] = delivery
             if self._deliver is None:
+                self._buffered += 1
                 self._inbox.put_nowait(delivery)
             else:
                 self._deliver(delivery)
-                self._handed_out()
+        self._top_up()
 
     def _ended(self, reason: str) -> None:
         """The owner ended the consumer (``reason``), or the stream broke."""
