@@ -51,7 +51,15 @@ from typing import Any, Final, Protocol
 
 from pamqp import base, commands
 
-from core.api import PROTOCOL_AMQP, BrokerAPI, ClientContext, Clock, Settlements, Timer
+from core.api import (
+    PROTOCOL_AMQP,
+    BrokerAPI,
+    ClientContext,
+    Clock,
+    Settlements,
+    ShardUnavailable,
+    Timer,
+)
 from gateway.amqp.auth import Access, log_in, mechanisms_offered
 from gateway.amqp.channel import Channel
 from gateway.amqp.codec import AmqpDecoder, encode_ack, encode_heartbeat, encode_method, encode_nack
@@ -220,12 +228,15 @@ class SessionIO(Protocol):
 class _ConfirmBatch:
     """The confirms one channel owes for one read's worth of publishes."""
 
-    __slots__ = ("channel", "high", "nacks")
+    __slots__ = ("all_nacked", "channel", "high", "nacks")
 
     def __init__(self, channel: Channel) -> None:
         self.channel = channel
         self.high = 0
         self.nacks: list[int] = []
+        # Every publish of the batch nacked: a shard it reached on another node was
+        # unavailable (docs/cluster.md section 8: basic.nack).
+        self.all_nacked = False
 
 
 class _ConfirmGroup:
@@ -878,6 +889,11 @@ class Session:
         if task.cancelled() or self.state == CLOSED:
             return
         error = task.exception()
+        if isinstance(error, ShardUnavailable):
+            log.warning("amqp %s: publishes nacked: %s", self.peer, error)
+            for batch in group.batches:
+                batch.all_nacked = True
+            error = None
         if error is not None:
             log.error("amqp %s: durability wait failed: %r", self.peer, error)
             self._connection_error(
@@ -897,7 +913,10 @@ class Session:
                     continue
                 number = channel.number
                 done = channel.confirmed
-                for seq in batch.nacks:
+                if batch.all_nacked and batch.high > done:
+                    write(encode_nack(number, batch.high, batch.high - done > 1))
+                    done = batch.high
+                for seq in () if batch.all_nacked else batch.nacks:
                     if seq - 1 > done:
                         write(encode_ack(number, seq - 1, seq - 1 - done > 1))
                     write(encode_nack(number, seq))

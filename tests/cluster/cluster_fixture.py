@@ -1,0 +1,132 @@
+"""N real ``braid serve --cluster`` nodes on one data root (docs/cluster.md sections 6-9), for the
+end-to-end tests of a cluster: a root made with ``braid cluster init --shards S``, one real
+redis-server (the caller's: tests/cluster/redis_server.py), every listener of every node on a
+free 127.0.0.1 port (tests/braid_process.py), short leases.
+
+The nodes are started together (each waits for ``--expect-nodes N`` live nodes before the plan
+gives each its shards, section 5.1) and their ready lines say which shards each one serves
+(:meth:`Cluster.owner`). :meth:`Cluster.stop` stops every node still running (SIGTERM, then
+SIGKILL for one that does not exit).
+
+    with Cluster(tmp_path, redis_server.url, nodes=3, shards=12) as cluster:
+        producer = KafkaProducer(bootstrap_servers=cluster[1].kafka_bootstrap)
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from pathlib import Path
+from typing import Any
+
+from core.cluster.placement import partition_shard
+from tests.braid_process import BraidProcess
+from tests.cluster.test_node import LEASE_MS, make_root
+
+# Short waits (section 14's): a publish to a stopped node's shard is nacked after this.
+UNAVAILABLE_WAIT_MS = 2000
+_SHARDS = re.compile(r"\bshards=([0-9,]+|none)\b")
+
+
+def cluster_config(nodes: int, extra: str = "") -> str:
+    """The nodes' ``[cluster]``: short leases, ``expect_nodes`` and ``unavailable_wait_ms``."""
+    return (
+        f"[cluster]\nlease_ms = {LEASE_MS}\nheartbeat_ms = 500\nexpect_nodes = {nodes}\n"
+        f"unavailable_wait_ms = {UNAVAILABLE_WAIT_MS}\n{extra}"
+    )
+
+
+class Cluster:
+    """``nodes`` nodes (ids 1..N) over a root of ``shards`` shards (module docstring)."""
+
+    def __init__(self, tmp_path: Path, redis_url: str, *, nodes: int = 3, shards: int = 12) -> None:
+        self.shards = shards
+        self.url = redis_url
+        self.root = make_root(tmp_path / "root", shards=shards)
+        config = tmp_path / "braid.toml"
+        config.write_text(cluster_config(nodes))
+        self.nodes: dict[int, BraidProcess] = {}
+        for node_id in range(1, nodes + 1):
+            directory = tmp_path / f"n{node_id}"
+            directory.mkdir(exist_ok=True)
+            self.nodes[node_id] = BraidProcess(
+                directory,
+                listeners=("amqp", "mqtt", "kafka", "http"),
+                data_dir=self.root,
+                extra_args=(
+                    "--config",
+                    str(config),
+                    "--cluster",
+                    redis_url,
+                    "--node-id",
+                    str(node_id),
+                    "--advertised-host",
+                    "127.0.0.1",
+                ),
+            )
+
+    def __getitem__(self, node_id: int) -> BraidProcess:
+        return self.nodes[node_id]
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def start(self) -> Cluster:
+        """Start every node at once and wait for each one's ready line."""
+        errors: list[BaseException] = []
+
+        def start(process: BraidProcess) -> None:
+            try:
+                process.start()
+            except BaseException as error:
+                errors.append(error)
+
+        threads = [threading.Thread(target=start, args=(p,)) for p in self.nodes.values()]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        if errors:
+            self.stop()
+            raise errors[0]
+        return self
+
+    def stop(self) -> None:
+        for process in self.nodes.values():
+            try:
+                process.stop()
+            except Exception:
+                process.kill9()
+            process.kill9()
+
+    def __enter__(self) -> Cluster:
+        return self.start()
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.stop()
+
+    # -- who serves what -------------------------------------------------------------------
+
+    def served(self, node_id: int) -> set[int]:
+        """The shards node ``node_id`` said it serves in its last ready line."""
+        found = _SHARDS.search(self.nodes[node_id].ready_line)
+        assert found is not None, self.nodes[node_id].ready_line
+        return set() if found[1] == "none" else {int(n) for n in found[1].split(",")}
+
+    def owner(self, shard: int) -> int:
+        """The node serving ``shard`` (by the ready lines)."""
+        for node_id in self.nodes:
+            if shard in self.served(node_id):
+                return node_id
+        raise AssertionError(f"no node serves shard {shard}")
+
+    def queue_owner(self, topic: str, queue: int = 0) -> int:
+        """The node serving ``(topic, queue)``'s shard (its placement rule)."""
+        return self.owner(partition_shard(topic, queue, self.shards))
+
+    def name_owned_by(self, node_id: int, prefix: str, topic_prefix: str = "") -> str:
+        """A name ``prefix<n>`` whose topic (``topic_prefix`` + name) node ``node_id`` owns."""
+        for number in range(10_000):
+            name = f"{prefix}{number}"
+            if self.queue_owner(topic_prefix + name) == node_id:
+                return name
+        raise AssertionError(f"no name {prefix}N lands on node {node_id}")
