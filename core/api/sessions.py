@@ -1,5 +1,13 @@
 """Live subscriptions, session queues, retained messages and session states: the Broker
-API's calls for MQTT's sessions."""
+API's calls for MQTT's sessions.
+
+On a cluster node (docs/cluster.md section 8) the process that assembles it hands the API an
+:class:`~core.broker.remote.MqttCluster` (:meth:`SessionCalls.set_mqtt_cluster`): the first
+live subscriber of a filter here writes its route, the last removes it; a publish delivered
+live here is also sent, once, to each other node with matching routes (a Fanout), which hands
+it to its live subscribers as a record read back; a CONNECT claims its client id cluster-wide
+(:meth:`SessionCalls.claim_client_id`), which closes its connection on another node. A single
+node has none: these calls cost nothing there."""
 
 from __future__ import annotations
 
@@ -7,6 +15,7 @@ from __future__ import annotations
 # (MQTT section's imports)
 # (Kafka section's imports)
 from collections.abc import (
+    Awaitable,
     Callable,
     Hashable,
 )
@@ -15,8 +24,10 @@ from typing import Any
 from core.api.base import BrokerCalls, ClientContext, Headers, Publication, PublishOutcome
 from core.broker.broker import (
     Destination,
+    PublishResult,
 )
 from core.broker.eager import Pending, run_eagerly
+from core.broker.remote import MqttCluster
 from core.delivery.ackqueue import (
     AckQueueConfig,
     Delivery,
@@ -25,7 +36,10 @@ from core.delivery.handles import (
     Subscription,
 )
 from core.delivery.live import LiveFeed, LiveReader
-from core.log.tags import TagFilter
+from core.delivery.message import Message
+from core.log import record as rec
+from core.log.store import encoded_headers, now_ms
+from core.log.tags import TagFilter, tags_from_headers
 from core.state.retained import RetainedMessages
 
 
@@ -37,24 +51,176 @@ class SessionCalls(BrokerCalls):
     # live_subscribers. Records stored by others reach the followers (follow_live_records).
 
     _live: LiveFeed | None = None
+    # A cluster node's MQTT side, and its live subscriptions per filter (routes).
+    _mqtt_cluster: MqttCluster | None = None
+    _route_counts: dict[str, int] | None = None
+    _session_closer: Callable[[str, int, bool], Awaitable[bool]] | None = None
 
     def _live_feed(self) -> LiveFeed:
         feed = self._live
         if feed is None:
             feed = self._live = self._node.live_feed()
+            # Every local shard's index, not only the lowest one's: a record of any protocol
+            # indexed in whichever local shard holds its queue reaches live subscribers.
+            for shard in self._node.shards:
+                feed.add_store(shard.store)
         return feed
 
     def subscribe_live(
         self, context: ClientContext, topic_filter: str, subscriber: Hashable
     ) -> None:
-        """Add a live subscription: a valid, non-shared MQTT filter over full topic names."""
+        """Add a live subscription: a valid, non-shared MQTT filter over full topic names.
+        On a cluster node the first one of a filter writes its route (in the background:
+        :meth:`live_routes_written` waits for it)."""
         self._live_feed().router.add(topic_filter, subscriber)
+        counts = self._route_counts
+        if counts is not None:
+            count = counts.get(topic_filter, 0)
+            counts[topic_filter] = count + 1
+            if count == 0 and self._mqtt_cluster is not None:
+                self._mqtt_cluster.add_route(topic_filter)
 
     def unsubscribe_live(
         self, context: ClientContext, topic_filter: str, subscriber: Hashable
     ) -> bool:
         """Undo one :meth:`subscribe_live`; False if there was none."""
-        return self._live_feed().router.remove(topic_filter, subscriber)
+        removed = self._live_feed().router.remove(topic_filter, subscriber)
+        counts = self._route_counts
+        if removed and counts is not None and topic_filter in counts:
+            count = counts[topic_filter] - 1
+            if count:
+                counts[topic_filter] = count
+            else:
+                del counts[topic_filter]
+                if self._mqtt_cluster is not None:
+                    self._mqtt_cluster.remove_route(topic_filter)
+        return removed
+
+    async def live_routes_written(self, context: ClientContext) -> None:
+        """Returns once the routes of the live subscriptions made so far are in the cluster's
+        table (at once on a single node): a SUBACK after it means a publish on any node that
+        knows the table reaches the subscriber."""
+        cluster = self._mqtt_cluster
+        if cluster is not None:
+            await cluster.routes_written()
+
+    # -- the cluster's MQTT side (docs/cluster.md section 8) ---------------------------------
+
+    def set_mqtt_cluster(self, cluster: MqttCluster | None) -> None:
+        """Make this a cluster node's API (called once, by the process that assembles the
+        node, before its MQTT listeners start): routes, fan-out and client id takeover."""
+        self._mqtt_cluster = cluster
+        if cluster is None:
+            self._route_counts = None
+            return
+        self._route_counts = {}
+        cluster.handle(self._deliver_fanout, self._close_taken_session)
+
+    def on_session_takeover(
+        self,
+        context: ClientContext,
+        close: Callable[[str, int, bool], Awaitable[bool]] | None,
+    ) -> None:
+        """The gateway's hook for a client id another connection claimed (:meth:`claim_client_id`
+        here or on another node): ``close(client id, gen, elsewhere)`` closes a connection of
+        that client id whose gen is below ``gen`` (MQTT 5 DISCONNECT 0x8E) and says whether
+        there was one; ``elsewhere``: the new connection is on another node. None: no hook."""
+        self._session_closer = close
+
+    async def claim_client_id(self, context: ClientContext) -> int:
+        """A CONNECT of ``context.client_id``: on a cluster node, register it here and have
+        its connection on any other node closed; returns the connection's gen (0 on a single
+        node, where the gateway's own session table decides). Raises
+        :class:`~core.errors.ShardUnavailable` when the node holding it lives but did not
+        give it up: CONNACK 0x88 / 3.1.1 return code 3, the client retries."""
+        cluster = self._mqtt_cluster
+        if cluster is None:
+            return 0
+        return await cluster.connect(context.client_id)
+
+    def release_client_id(self, context: ClientContext, gen: int) -> None:
+        """The connection ``gen`` (from :meth:`claim_client_id`) of ``context.client_id``
+        ended; nothing on a single node (gen 0)."""
+        cluster = self._mqtt_cluster
+        if cluster is not None and gen:
+            cluster.release(context.client_id, gen)
+
+    async def _close_taken_session(self, client_id: str, gen: int, new_node: int) -> bool:
+        close = self._session_closer
+        cluster = self._mqtt_cluster
+        if close is None or cluster is None:
+            return False
+        return await close(client_id, gen, new_node != cluster.node)
+
+    def _deliver_fanout(self, mqtt_topic: str, fields: bytes, qos: int) -> None:
+        """A Fanout from another node: its record handed to the live readers as one read back
+        from the log (QoS, retain and expiry come from its headers, as for a local record)."""
+        feed = self._live
+        if feed is None or not feed.router.count or not feed.readers:
+            return
+        record = rec.decode_record(fields, 0)
+        message = Message(
+            record.topic,
+            record.queue,
+            -1,  # not read from a queue here
+            record.subject,
+            record.key,
+            record.headers,
+            record.tags,
+            record.body,
+            record.protocol,
+            record.client,
+            record.address or mqtt_topic,
+            record.born_ms,
+            record.store_ms,
+            record.flags,
+            -1,
+        )
+        for reader in list(feed.readers):
+            reader(message)
+
+    def _fan_out(
+        self,
+        cluster: MqttCluster,
+        context: ClientContext,
+        result: PublishResult,
+        topic: str,
+        body: bytes | memoryview | None,
+        subject: str,
+        headers: Headers,
+        address: str,
+        qos: int,
+    ) -> None:
+        """Send a record delivered live here to the other nodes with matching routes, once
+        each; not to the owner of its topic queue's shard when that is another node: its live
+        feed reads the forwarded record back (a Fanout too would deliver it twice)."""
+        nodes = cluster.nodes_for(address)
+        nodes.discard(cluster.node)
+        if not nodes:
+            return
+        shards = self._node.shards
+        if not shards.single:
+            home = shards.queue_number(topic, result.queue)
+            if shards.local(home) is None:
+                owner = cluster.owner_of(home)
+                if owner is not None:
+                    nodes.discard(owner)
+                if not nodes:
+                    return
+        fields = rec.encode_record(
+            topic.encode(),
+            result.queue,
+            body,
+            store_ms=now_ms(),
+            headers=encoded_headers(headers) if headers else b"",
+            tags=rec.encode_tags(tags_from_headers(headers)) if headers else b"",
+            subject=subject.encode(),
+            client=context.client_id.encode(),
+            address=address.encode(),
+            protocol=context.protocol,
+        )
+        for node in sorted(nodes):
+            cluster.send(node, address, fields, qos)
 
     def has_live_subscriptions(self) -> bool:
         feed = self._live
@@ -86,6 +252,7 @@ class SessionCalls(BrokerCalls):
         address: str = "",
         deliver_at_ms: int = 0,
         create_topic: bool | None = None,
+        qos: int = 0,
     ) -> PublishOutcome | Publication:
         """:meth:`publish` for a caller that hands the record to the live subscriptions itself
         (the MQTT gateway, from the PUBLISH in hand, without reading it back): the record's own
@@ -95,7 +262,11 @@ class SessionCalls(BrokerCalls):
         Returns the outcome itself when the record is stored at once (the usual case; wait for
         durability with :meth:`when_durable` on its ``durable_mark``), a :class:`Publication`
         to await only when flow control held the publish back. One object fewer per PUBLISH
-        than :meth:`publish`: this is the MQTT gateway's per-message path."""
+        than :meth:`publish`: this is the MQTT gateway's per-message path.
+
+        On a cluster node the record also goes to the other nodes' live subscribers (a Fanout
+        of ``address``, the MQTT topic name, with ``qos``), unless it is delayed or a half
+        message (those reach live subscribers when indexed, as here)."""
         feed = self._live
         if feed is not None:
             feed.own_topic = topic
@@ -119,9 +290,34 @@ class SessionCalls(BrokerCalls):
         finally:
             if feed is not None:
                 feed.end_own_publish()
+        cluster = self._mqtt_cluster
+        if cluster is not None and address and not deliver_at_ms:
+            fan_out = (context, topic, body, subject, headers, address, qos)
+            if isinstance(started, Pending):
+                # Held back by flow control: sent once stored (eagerly up to that wait).
+                later = run_eagerly(self._fan_out_when_stored(cluster, started, fan_out))
+                assert isinstance(later, Pending)  # it waits where ``started`` waits
+                return Publication(self, topic, None, later)
+            if not started.half:
+                self._fan_out(
+                    cluster, context, started, topic, body, subject, headers, address, qos
+                )
+            return started
         if isinstance(started, Pending):
             return Publication(self, topic, None, started)
         return started
+
+    async def _fan_out_when_stored(
+        self,
+        cluster: MqttCluster,
+        started: Pending[PublishResult],
+        fan_out: tuple[ClientContext, str, bytes | memoryview | None, str, Headers, str, int],
+    ) -> PublishResult:
+        result = await started
+        if not result.half:
+            context, topic, body, subject, headers, address, qos = fan_out
+            self._fan_out(cluster, context, result, topic, body, subject, headers, address, qos)
+        return result
 
     def is_durable(self, durable_mark: int, topic: str | None = None) -> bool:
         """Whether :meth:`when_durable` would return at once (a synchronous check for a batch

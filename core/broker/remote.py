@@ -77,6 +77,69 @@ class RemoteAppend(Protocol):
         ...
 
 
+# A Fanout received from another node, handed to this node's live subscribers: (MQTT topic
+# name, the record's fields as one frame of core/log/record.py, the publish's QoS).
+FanoutDispatch = Callable[[str, bytes, int], None]
+# The gateway's hook on the node that holds a client id's connection: (client id, the new
+# connection's gen, the node taking it) -> whether a connection older than that gen was found
+# (and closed: MQTT 5 DISCONNECT 0x8E, 3.1.1 closed) before this returns.
+SessionCloser = Callable[[str, int, int], Awaitable[bool]]
+
+
+class MqttCluster(Protocol):
+    """MQTT across the nodes of a cluster (docs/cluster.md section 8), as the Broker API
+    (core/api/sessions.py) uses it; ``core.cluster.mqtt_cluster`` implements it over the route
+    table, the ``Deliver`` fan-out and the session registry with ``TakeOverSession``."""
+
+    @property
+    def node(self) -> int:
+        """This node's id."""
+        ...
+
+    def handle(self, dispatch: FanoutDispatch, close_session: SessionCloser) -> None:
+        """Where received Fanouts and takeover requests go (set once by the Broker API)."""
+        ...
+
+    def add_route(self, topic_filter: str) -> None:
+        """This node has its first live subscriber of ``topic_filter``: the route is written
+        in the background (:meth:`routes_written` waits for it)."""
+        ...
+
+    def remove_route(self, topic_filter: str) -> None:
+        """This node's last live subscriber of ``topic_filter`` is gone."""
+        ...
+
+    async def routes_written(self) -> None:
+        """Returns once every route change asked for so far is in the cluster's table."""
+        ...
+
+    def nodes_for(self, topic: str) -> set[int]:
+        """The nodes (this one included) with a live subscriber matching ``topic``."""
+        ...
+
+    def owner_of(self, shard: int) -> int | None:
+        """The node owning ``shard`` now (its live feed reads back what the shard indexes),
+        None when it has no live owner."""
+        ...
+
+    def send(self, node: int, mqtt_topic: str, fields: bytes, qos: int) -> None:
+        """Queue one Fanout for ``node``'s live subscribers (at most once: a node that is
+        gone or too far behind loses it, counted; never raises for that)."""
+        ...
+
+    async def connect(self, client_id: str) -> int:
+        """Register ``client_id`` as connected here and have its connection on any other
+        node closed; returns the new connection's gen. Raises
+        :class:`core.errors.ShardUnavailable` when the node holding it lives but did not
+        give it up (CONNACK 0x88 / 3.1.1 return code 3: the client retries)."""
+        ...
+
+    def release(self, client_id: str, gen: int) -> None:
+        """The connection ``gen`` of ``client_id`` ended: its registration is removed (in the
+        background) unless a newer connection replaced it."""
+        ...
+
+
 # -- queues consumed from another node (docs/cluster.md section 8, AMQP) ------------------------
 #
 # ``core.api`` puts a queue whose shard another node owns behind the same QueueHandle and

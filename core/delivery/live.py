@@ -19,6 +19,10 @@ dead-lettered by a queue's max-length, routed copies) are kept for the same read
 copies are recognised there and skipped: only a record's own topic entry (or a dead letter's
 entry in its dead-letter topic) is a publish to that topic.
 
+A node of many shards has a store per local shard: the feed follows each of them
+(:meth:`LiveFeed.add_store`), so a record indexed in any local shard reaches the live
+subscribers, whichever shard its topic's queue is placed in.
+
 Not thread-safe: the event loop's thread, like the store's appends.
 """
 
@@ -39,14 +43,16 @@ from core.routing.live import LiveRouter
 log = logging.getLogger(__name__)
 
 LiveReader = Callable[[Message], None]
-_Entry = tuple[str, int, int]  # (topic, queue, offset) of an index entry
+_Entry = tuple[LogStore, str, int, int]  # (its store, topic, queue, offset) of an index entry
+IndexListener = Callable[[str, int, int], None]
 
 
 class LiveFeed:
     """One per broker: the live router and the reading-back of others' records for it."""
 
     def __init__(self, store: LogStore) -> None:
-        self.store = store
+        self.store = store  # the first store followed (the node's lowest local shard)
+        self._listeners: dict[LogStore, IndexListener] = {}
         self.router: LiveRouter[object] = LiveRouter()
         self.readers: list[LiveReader] = []
         # Set by a follower around its own publish (an attribute, not a method: the MQTT
@@ -58,11 +64,29 @@ class LiveFeed:
         self._scheduled = False
         # (topic, queue, producer id) -> entries of its open transaction's batches there.
         self._held: dict[tuple[str, int, int], list[_Entry]] = {}
-        store.index_listeners.append(self._on_index)
+        self.add_store(store)
+
+    def add_store(self, store: LogStore) -> None:
+        """Follow ``store``'s index too (another local shard); following one twice is one."""
+        if store in self._listeners:
+            return
+
+        def on_index(topic: str, queue: int, offset: int) -> None:
+            self._on_index(store, topic, queue, offset)
+
+        self._listeners[store] = on_index
+        store.index_listeners.append(on_index)
+
+    @property
+    def stores(self) -> list[LogStore]:
+        """The stores followed."""
+        return list(self._listeners)
 
     def close(self) -> None:
-        if self._on_index in self.store.index_listeners:
-            self.store.index_listeners.remove(self._on_index)
+        for store, listener in self._listeners.items():
+            if listener in store.index_listeners:
+                store.index_listeners.remove(listener)
+        self._listeners.clear()
         self.readers.clear()
 
     def follow(self, reader: LiveReader) -> None:
@@ -85,17 +109,17 @@ class LiveFeed:
 
     # -- index notifications -------------------------------------------------------------
 
-    def _on_index(self, topic: str, queue: int, offset: int) -> None:
-        """The log indexed a record (store index listener, inside the append)."""
+    def _on_index(self, store: LogStore, topic: str, queue: int, offset: int) -> None:
+        """``store`` indexed a record (its index listener, inside the append)."""
         router = self.router
         if not router.count or topic[:2] == "__" or not self.readers or not router.wants(topic):
             return
         own = self.own_topic
         if own is not None:
             if topic != own:
-                self._own_entries.append((topic, queue, offset))
+                self._own_entries.append((store, topic, queue, offset))
             return
-        self._tapped.append((topic, queue, offset))
+        self._tapped.append((store, topic, queue, offset))
         self._schedule()
 
     def _schedule(self) -> None:
@@ -106,8 +130,7 @@ class LiveFeed:
     def _read_back(self) -> None:
         self._scheduled = False
         entries, self._tapped = self._tapped, []
-        store = self.store
-        for topic, queue, offset in entries:
+        for store, topic, queue, offset in entries:
             try:
                 found = store.read(topic, queue, offset, max_records=1)
             except Exception:
@@ -116,7 +139,7 @@ class LiveFeed:
             for queued in found:
                 if queued.offset > offset:
                     continue
-                if self._held_back(queued):
+                if self._held_back(store, queued):
                     continue
                 self._deliver(queued, topic, offset)
 
@@ -131,7 +154,7 @@ class LiveFeed:
             for reader in self.readers:
                 reader(message)
 
-    def _held_back(self, queued: QueueRecord) -> bool:
+    def _held_back(self, store: LogStore, queued: QueueRecord) -> bool:
         """A Kafka transaction's batch (held until its COMMIT marker) or a control batch
         (which delivers or drops what its producer's transaction held): True when the entry
         is not to be delivered now."""
@@ -144,13 +167,15 @@ class LiveFeed:
             return False
         key = (queued.topic, queued.queue, info.producer_id)
         if not info.control:
-            self._held.setdefault(key, []).append((queued.topic, queued.queue, queued.offset))
+            entry = (store, queued.topic, queued.queue, queued.offset)
+            self._held.setdefault(key, []).append(entry)
             return True
         held = self._held.pop(key, ())
         if info.commit:
-            for topic, queue, offset in held:
+            # (a transaction's batches and its marker are in one partition: one store)
+            for held_store, topic, queue, offset in held:
                 try:
-                    found = self.store.read(topic, queue, offset, max_records=1)
+                    found = held_store.read(topic, queue, offset, max_records=1)
                 except Exception:
                     log.exception("cannot read %s/%d@%d for live subscribers", topic, queue, offset)
                     continue

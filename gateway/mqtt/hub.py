@@ -161,6 +161,7 @@ class MqttHub:
         self.amqp_exchange = options.amqp_exchange or api.mqtt_compat_exchange()
         api.follow_live_records(self.context, self._on_live_record)
         api.add_route_hook(self.context, self._route_hook, may_route=self._may_route)
+        api.on_session_takeover(self.context, self._close_taken_session)
         # Done before this returns on a single node (its metadata changes never wait).
         start_eagerly(self._load(), self.spawn)
 
@@ -171,6 +172,7 @@ class MqttHub:
         api = self.api
         api.remove_route_hook(self._route_hook)
         api.unfollow_live_records(self._on_live_record)
+        api.on_session_takeover(self.context, None)
         if self.sys_topics is not None:
             self.sys_topics.close()
         for session in self.sessions.values():
@@ -230,6 +232,22 @@ class MqttHub:
         self.sessions[client_id] = session
         self.persist(session)
         return session, False
+
+    async def _close_taken_session(self, client_id: str, gen: int, elsewhere: bool) -> bool:
+        """A cluster node claimed ``client_id`` for its connection ``gen``
+        (``BrokerAPI.claim_client_id``): close an older connection of it here (0x8E). A session
+        that moved to another node is dropped here, not ended: its queue, bindings and saved
+        state are the cluster's, and its expiry here must not delete them."""
+        session = self.sessions.get(client_id)
+        connection = session.connection if session is not None else None
+        if session is None or connection is None or connection.cluster_gen >= gen:
+            return False
+        connection.take_over()
+        if session.persistent and elsewhere:
+            self._cancel_timers(session)
+            if self.sessions.get(client_id) is session:
+                del self.sessions[client_id]
+        return True
 
     def detach(self, session: Session, connection: Connection, will: Will | None) -> None:
         """``connection`` is gone from ``session``: keep it (persistent) or end it."""
@@ -426,6 +444,7 @@ class MqttHub:
                 address=target,
                 deliver_at_ms=deliver_at,
                 create_topic=True,
+                qos=qos,
             )
         except TopicError as error:
             log.info("mqtt %s: publish to %r refused: %s", context.client_id, target, error)
@@ -672,6 +691,8 @@ class MqttHub:
                 await self._bind(session.context, plan, session.queue_name)
             else:
                 self._add_live(session, sub)
+                # A cluster node: the route is in the cluster's table before the SUBACK.
+                await self.api.live_routes_written(session.context)
             session.plain.append(sub)
             if sub.levels[0] == SYS_LEVEL:
                 self.sys_subscriptions.add(sub)

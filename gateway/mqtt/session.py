@@ -57,6 +57,7 @@ from core.api import (
     ClientContext,
     LoginResult,
     RestOfCoroutine,
+    ShardUnavailable,
     TagFilter,
     now_ms,
     run_until_first_wait,
@@ -190,6 +191,9 @@ class Connection:
         self.inbound = InboundFlow(self, hub.options.receive_maximum)
         self.writing_paused = False  # the outgoing buffer is over its bound
         self.connected_at = time.monotonic()
+        # This connection's generation of its client id in the cluster (BrokerAPI's
+        # claim_client_id; 0 on a single node): a takeover closes only older ones.
+        self.cluster_gen = 0
 
     def __repr__(self) -> str:
         return f"Connection({self.client_id!r}, {self.state.value})"
@@ -272,6 +276,8 @@ class Connection:
 
     def _go_away(self) -> None:
         mqtt_connection_closed(self)
+        if self.cluster_gen:
+            self.hub.api.release_client_id(self.context, self.cluster_gen)
         was_connected = self.state is State.CONNECTED
         self.state = State.CLOSED
         session = self.session
@@ -459,6 +465,15 @@ class Connection:
         if will is not None and not hub.may_publish_will(access, will):
             self._refuse(ReasonCode.NOT_AUTHORIZED, f"will topic {will.topic!r} not allowed")
             return
+        try:
+            gen = await hub.api.claim_client_id(context)
+        except ShardUnavailable as error:  # held on another node that lives: retry later
+            self._refuse(ReasonCode.SERVER_UNAVAILABLE, str(error))  # 3.1.1: 0x03
+            return
+        if self.state is not State.AWAIT_CONNECT:  # closed while claiming
+            hub.api.release_client_id(context, gen)
+            return
+        self.cluster_gen = gen
         self.keep_alive = keep_alive
         self.will = will
         session, present = await hub.open_session(
