@@ -8,8 +8,8 @@ asked (:meth:`MembershipView.refresh`):
 - ``RedisMetadata.live_nodes()``: the nodes holding a lease, with what they registered
   (``core/cluster/membership.py:NodeAddresses``: ``kafka`` and ``kafka_tls`` as ``host:port``,
   ``[v6]:port`` for an IPv6 host). A live node with an integer id and a Kafka address is a
-  broker; this node always is one (its listener knows its own address, so the gateway gives
-  that to its clients).
+  broker while it owns a shard (a standby has no listeners); this node always is one (its
+  listener knows its own address, so the gateway gives that to its clients).
 - ``RedisMetadata.shard_owners()``: per shard its owner, incarnation and epoch. A shard's owner
   counts only while that very incarnation holds the node's lease: a record left by a node that
   died, or by an earlier incarnation that has not claimed back yet, names no leader.
@@ -210,13 +210,16 @@ class MembershipView:
         """Read the live nodes and the shard owners now, and answer from them."""
         live = await self._metadata.live_nodes()
         owners = await self._metadata.shard_owners()
+        leaders = live_leaders(live, owners)
+        # A standby (it owns no shard) has no listeners: it is no broker to a client.
+        serving = {leader.node_id for leader in leaders.values()}
         brokers = {self._node_id: BrokerNode(self._node_id, "", 0)}
         for info in live.values():
             broker = broker_of(info)
-            if broker is not None and broker.node_id != self._node_id:
+            if broker is not None and broker.node_id != self._node_id and broker.node_id in serving:
                 brokers[broker.node_id] = broker
         self._brokers = tuple(brokers[node_id] for node_id in sorted(brokers))
-        self._leaders = leaders = live_leaders(live, owners)
+        self._leaders = leaders
         self._owners = owner_addresses(live, owners, leaders)
         self._table = LeaderTable(self._lookup_leader)
         self._refreshes += 1

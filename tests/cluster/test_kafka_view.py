@@ -433,14 +433,16 @@ async def test_a_restarted_owner_leads_again_only_once_it_has_claimed_back(
     cluster.incarnations["2"] = await metadata.register_node("2", fields)
     await metadata.acquire_lease("2", cluster.incarnations["2"], LEASE_MS, wait_ms=0)
     await view.refresh()
-    # A live broker again, but the shard's record names its previous incarnation.
-    assert [broker.node_id for broker in view.brokers()] == [1, 2]
+    # Live again, but the shard's record names its previous incarnation: it leads nothing,
+    # and a node serving no shard has no listeners, so it is no broker yet.
+    assert [broker.node_id for broker in view.brokers()] == [1]
     assert view.partition_leader(TOPIC, 1) is None
     assert view.coordinator("group", cluster.group_on(1)) is None
     assert await cluster.claim(cluster.shards[1], "2") == 2
     await view.refresh()
     assert view.partition_leader(TOPIC, 1) == PartitionLeader(2, 2)
     assert view.coordinator("group", cluster.group_on(1)) == 2
+    assert [broker.node_id for broker in view.brokers()] == [1, 2]
 
 
 # -- pieces ------------------------------------------------------------------------------------

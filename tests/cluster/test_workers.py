@@ -25,6 +25,7 @@ from typing import Any
 import pika
 import pytest
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
+from kafka.admin import NewTopic
 
 from braid import workers
 from tests.braid_process import REPO_ROOT, BraidProcess, free_ports
@@ -67,9 +68,10 @@ def alive(pid: int) -> bool:
 
 
 class Supervisor:
-    """``braid serve --workers 2 --shards 1`` on free loopback ports."""
+    """``braid serve --workers 2 --shards 1`` (``shards``; None: no flag, the default) on
+    free loopback ports."""
 
-    def __init__(self, tmp_path: Path, root: Path, *extra: str) -> None:
+    def __init__(self, tmp_path: Path, root: Path, *extra: str, shards: int | None = 1) -> None:
         self.tmp_path = tmp_path
         self.root = root
         config = tmp_path / "braid.toml"
@@ -83,8 +85,7 @@ class Supervisor:
             "serve",
             "--workers",
             "2",
-            "--shards",
-            "1",
+            *(() if shards is None else ("--shards", str(shards))),
             "--data-dir",
             str(root),
             "--config",
@@ -280,6 +281,55 @@ def _redis_pid(socket_path: Path) -> int:
         return int(client.info("server")["process_id"])
     finally:
         client.close()
+
+
+def test_two_workers_share_the_default_sixteen_shards(tmp_path: Path) -> None:
+    """``--workers 2`` on a root of the default 16 shards: each worker serves 8; a Kafka
+    topic of 16 partitions has leaders on both, and what a producer on the shared port sends
+    is read back, every partition's in order."""
+    supervisor = Supervisor(tmp_path, tmp_path / "root", shards=None)
+    try:
+        supervisor.start()
+        supervisor.wait_ready()
+        assert json.loads((supervisor.root / "cluster.json").read_text())["shards"] == 16
+        found = status(supervisor.root)
+        owners = [shard["owner"] for shard in found["shards"]]
+        assert len(owners) == 16
+        assert sorted(owners.count(node) for node in ("0", "1")) == [8, 8]
+        bootstrap = f"127.0.0.1:{supervisor.kafka_port}"
+        admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+        try:
+            admin.create_topics([NewTopic("w.events", num_partitions=16, replication_factor=1)])
+        finally:
+            admin.close()
+        producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all")
+        try:
+            sent = [producer.send("w.events", value=b"%d" % n, partition=n % 16) for n in range(64)]
+            producer.flush(timeout=60)
+            leaders = {f.get(timeout=60).partition for f in sent}
+        finally:
+            producer.close()
+        assert leaders == set(range(16))
+        consumer = KafkaConsumer(
+            "w.events",
+            bootstrap_servers=bootstrap,
+            auto_offset_reset="earliest",
+            consumer_timeout_ms=15000,
+        )
+        try:
+            got: dict[int, list[int]] = {}
+            for message in consumer:
+                got.setdefault(message.partition, []).append(int(message.value))
+                if sum(len(values) for values in got.values()) == 64:
+                    break
+        finally:
+            consumer.close()
+        assert got == {p: [n for n in range(64) if n % 16 == p] for p in range(16)}
+    finally:
+        if supervisor.process is not None and supervisor.process.poll() is None:
+            supervisor.process.send_signal(signal.SIGTERM)
+            assert supervisor.process.wait(EXIT_TIMEOUT_S) == 0
+        supervisor.kill()
 
 
 def test_a_worker_refused_at_start_stops_the_supervisor(supervisor: Supervisor) -> None:
