@@ -28,6 +28,7 @@ BENCHMARKS: dict[str, str] = {
     "tls": "bench.tls",
     "soak": "bench.soak",
     "topic-memory": "bench.topic_memory",
+    "cluster": "bench.cluster",
 }
 
 

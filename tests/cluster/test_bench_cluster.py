@@ -1,0 +1,98 @@
+"""``python -m bench cluster`` (bench/cluster.py) in its quickest form, once, with tiny counts:
+a real single node and a real ``braid serve --workers 2`` supervisor (its private redis-server,
+two workers; one shard, so worker 1 stands by), the lean clients of bench amqp/mqtt/kafka. It
+must print the table and the gate line and write the JSON, every point with positive figures
+and the message counts asked for. No timing asserts: the numbers are the machine's."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from tests.braid_process import REPO_ROOT
+
+RUN_TIMEOUT_S = 240
+AMQP_MESSAGES = 1_000  # in all, over the two queues
+KAFKA_RECORDS = 100_000  # in all, over the two topics: enough for several CPU ticks
+WORKLOADS = ("amqp", "mqtt-qos0", "mqtt-qos1", "kafka-produce", "kafka-fetch")
+
+
+def run_bench(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess[str], Path]:
+    out = tmp_path / "cluster.json"
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(REPO_ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    command = [sys.executable, "-m", "bench", "cluster", "--quick", "--out", str(out)]
+    command += ["--dir", str(tmp_path), *args]
+    done = subprocess.run(
+        command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S
+    )
+    return done, out
+
+
+def test_bench_cluster_quick_prints_the_table_and_writes_the_json(tmp_path: Path) -> None:
+    done, out = run_bench(
+        tmp_path,
+        "--workers",
+        "1,2",
+        "--shards",
+        "1",
+        "--amqp-queues",
+        "2",
+        "--amqp-messages",
+        str(AMQP_MESSAGES),
+        "--mqtt-seconds",
+        "0.3",
+        "--kafka-topics",
+        "2",
+        "--kafka-records",
+        str(KAFKA_RECORDS),
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    report: dict[str, Any] = json.loads(out.read_text())
+
+    points = {(p["workload"], p["workers"]): p for p in report["points"]}
+    assert set(points) == {(w, n) for w in WORKLOADS for n in (1, 2)}
+    for key, point in points.items():
+        for figure in ("messages", "seconds", "broker_cpu_s", "rate", "cpu_us_per_message"):
+            assert point[figure] > 0, (key, figure, point)
+    for workers in (1, 2):
+        assert points["amqp", workers]["messages"] == AMQP_MESSAGES
+        assert points["kafka-produce", workers]["messages"] == KAFKA_RECORDS
+        # Fetched: the timed records and the warm-up request's (one batch of 1,000) per topic.
+        assert points["kafka-fetch", workers]["messages"] == KAFKA_RECORDS + 2 * 1_000
+    # The supervisor's workers are told apart: each MQTT connection's worker is named.
+    assert "pub->sub on worker 0->0" in points["mqtt-qos0", 2]["note"]
+
+    # The ratios against the single node, and the gate of issue 22 over them.
+    gate = report["gate"]
+    assert set(gate["ratios"]) == set(WORKLOADS)
+    assert all(ratio > 0 for ratio in gate["ratios"].values())
+    assert gate["passed"] == all(ratio <= gate["limit"] for ratio in gate["ratios"].values())
+    # One shard: no second worker to publish across to, and the report says so.
+    assert report["cross"] == []
+    assert report["skipped"] == ["cross-node publish with 2 worker(s): one worker owns every shard"]
+    assert report["owners"] == {"1": {"0": [0]}, "2": {"0": [0], "1": []}}
+
+    lines = done.stdout.splitlines()
+    assert any(line.startswith("| workload | workers | msgs/s |") for line in lines)
+    rows = [line for line in lines if line.startswith(("| amqp ", "| mqtt-", "| kafka-"))]
+    assert len(rows) == 2 * len(WORKLOADS)
+    assert any(
+        line.startswith("gate: broker CPU per message, 2 workers / 1 <= 1.25: ") for line in lines
+    )
+    # Everything it started is gone: no data directory left behind.
+    assert not list(tmp_path.glob("bench-cluster-*"))
+
+
+def test_bench_cluster_refuses_bad_arguments(tmp_path: Path) -> None:
+    done, out = run_bench(tmp_path, "--workers", "0,2")
+    assert done.returncode == 2
+    assert "--workers: at least one count, each >= 1" in done.stderr
+    done, out = run_bench(tmp_path, "--workloads", "amqp,nats")
+    assert done.returncode == 2
+    assert "--workloads: a subset of amqp,mqtt,kafka,cross" in done.stderr
+    assert not out.exists()
