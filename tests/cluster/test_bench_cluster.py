@@ -50,6 +50,8 @@ def test_bench_cluster_quick_prints_the_table_and_writes_the_json(tmp_path: Path
         "2",
         "--kafka-records",
         str(KAFKA_RECORDS),
+        "--idle-seconds",
+        "0.5",
     )
     assert done.returncode == 0, done.stderr[-3000:]
     report: dict[str, Any] = json.loads(out.read_text())
@@ -72,6 +74,10 @@ def test_bench_cluster_quick_prints_the_table_and_writes_the_json(tmp_path: Path
     assert set(gate["ratios"]) == set(WORKLOADS)
     assert all(ratio > 0 for ratio in gate["ratios"].values())
     assert gate["passed"] == all(ratio <= gate["limit"] for ratio in gate["ratios"].values())
+    assert set(report["idle_cpu_per_s"]) == {"1", "2"}
+    assert all(rate >= 0 for rate in report["idle_cpu_per_s"].values())
+    assert all(point["busy_us_per_message"] is not None for point in report["points"])
+    assert report["failed"] == []
     # One shard: no second worker to publish across to, and the report says so.
     assert report["cross"] == []
     assert report["skipped"] == ["cross-node publish with 2 worker(s): one worker owns every shard"]
