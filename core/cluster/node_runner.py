@@ -490,6 +490,19 @@ class ClusterServing:
         if service.append is self.receiver:
             service.append = service.consume = service.get = None
         self.consume.cancel(None, NOT_SERVING)
-        await self.follower.aclose()
-        await self.view.stop()
-        await self.forwarder.aclose()
+        steps = (
+            ("the metadata follower", self.follower.aclose),
+            ("the Kafka view", self.view.stop),
+            ("the forwarder", self.forwarder.aclose),
+        )
+        wait_s = self.node.settings.heartbeat_ms / 1000
+        for name, step in steps:
+            try:
+                # Bounded: a task stuck in a Redis or gRPC call past its cancellation (seen
+                # after a fence: the view's refresh) must not keep the node from stopping.
+                async with asyncio.timeout(wait_s):
+                    await step()
+            except TimeoutError:
+                log.warning(
+                    "node %d: %s did not stop within %.1f s", self.node.node_id, name, wait_s
+                )

@@ -268,7 +268,7 @@ def test_refusals(tmp_path: Path, redis_server: RedisServer) -> None:
     assert adopted.returncode == 0, adopted.stderr
     refused = serve_refusal(multi, redis_server.url)
     assert refused.returncode == 1
-    assert "multi-shard roots come with step 6 (forwarding between nodes)" in refused.stderr
+    assert "an adopted root's definitions are not placed in many shards yet" in refused.stderr
 
     refused = serve_refusal(tmp_path / "nothing", redis_server.url)
     assert refused.returncode == 1
