@@ -697,6 +697,8 @@ class BraidServer:
         except Exception as error:  # redis-py's errors are not OSErrors
             raise StartupError(f"cannot read the cluster's owners: {error!r}") from None
         api.set_cluster_view(view)
+        api.set_remote_queues(serving.remote_queues)
+        api.set_mqtt_cluster(serving.mqtt)
 
     def _attach_cluster_http(
         self,

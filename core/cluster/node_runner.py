@@ -53,12 +53,13 @@ import json
 import logging
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
 from redis import exceptions as redis_errors
 
+from core.broker.remote import SessionCloser
 from core.cluster import epochs, layout
 from core.cluster.follow import FollowsRemote, MetadataFollower
 from core.cluster.kafka_view import MembershipView
@@ -79,14 +80,21 @@ from core.cluster.metadata import (
     Change,
     MetadataConflict,
 )
+from core.cluster.mqtt_cluster import NodeMqttCluster
+from core.cluster.mqtt_routes import RouteTable
+from core.cluster.mqtt_sessions import SessionRegistry
 from core.cluster.owners import ServedShards, ViewOwners
 from core.cluster.redis_metadata import LeaseHeld, RedisMetadata, connect
+from core.cluster.redis_metadata import _client as redis_client
+from core.cluster.remote_queues import QueueAdminCalls, RemoteQueuesOverRpc
 from core.cluster.rpc.append import AppendReceiver
 from core.cluster.rpc.client import RpcClient
 from core.cluster.rpc.consume import ConsumeService
+from core.cluster.rpc.fanout import FanoutSender
 from core.cluster.rpc.forward import Forwarder
 from core.cluster.rpc.options import RpcSettings
 from core.cluster.rpc.server import NodeService, RpcServer
+from core.cluster.rpc.takeover import MetadataPeers, SessionTakeover
 from core.cluster.settings import ClusterSettings
 from core.cluster.split import SplitMetadata
 from core.log import LogConfig, LogStore
@@ -202,6 +210,7 @@ class ClusterNode:
         # client of the others' (forwarding, the cluster-wide HTTP answers).
         self.service: NodeService | None = None
         self.rpc_client: RpcClient | None = None
+        self.queue_admin = QueueAdminCalls()
         self.rpc_port = 0
         self._stopped = False
 
@@ -235,6 +244,9 @@ class ClusterNode:
             ),
         )
         self.service = NodeService(self.node_id, 0)
+        # A queue's counts and its declare, asked by the other nodes (core/cluster/
+        # remote_queues.py): registered once, pointed at each broker served.
+        self.queue_admin.register(self.service)
         self.rpc_client = RpcClient(rpc_settings)
         self._rpc = RpcServer(rpc_settings, self.service)
         self.rpc_port = await self._rpc.start(self.listen_host, settings.cluster_port)
@@ -432,9 +444,10 @@ class ClusterServing:
         self.node = node
         self.broker = broker
         self.view = MembershipView(metadata, node.node_id, broker.shards.placements)
+        self.owners = owners = ViewOwners(self.view)
         self.forwarder = Forwarder(
             client,
-            ViewOwners(self.view),
+            owners,
             node.settings,
             node=node.node_id,
             incarnation=membership.incarnation or 0,
@@ -446,6 +459,14 @@ class ClusterServing:
             window_ms=node.settings.rpc_timeout_ms,
         )
         self.consume = ConsumeService(broker)
+        # The queues of other nodes' shards, consumed and read through this node (the Broker
+        # API's set_remote_queues).
+        self.remote_queues = RemoteQueuesOverRpc(client, owners)
+        # MQTT across the nodes (the Broker API's set_mqtt_cluster), made in start().
+        self.mqtt: NodeMqttCluster | None = None
+        self._routes: RouteTable | None = None
+        self._redis_closers: Callable[[], Awaitable[None]] | None = None
+        self._incarnation = membership.incarnation or 0
         self.follower = MetadataFollower(
             broker.metadata,
             topics=broker.topics,
@@ -468,9 +489,54 @@ class ClusterServing:
         service.append = self.receiver
         service.consume = self.consume.consume
         service.get = self.consume.get
-        self.follower.start()
+        self.node.queue_admin.attach(self.broker)
         self._started = True
+        try:
+            await self._start_mqtt()
+        except BaseException:
+            await self.stop()
+            raise
+        self.follower.start()
         return self.view
+
+    async def _start_mqtt(self) -> None:
+        """MQTT across the nodes (docs/cluster.md section 8): the route table of live
+        subscriptions, the Deliver fan-out and the session registry with TakeOverSession, over
+        a Redis client of its own (the route table subscribes to a channel)."""
+        node, metadata, client = self.node, self.node.metadata, self.node.rpc_client
+        assert metadata is not None
+        assert client is not None
+        settings = node.settings
+        redis, closers = redis_client(node.url, settings.metadata_wait_ms, None)
+        self._redis_closers = closers.run
+        cluster_id, node_id, incarnation = node.layout.cluster_id, node.node_id, self._incarnation
+        self._routes = routes = RouteTable(redis, cluster_id, node_id)
+        async with asyncio.timeout(settings.metadata_wait_ms / 1000):
+            await routes.start()
+        peers = MetadataPeers(metadata)
+        registry = SessionRegistry(redis, cluster_id)
+
+        def takeover(close: SessionCloser) -> SessionTakeover:
+            return SessionTakeover(
+                registry,
+                client,
+                peers,
+                node=node_id,
+                incarnation=incarnation,
+                shards=node.layout.shards,
+                takeover_timeout_ms=settings.takeover_timeout_ms,
+                close_local=close,
+            )
+
+        self.mqtt = NodeMqttCluster(
+            node_id,
+            routes,
+            FanoutSender(client, node_id, incarnation, peers.address_of),
+            registry,
+            takeover,
+            owners=self.owners,
+        )
+        self.mqtt.attach(self._service)
 
     def on_queue(self, key: str, value: bytes | None) -> None:
         """The follower's queue definitions: the broker opens or closes its ack queue, and a
@@ -489,12 +555,22 @@ class ClusterServing:
         service = self._service
         if service.append is self.receiver:
             service.append = service.consume = service.get = None
+            service.deliver = service.take_over_session = None
+        self.node.queue_admin.attach(None)
         self.consume.cancel(None, NOT_SERVING)
-        steps = (
+        mqtt, routes, closers = self.mqtt, self._routes, self._redis_closers
+        self.mqtt = self._routes = self._redis_closers = None
+        steps: list[tuple[str, Callable[[], Awaitable[None]]]] = [
             ("the metadata follower", self.follower.aclose),
-            ("the Kafka view", self.view.stop),
-            ("the forwarder", self.forwarder.aclose),
-        )
+            ("the remote queues", self.remote_queues.close),
+        ]
+        if mqtt is not None:
+            steps.append(("the MQTT fan-out", mqtt.aclose))
+        if routes is not None:
+            steps.append(("the MQTT route table", routes.aclose))
+        if closers is not None:
+            steps.append(("the MQTT Redis client", closers))
+        steps += [("the Kafka view", self.view.stop), ("the forwarder", self.forwarder.aclose)]
         wait_s = self.node.settings.heartbeat_ms / 1000
         for name, step in steps:
             try:

@@ -8,6 +8,7 @@
 - AMQP: a fanout exchange declared on node 1, queues in shards of nodes 2 and 3 bound to it;
   publishes confirmed on node 1 (forwarded to the owners), consumed on each queue's owner.
 - Definitions made on one node are used by the others (the exchange, the bindings).
+- MQTT: a subscriber on node 3 gets what a publisher on node 2 sends.
 - A node stopped with SIGTERM: a publish routed to its shard is nacked after
   ``unavailable_wait_ms`` while the others keep serving; started again, it serves its shards
   with every confirmed record.
@@ -18,10 +19,13 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import queue as queues_module
+import threading
 import time
 import urllib.request
 from collections.abc import Iterator
 
+import paho.mqtt.client as mqtt
 import pika
 import pytest
 from aiokafka import AIOKafkaProducer
@@ -29,6 +33,7 @@ from confluent_kafka import Consumer
 from confluent_kafka.admin import AdminClient
 from kafka import KafkaAdminClient, KafkaProducer
 from kafka.admin import NewTopic
+from paho.mqtt.enums import CallbackAPIVersion
 from pika.exceptions import NackError
 
 from tests.cluster.cluster_fixture import Cluster
@@ -251,10 +256,39 @@ def consumed(cluster: Cluster, node_id: int, queue: str, count: int) -> list[byt
     return got
 
 
-def test_a_stopped_node_nacks_its_shard_while_the_others_serve(cluster: Cluster) -> None:
+def test_mqtt_publish_on_node_2_reaches_a_subscriber_on_node_3(cluster: Cluster) -> None:
+    """A clean-session subscriber on node 3 gets what a publisher on node 2 sends (the route
+    table and the Deliver fan-out wired into braid serve)."""
+    received: queues_module.Queue[bytes] = queues_module.Queue()
+    subscribed = threading.Event()
+    subscriber = mqtt.Client(CallbackAPIVersion.VERSION2, client_id="tn-sub")
+    subscriber.on_message = lambda _c, _u, message: received.put(message.payload)
+    subscriber.on_subscribe = lambda *_args: subscribed.set()
+    subscriber.connect("127.0.0.1", cluster[3].mqtt_port)
+    subscriber.loop_start()
+    publisher = mqtt.Client(CallbackAPIVersion.VERSION2, client_id="tn-pub")
+    publisher.connect("127.0.0.1", cluster[2].mqtt_port)
+    publisher.loop_start()
+    try:
+        subscriber.subscribe("tn/sensors/#", qos=1)
+        assert subscribed.wait(DEADLINE_S)
+        for number in range(5):
+            publisher.publish(f"tn/sensors/{number}", b"m%d" % number, qos=1).wait_for_publish(
+                DEADLINE_S
+            )
+        got = [received.get(timeout=DEADLINE_S) for _ in range(5)]
+        assert got == [b"m%d" % number for number in range(5)]
+    finally:
+        for client in (subscriber, publisher):
+            client.disconnect()
+            client.loop_stop()
+
+
+def test_a_stopped_node_nacks_its_shard_and_serves_again(cluster: Cluster) -> None:
     """Node 3 stops (SIGTERM; after the AMQP test, whose queues this one uses): a publish on
     node 1 that reaches its queue is nacked after unavailable_wait_ms, while node 2 keeps
-    taking and serving its own queue's records."""
+    taking and serving its own queue's records; started again, node 3 serves its shards with
+    what it confirmed, across another restart, and takes node 1's forwards again."""
     queues = queues_of(cluster)
     before = [b"before-%d" % n for n in range(5)]
     publish_confirmed(cluster, 1, before)
@@ -277,3 +311,24 @@ def test_a_stopped_node_nacks_its_shard_while_the_others_serve(cluster: Cluster)
         connection.close()
     # Node 2's part of the nacked publish was stored (only node 3's was not).
     assert consumed(cluster, 2, queues[2], 7) == [*before, b"down", b"direct"]
+
+    # Started again, node 3 serves its shards: what it confirmed is there, and publishes on
+    # node 1 reach it again once node 1 sees its new address.
+    kept = [b"kept-%d" % n for n in range(5)]
+    connection = amqp(cluster[3].start())
+    try:
+        channel = connection.channel()
+        channel.confirm_delivery()
+        for body in kept:
+            channel.basic_publish("", queues[3], body, pika.BasicProperties(delivery_mode=2))
+    finally:
+        connection.close()
+    cluster[3].stop()
+    cluster[3].start()
+    assert cluster.served(3) == {shard for shard in range(SHARDS) if shard % 3 == 2}
+    after = [b"after-%d" % n for n in range(5)]
+    eventually(lambda: publish_confirmed(cluster, 1, after[:1]) or True, "node 1 forwarding")
+    publish_confirmed(cluster, 1, after[1:])
+    got = consumed(cluster, 3, queues[3], 10)
+    assert got[:5] == kept
+    assert [body for body in got[5:] if body != after[0]] == after[1:]
