@@ -557,6 +557,34 @@ class QueueCalls(BrokerCalls):
         ack = self._node.ack_queue(topic)
         return None if ack is None else QueueHandle(ack).stats()
 
+    def queue_is_local(self, topic: str) -> bool:
+        """Whether the queue ``topic``'s shard is one this node serves (always, on a single
+        node)."""
+        return self._remote_shard(topic) is None
+
+    def known_queue(self, topic: str) -> QueueHandle | None:
+        """The queue ``topic`` as the core knows it, wherever it was declared (the definitions
+        of other nodes' declarations follow through ``Node.on_queue``): a local ack queue's
+        handle, a :class:`RemoteQueueHandle` (counts come when first read) for a queue defined
+        in another node's shard, or None when there is no such queue (or no way to reach
+        its owner)."""
+        shard = self._remote_shard(topic)
+        if shard is None:
+            ack = self._node.ack_queue(topic)
+            return None if ack is None else QueueHandle(ack)
+        remote = self._remote_queues
+        if remote is None or not self._node.queue_defined(topic, 0):
+            return None
+        return RemoteQueueHandle(remote, shard, topic, None)
+
+    async def refresh_queue(self, queue: QueueHandle) -> QueueStats | None:
+        """The counts of ``queue`` now: another node's queue asks its owner (and keeps the
+        answer for :meth:`RemoteQueueHandle.message_count`); None when the owner has no such
+        queue; :class:`ShardUnavailable` when the owner does not answer."""
+        if isinstance(queue, RemoteQueueHandle):
+            return await queue.refresh_stats()
+        return queue.stats()
+
     async def queue_stats(self, context: ClientContext, topic: str) -> QueueStats | None:
         """:meth:`queue_info` for a queue of any node: another node's queue is asked its owner
         (:class:`ShardUnavailable` when it does not answer)."""

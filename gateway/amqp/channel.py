@@ -641,7 +641,7 @@ class Channel:
         self._require(PUBLISH, EXCHANGE, exchange)
         extra: list[tuple[str, int]] = []
         if not exchange:
-            queue = self.vhost.queues.get(routing_key)
+            queue = self.vhost.find_queue(routing_key)
             if queue is None:
                 if routing_key.startswith(DIRECT_REPLY_TO_PREFIX):
                     self.tx.append((_TX_PUBLISH, event, False))  # delivered at commit
@@ -730,7 +730,7 @@ class Channel:
         deliver_at = 0
         queue: Queue | None = None
         if not exchange:
-            queue = self.vhost.queues.get(routing_key)
+            queue = self.vhost.find_queue(routing_key)
             if queue is None:
                 if routing_key.startswith(DIRECT_REPLY_TO_PREFIX):
                     reply = self.vhost.reply_consumers.get(routing_key)

@@ -43,6 +43,7 @@ from core.api import (
     DeadLetterPolicy,
     QueueHandle,
     RoutingError,
+    ShardUnavailable,
     TagFilter,
     TopicError,
     TopicInfo,
@@ -135,6 +136,8 @@ OVERFLOW_MODES: Final = {
 # How often queues whose records may expire are swept when nobody consumes them (RabbitMQ
 # expires the head of a classic queue on a timer; the core only checks when it delivers).
 TTL_SWEEP_INTERVAL_S: Final = 0.1
+# The owner of an exclusive queue declared through another node (no connection here owns it).
+_ELSEWHERE: Final = object()
 
 
 def check_vhost_name(name: str) -> str:
@@ -332,6 +335,10 @@ class VirtualHost:
     async def _load_queue(self, info: TopicInfo, config: Mapping[str, Any]) -> None:
         name = str(config.get("name", self.queue_name(info.name)))
         if not config.get("durable") or config.get("exclusive"):
+            if not self.api.queue_is_local(info.name):
+                # Another node's shard: RabbitMQ drops a node's transient queues when that
+                # node restarts, not the others' (learned when used: find_queue).
+                return
             log.info("amqp: transient queue %r removed on restart", name)
             # Its ack queue and index go with it.
             await self.api.delete_queue(self.context, info.name)
@@ -586,7 +593,9 @@ class VirtualHost:
         unbind: bool = False,
     ) -> None:
         self._check_not_default(exchange)
-        if unbind and (queue not in self.queues or self.find_exchange(context, exchange) is None):
+        if unbind and (
+            self.find_queue(queue) is None or self.find_exchange(context, exchange) is None
+        ):
             return  # (see above bind_queue)
         target = self.queue(queue, owner)
         source = self.exchange(context, exchange)
@@ -618,11 +627,40 @@ class VirtualHost:
     # -- queues ------------------------------------------------------------------------------
 
     def find_queue(self, name: str) -> Queue | None:
-        return self.queues.get(name)
+        """The queue named ``name``: this gateway's, or one the core knows that another node
+        declared (learned now: in a cluster any node knows every queue, as in RabbitMQ)."""
+        queue = self.queues.get(name)
+        return queue if queue is not None else self._learn_queue(name)
+
+    def _learn_queue(self, name: str) -> Queue | None:
+        topic = self.queue_topic(name)
+        info = self.api.topic_info(self.context, topic)
+        config = None if info is None else info.config.get(CONFIG_KEY)
+        if not isinstance(config, dict) or config.get("object") != "queue":
+            return None
+        handle = self.api.known_queue(topic)
+        if handle is None:  # its definition has not followed yet, or it was deleted
+            return None
+        queue = Queue(
+            name,
+            topic,
+            bool(config.get("durable")),
+            bool(config.get("exclusive")),
+            bool(config.get("auto_delete")),
+            dict(config.get("arguments") or {}),
+            handle,
+            # An exclusive queue belongs to a connection of the node that declared it.
+            _ELSEWHERE if config.get("exclusive") else None,
+        )
+        log.info("amqp: queue %r declared elsewhere learned from the core", name)
+        self._configure_queue(queue)
+        self.queues[name] = queue
+        self._touch(queue)
+        return queue
 
     def queue(self, name: str, owner: object) -> Queue:
         """The queue named ``name`` usable by ``owner``; 404 if missing, 405 if exclusive."""
-        queue = self.queues.get(name)
+        queue = self.find_queue(name)
         if queue is None:
             raise _not_found(f"no queue '{name}' in vhost '{self.name}'")
         if queue.owner is not None and queue.owner is not owner:
@@ -651,12 +689,24 @@ class VirtualHost:
     ) -> Queue:
         if passive:
             queue = self.queue(name, owner)
+            try:
+                # Another node's queue: its owner's counts now (a local one's are at hand).
+                stats = await self.api.refresh_queue(queue.handle)
+            except ShardUnavailable as error:
+                home = f"node {error.owner}" if error.owner is not None else f"shard {error.shard}"
+                raise _not_found(
+                    f"home node '{home}' of durable queue '{name}' in vhost '{self.name}' "
+                    "is down or inaccessible"
+                ) from None
+            if stats is None:  # deleted on its owner meanwhile
+                self._forget(queue)
+                raise _not_found(f"no queue '{name}' in vhost '{self.name}'")
             self._touch(queue)
             return queue
         if not name:
             name = server_generated_name(SERVER_NAMED_PREFIX)
         args = jsonable(dict(arguments or {}))
-        existing = self.queues.get(name)
+        existing = self.find_queue(name)
         if existing is not None:
             # rabbit_amqqueue:check_exclusive_access(Q, Owner, strict): the declare's owner
             # (this connection when it says exclusive, none otherwise) must be the queue's, so
@@ -801,6 +851,15 @@ class VirtualHost:
         connection gone): done before this returns on a single node, else in the
         background."""
         start_eagerly(self.remove_queue(queue), self.run_in_background)
+
+    def _forget(self, queue: Queue) -> None:
+        """Drop ``queue`` from this gateway (another node deleted it)."""
+        if self.queues.get(queue.name) is queue:
+            del self.queues[queue.name]
+        self.expiring.discard(queue)
+        if queue.expiry is not None:
+            queue.expiry.cancel()
+            queue.expiry = None
 
     async def remove_queue(self, queue: Queue) -> None:
         """Delete a queue: its consumers are cancelled (Basic.Cancel to clients that take it),
