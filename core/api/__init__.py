@@ -37,8 +37,9 @@ The contract, so that security, limits and the cluster fit behind the same calls
     :meth:`~BrokerAPI.follow_live_records` and :meth:`~BrokerAPI.add_route_hook`);
   - gauges: ``retained_count``, ``disk_status``;
   - the cluster's view (``cluster.py``): ``this_node``, and ``set_cluster_view`` and
-    ``set_mqtt_cluster`` (``sessions.py``) and ``set_remote_queues`` (``queues.py``), which the
-    process that assembles a cluster node calls once.
+    ``set_mqtt_cluster`` (``sessions.py``), ``set_remote_queues`` (``queues.py``) and
+    ``set_producer_ids`` (``partitions.py``), which the process that assembles a cluster node
+    calls once.
 
   ``tests/test_layers.py`` holds the class to this list (each name above in double
   backquotes, one list, ending here).

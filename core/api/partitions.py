@@ -26,7 +26,7 @@ from collections.abc import (
     Mapping,
     Sequence,
 )
-from typing import Any, Final, TypeVar
+from typing import Any, Final, Protocol, TypeVar
 
 from core.api.base import BrokerCalls, ClientContext, Publication, PublishOutcome
 from core.broker.broker import (
@@ -78,6 +78,17 @@ def topic_retention_limits(topics: TopicRegistry) -> dict[str, TopicLimits]:
         if own:
             limits[info.name] = TopicLimits(own.get("ms"), own.get("bytes"))
     return limits
+
+
+class ProducerIdSource(Protocol):
+    """Where a cluster node takes Kafka producer ids from (docs/cluster.md sections 4 and 8):
+    blocks no other node gets (``core/cluster/redis_metadata.py:RedisMetadata.next_ids``,
+    ``INCRBY kafka:producer_id``). A node alone has none: its gateway reserves blocks in its
+    own metadata table, as it always did."""
+
+    async def next_ids(self, block: int) -> range:
+        """``block`` ids no other caller is given, ever."""
+        ...
 
 
 class _PartitionReader(StoredRecordReader):
@@ -412,6 +423,22 @@ class PartitionCalls(BrokerCalls):
             for shard in self._node.shards
             for opened in shard.partition_transactions.open_transactions()
         ]
+
+    # Kafka producer ids: a cluster node's come from the cluster's store, set once at start.
+    _producer_ids: ProducerIdSource | None = None
+
+    def set_producer_ids(self, source: ProducerIdSource) -> None:
+        """Take producer id blocks from ``source`` from now on (a cluster node's, set once at
+        start): ids then never collide with another node's."""
+        self._producer_ids = source
+
+    async def producer_id_block(self, context: ClientContext, block: int) -> range | None:
+        """``block`` producer ids unique across the cluster (errors of the cluster's store
+        propagate), or None on a node alone: the gateway's own table reserves its blocks."""
+        source = self._producer_ids
+        if source is None:
+            return None
+        return await source.next_ids(block)
 
     def _stored_batch(
         self, topic: str, started: PublishResult | Pending[PublishResult]

@@ -100,6 +100,7 @@ from core.cluster.split import SplitMetadata
 from core.log import LogConfig, LogStore
 
 if TYPE_CHECKING:  # (annotations only: this module builds no broker)
+    from core.api.partitions import ProducerIdSource
     from core.broker import Node
 
 log = logging.getLogger(__name__)
@@ -462,6 +463,9 @@ class ClusterServing:
         # The queues of other nodes' shards, consumed and read through this node (the Broker
         # API's set_remote_queues).
         self.remote_queues = RemoteQueuesOverRpc(client, owners)
+        # Kafka producer ids unique across the nodes (the Broker API's set_producer_ids):
+        # blocks of the cluster's counter in Redis.
+        self.producer_ids: ProducerIdSource = metadata
         # MQTT across the nodes (the Broker API's set_mqtt_cluster), made in start().
         self.mqtt: NodeMqttCluster | None = None
         self._routes: RouteTable | None = None

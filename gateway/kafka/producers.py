@@ -22,17 +22,20 @@ batches from other producers came in between.
 
 Producer ids come from :class:`ProducerIdAllocator`: blocks of ``PRODUCER_ID_BLOCK`` ids whose
 end is stored durably before any id of the block is handed out (Kafka's ProducerIdManager), so
-an id is never reused after a restart.
+an id is never reused after a restart. On a cluster node the blocks come from the cluster's
+store instead (``BrokerAPI.producer_id_block``, docs/cluster.md section 8): every node's
+producers, transactional ones included, then get ids no other node hands out.
 
 Not thread-safe: event-loop thread only. Pure bookkeeping; the caller stores the batches.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Final, NamedTuple, Protocol
 
 from kio.schema.errors import ErrorCode
@@ -225,22 +228,37 @@ PRODUCER_ID_KEY: Final = "kafka:producer-id-block"
 
 
 class ProducerIdAllocator:
-    """Producer ids never handed out twice, also across restarts.
+    """Producer ids never handed out twice, also across restarts, and on a cluster by no
+    other node (``cluster_blocks``: the Broker API's ``producer_id_block``, None on a node
+    alone).
 
-    ``next_id()`` returns an id and, when it opened a new block, the table write reserving
-    the block: the caller makes it durable before handing the id out.
+    ``next_id()`` returns an id and, when it opened a new block in the node's own table, the
+    table write reserving the block: the caller makes it durable before handing the id out.
     """
 
-    def __init__(self, table: KeyValueTable) -> None:
+    def __init__(
+        self,
+        table: KeyValueTable,
+        cluster_blocks: Callable[[int], Awaitable[range | None]] | None = None,
+    ) -> None:
         self._table = table
+        self._cluster_blocks = cluster_blocks
         raw = table.get(PRODUCER_ID_KEY)
         # Everything below the stored block end may have been handed out before a restart.
         self._next = int(json.loads(raw)["block_end"]) if raw else 0
         self._block_end = self._next
+        # The cluster's block is asked for once for every caller waiting on it.
+        self._cluster_lock = asyncio.Lock()
 
     async def next_id(self) -> tuple[int, int | None]:
         """A producer id, and the durable mark of the block reservation it needed (None: the
-        block was reserved before)."""
+        block was reserved before, or came from the cluster's store)."""
+        if self._next >= self._block_end and self._cluster_blocks is not None:
+            async with self._cluster_lock:
+                if self._next >= self._block_end:
+                    block = await self._cluster_blocks(PRODUCER_ID_BLOCK)
+                    if block is not None:
+                        self._next, self._block_end = block.start, block.stop
         reservation = None
         if self._next >= self._block_end:
             self._block_end = self._next + PRODUCER_ID_BLOCK

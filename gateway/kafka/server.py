@@ -40,6 +40,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import itertools
 import logging
 from collections import deque
@@ -72,6 +73,7 @@ from gateway.kafka.context import Connection, Handler, KafkaContext, KafkaSettin
 from gateway.kafka.errors import KafkaFrameError, MalformedRequestError
 from gateway.kafka.management import kafka_connection_closed, kafka_connection_opened
 from gateway.kafka.producers import (
+    TABLE_CONTEXT,
     TAIL_ENTRIES,
     MetadataTable,
     ProducerIdAllocator,
@@ -588,7 +590,9 @@ class KafkaServer:
             ClientContext(PROTOCOL_KAFKA, connection_id="kafka-listener")
         )
         table = MetadataTable(api)
-        producer_ids = ProducerIdAllocator(table)
+        producer_ids = ProducerIdAllocator(
+            table, functools.partial(api.producer_id_block, TABLE_CONTEXT)
+        )
         transactions = TransactionCoordinator(
             api, table, producer_ids, metrics=self.metrics, clock=self.clock
         )

@@ -94,9 +94,10 @@ async def produce_aiokafka(bootstrap: str, keys: list[str]) -> None:
 def produce_confluent(bootstrap: str, keys: list[str]) -> None:
     from confluent_kafka import Producer
 
-    # Not idempotent: producer ids are handed out per node, not cluster-wide yet, so two
-    # nodes may give two producers the same id (docs/cluster.md section 10).
-    producer = Producer({"bootstrap.servers": bootstrap, "max.in.flight": 1})
+    # Idempotent: every node takes its producer ids from the cluster's counter in Redis.
+    producer = Producer(
+        {"bootstrap.servers": bootstrap, "max.in.flight": 1, "enable.idempotence": True}
+    )
     failed: list[object] = []
     for number in range(PER_KEY):
         for key in keys:

@@ -1,0 +1,188 @@
+"""Kafka producer ids across three real ``braid serve --cluster`` nodes on a root of 12 shards
+(docs/cluster.md section 8; tests/cluster/cluster_fixture.py): every node takes its producer
+ids in blocks of the cluster's counter in Redis, so producers initialised on different nodes
+never share an id.
+
+Idempotent producers of the three clients (confluent-kafka, aiokafka, kafka-python), each
+bootstrapped on another node, and a transactional confluent-kafka producer (InitProducerId on
+its transactional id's coordinator) send keyed records to a 12-partition topic led by all
+three nodes: every record is read back exactly once, each key's in order, no delivery fails
+(an id two nodes shared once failed with OUT_OF_ORDER_SEQUENCE_NUMBER), and DescribeProducers
+on the partitions' leaders lists four distinct producer ids.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+
+import pytest
+from aiokafka import AIOKafkaProducer
+from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient
+from kafka import KafkaAdminClient, KafkaProducer
+from kafka.admin import NewTopic
+from kafka.structs import TopicPartition as KPTopicPartition
+
+from core.cluster.placement import transaction_shard
+from tests.cluster.cluster_fixture import Cluster
+from tests.cluster.redis_server import RedisServer
+from tests.cluster.test_node import DEADLINE_S, eventually, redis_server
+
+__all__ = ["redis_server"]  # the module's Redis fixture (tests/cluster/test_node.py)
+
+SHARDS = 12
+TOPIC = "kn.ids"
+PER_KEY = 8
+KEYS_PER_PRODUCER = 6
+TRANSACTIONAL_ID = "kn.txn"
+
+
+@pytest.fixture(scope="module")
+def cluster(
+    tmp_path_factory: pytest.TempPathFactory, redis_server: RedisServer
+) -> Iterator[Cluster]:
+    with Cluster(tmp_path_factory.mktemp("kafka"), redis_server.url, shards=SHARDS) as started:
+        yield started
+
+
+def keyed(name: str) -> list[tuple[str, str]]:
+    """``(key, value)`` in sending order: each key's values numbered from 0."""
+    keys = [f"{name}{n}" for n in range(KEYS_PER_PRODUCER)]
+    return [(key, f"{key}:{number}") for number in range(PER_KEY) for key in keys]
+
+
+def produce_confluent(
+    bootstrap: str,
+    records: list[tuple[str, str]],
+    partition_of: dict[str, int] | None = None,
+    **config: object,
+) -> None:
+    """Idempotent (or transactional, with ``transactional.id``), each key to its partition of
+    ``partition_of`` (None: the client's choice); every delivery must succeed."""
+    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, **config})
+    transactional = "transactional.id" in config
+    if transactional:
+        producer.init_transactions(DEADLINE_S)
+        producer.begin_transaction()
+    failed: list[object] = []
+    for key, value in records:
+        producer.produce(
+            TOPIC,
+            partition=-1 if partition_of is None else partition_of[key],
+            key=key.encode(),
+            value=value.encode(),
+            on_delivery=lambda error, _m: failed.append(error) if error else None,
+        )
+    if transactional:
+        producer.commit_transaction(DEADLINE_S)
+    assert producer.flush(DEADLINE_S) == 0
+    assert failed == []
+
+
+async def produce_aiokafka(bootstrap: str, records: list[tuple[str, str]]) -> None:
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=True)
+    await producer.start()
+    try:
+        sent = [
+            await producer.send(TOPIC, value.encode(), key=key.encode()) for key, value in records
+        ]
+        await asyncio.gather(*sent)
+    finally:
+        await producer.stop()
+
+
+def produce_kafka_python(bootstrap: str, records: list[tuple[str, str]]) -> None:
+    producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=True)
+    try:
+        sent = [producer.send(TOPIC, key=k.encode(), value=v.encode()) for k, v in records]
+        producer.flush(timeout=DEADLINE_S)
+        for future in sent:
+            future.get(timeout=DEADLINE_S)  # raises a failed delivery's error
+    finally:
+        producer.close()
+
+
+def read_all(bootstrap: str, count: int) -> list[tuple[str, str]]:
+    """``count`` records of every partition from the start (read_committed), in each
+    partition's order, then a short wait for any record beyond them (a duplicate)."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": "kn.readers",
+            "enable.auto.commit": False,
+            "isolation.level": "read_committed",
+        }
+    )
+    consumer.assign([TopicPartition(TOPIC, p, 0) for p in range(SHARDS)])
+    got: list[tuple[str, str]] = []
+    end = time.monotonic() + DEADLINE_S
+    extra_until: float | None = None
+    try:
+        while time.monotonic() < end:
+            if extra_until is not None and time.monotonic() >= extra_until:
+                break
+            message = consumer.poll(0.2)
+            if message is None:
+                continue
+            assert message.error() is None, message.error()
+            got.append((message.key().decode(), message.value().decode()))
+            if len(got) >= count and extra_until is None:
+                extra_until = time.monotonic() + 1.0
+    finally:
+        consumer.close()
+    return got
+
+
+def test_idempotent_producers_on_three_nodes_get_distinct_ids(cluster: Cluster) -> None:
+    admin = KafkaAdminClient(bootstrap_servers=cluster[1].kafka_bootstrap)
+    try:
+        admin.create_topics([NewTopic(TOPIC, num_partitions=SHARDS, replication_factor=1)])
+    finally:
+        admin.close()
+
+    def leaders_of_all() -> set[int] | None:
+        described = AdminClient({"bootstrap.servers": cluster[3].kafka_bootstrap}).list_topics(
+            TOPIC, timeout=5
+        )
+        partitions = described.topics[TOPIC].partitions
+        if len(partitions) != SHARDS or any(p.leader < 0 for p in partitions.values()):
+            return None
+        return {p.leader for p in partitions.values()}
+
+    assert eventually(leaders_of_all, "the topic's leaders on node 3") == {1, 2, 3}
+
+    sent = {name: keyed(name) for name in ("ck", "ak", "kp", "tx")}
+    produce_confluent(cluster[1].kafka_bootstrap, sent["ck"])
+    asyncio.run(produce_aiokafka(cluster[2].kafka_bootstrap, sent["ak"]))
+    produce_kafka_python(cluster[3].kafka_bootstrap, sent["kp"])
+    # The transactional producer's id comes from its coordinator (the owner of the id's
+    # shard), found through another node; its records go to partitions that node leads (a
+    # transaction across nodes is docs/cluster.md section 10's, not this test's).
+    coordinator = cluster.owner(transaction_shard(TRANSACTIONAL_ID, SHARDS))
+    led = [p for p in range(SHARDS) if cluster.queue_owner(TOPIC, p) == coordinator]
+    partition_of = {
+        key: led[n % len(led)] for n, (key, _) in enumerate(sent["tx"][:KEYS_PER_PRODUCER])
+    }
+    bootstrap = cluster[coordinator % 3 + 1].kafka_bootstrap
+    produce_confluent(bootstrap, sent["tx"], partition_of, **{"transactional.id": TRANSACTIONAL_ID})
+
+    expected = sorted(record for records in sent.values() for record in records)
+    got = read_all(cluster[3].kafka_bootstrap, len(expected))
+    assert sorted(got) == expected  # each record once: none lost, none stored twice
+    by_key: dict[str, list[str]] = {}
+    for key, value in got:
+        by_key.setdefault(key, []).append(value)
+    assert by_key == {key: [f"{key}:{n}" for n in range(PER_KEY)] for key in by_key}
+
+    describer = KafkaAdminClient(bootstrap_servers=cluster[2].kafka_bootstrap)
+    try:
+        partitions = [KPTopicPartition(TOPIC, p) for p in range(SHARDS)]
+        states = describer.describe_producers(partitions)
+    finally:
+        describer.close()
+    producer_ids = {
+        producer.producer_id for state in states.values() for producer in state.active_producers
+    }
+    assert len(producer_ids) == len(sent), producer_ids
