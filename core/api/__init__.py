@@ -39,7 +39,9 @@ The contract, so that security, limits and the cluster fit behind the same calls
   - the cluster's view (``cluster.py``): ``this_node``, and ``set_cluster_view`` and
     ``set_mqtt_cluster`` (``sessions.py``), ``set_remote_queues`` (``queues.py``) and
     ``set_producer_ids`` (``partitions.py``), which the process that assembles a cluster node
-    calls once.
+    calls once; and the AMQP gateway's lookups of queues declared on other nodes (at start and
+    on a name it does not know; ``queues.py``): ``queue_is_local``, ``known_queue``,
+    ``refresh_queue``.
 
   ``tests/test_layers.py`` holds the class to this list (each name above in double
   backquotes, one list, ending here).
