@@ -910,6 +910,10 @@ class VirtualHost:
     def _touch(self, queue: Queue) -> None:
         if queue.expires_ms is None or queue.consumers or self._loop is None:
             return
+        if not self.api.queue_is_local(queue.topic):
+            # In a cluster only the queue's owner expires it, as RabbitMQ's home node does:
+            # a node that merely knows the queue cannot see the consumers other nodes attach.
+            return
         if queue.expiry is not None:
             queue.expiry.cancel()
         queue.expiry = self._loop.call_later(queue.expires_ms / 1000, self._expire, queue)
@@ -917,6 +921,11 @@ class VirtualHost:
     def _expire(self, queue: Queue) -> None:
         queue.expiry = None
         if queue.deleted or queue.consumers:
+            return
+        if queue.handle.stats().consumers:
+            # Consumers of other nodes, attached to the ack queue through the cluster's
+            # Consume streams: still in use, so the unused period starts again.
+            self._touch(queue)
             return
         log.info("amqp: queue %r expired (x-expires %d ms unused)", queue.name, queue.expires_ms)
         self.remove_queue_soon(queue)

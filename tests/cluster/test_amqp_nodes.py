@@ -6,6 +6,7 @@ AMQP; tests/cluster/cluster_fixture.py), with pika:
   bound exchange (confirmed), read with basic.get and consumed with acks (a remote consume);
 - a transient queue of node 2's shard survives node 3's restart (a node drops only its own
   transient queues at start) and node 3 knows it afterwards;
+- an `x-expires` queue of node 2 stays while a consumer on node 3 uses it, then expires;
 - node 2 stopped: a passive declare of its queue on node 1 is 404 with RabbitMQ's home-node
   text.
 
@@ -133,6 +134,38 @@ def test_a_transient_queue_of_node_2_survives_node_3s_restart(cluster: Cluster) 
 
     assert passive_count(cluster, 2, queue) == 1
     eventually(lambda: passive_count(cluster, 3, queue) == 1, "restarted node 3 knows it")
+
+
+def test_x_expires_counts_consumers_of_other_nodes(cluster: Cluster) -> None:
+    """Only the owner expires a queue, and a consumer attached through another node keeps it
+    in use (RabbitMQ's home node sees every consumer); once that consumer goes, it expires."""
+    queue = cluster.name_owned_by(2, "an.exp", QUEUE_TOPIC)
+    expires_ms = 600
+    owner = amqp(cluster[2])
+    consumer = amqp(cluster[3])
+    try:
+        owner.channel().queue_declare(queue, arguments={"x-expires": expires_ms})
+        eventually(lambda: passive_count(cluster, 3, queue) == 0, "node 3 knows it")
+        channel = consumer.channel()
+        channel.basic_consume(queue, lambda *_: None)
+        # Several unused periods pass with the consumer attached from node 3. (Asked through
+        # node 1: a declare on the owner itself would count as a use and restart the period.)
+        for _ in range(4):
+            consumer.sleep(expires_ms / 1000)
+            assert passive_count(cluster, 1, queue) == 0  # a 404 would raise here
+        channel.close()
+    finally:
+        consumer.close()
+        owner.close()
+
+    def gone() -> bool:
+        try:
+            passive_count(cluster, 1, queue)
+        except ChannelClosedByBroker as closed:
+            return closed.reply_code == 404
+        return False
+
+    eventually(gone, "the queue to expire once its remote consumer left")
 
 
 def test_passive_declare_of_a_stopped_owners_queue_is_404_home_node(cluster: Cluster) -> None:
