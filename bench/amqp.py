@@ -220,12 +220,21 @@ class RunResult:
 
 
 async def run_once(
-    name: str, port: int, pids: list[int], size: int, messages: int, window: int, queue: str
+    name: str,
+    port: int,
+    pids: list[int],
+    size: int,
+    messages: int,
+    window: int,
+    queue: str,
+    *,
+    purge: bool = True,  # bench cluster: a fresh queue, maybe on another node (no remote purge)
 ) -> RunResult:
     producer = await RawClient.open("127.0.0.1", port)
     consumer = await RawClient.open("127.0.0.1", port)
     await producer.call(commands.Queue.Declare(queue=queue, durable=True))
-    await producer.call(commands.Queue.Purge(queue=queue))
+    if purge:
+        await producer.call(commands.Queue.Purge(queue=queue))
     await producer.call(commands.Confirm.Select())
     await consumer.call(commands.Basic.Qos(prefetch_count=PREFETCH))
 

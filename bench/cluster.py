@@ -56,6 +56,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from collections.abc import Callable, Coroutine, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -87,11 +88,12 @@ KAFKA_PER_BATCH: Final = 1_000  # records per Produce request (bench.kafka_load'
 CROSS_MESSAGES: Final = 20_000  # per cross-node round and queue
 QUICK_CROSS_MESSAGES: Final = 5_000
 CROSS_ROUNDS: Final = 2
+ROUTE_SETTLE_S: Final = 0.5  # after an MQTT SUBSCRIBE, before publishing (clusters only)
 IDLE_SETTLE_S: Final = 1.0  # after start, before the broker's idle CPU is read
 IDLE_S: Final = 3.0  # how long the idle CPU is read (10 ms ticks: +-0.3% of a core)
 QUICK_IDLE_S: Final = 1.0
-# Connections opened, at most, until two workers hold one each: SO_REUSEPORT spreads them by a
-# hash of the addresses, so 40 all landing on one of two workers has odds of 2**-39.
+# Connections opened, at most, until a worker owning shards holds one (SO_REUSEPORT spreads them
+# by a hash of the addresses; only with fewer shards than workers does one miss).
 CONNECT_ATTEMPTS: Final = 40
 # The gate of issue 22: a worker of a 2-worker broker spends at most this much CPU per message
 # as the single node does.
@@ -492,34 +494,92 @@ def run_async(factory: Callable[[], Coroutine[Any, Any, T]]) -> T:
         return runner.run(factory())
 
 
+async def connections_on_every_worker(
+    broker: Broker,
+) -> tuple[dict[int, amqp_bench.RawClient], list[amqp_bench.RawClient]]:
+    """AMQP connections until every worker owning shards holds one (the kernel picks the worker
+    of each connection): {worker: a connection to it}, and every connection opened (to close)."""
+    serving = set(broker.serving())
+    on: dict[int, amqp_bench.RawClient] = {}
+    opened: list[amqp_bench.RawClient] = []
+    for _ in range(CONNECT_ATTEMPTS * len(serving)):
+        client = await amqp_bench.RawClient.open("127.0.0.1", broker.amqp_port)
+        opened.append(client)
+        assert client.transport is not None
+        port = int(client.transport.get_extra_info("sockname")[1])
+        node = await asyncio.to_thread(broker.node_of, port, broker.amqp_port)
+        if node in serving:
+            on.setdefault(node, client)
+        if len(on) == len(serving):
+            return on, opened
+    for client in opened:
+        await client.close()
+    raise RuntimeError(f"connections never reached every worker of {sorted(serving)}")
+
+
+async def declare_everywhere(
+    broker: Broker, on: dict[int, amqp_bench.RawClient], queues: Sequence[str]
+) -> None:
+    """Declare each queue through its owner, then through every other worker: a queue declared
+    through one worker is not yet known to another's AMQP front end (404 on its consume), and
+    one declared through its owner after another worker would start empty again."""
+    for queue in queues:
+        # queue_name_on picked a name both placement rules put on one worker's shards.
+        owner = broker.owner_of(min(amqp_queue_shards(queue, broker.shards)))
+        for node in sorted(on, key=lambda node: node != owner):
+            await on[node].call(commands.Queue.Declare(queue=queue, durable=True))
+
+
 def amqp_point(broker: Broker, settings: Settings) -> Point:
-    """``bench amqp``'s workload on ``settings.amqp_queues`` queues at once."""
+    """``bench amqp``'s workload (``bench.amqp.run_once``) on ``settings.amqp_queues`` queues at
+    once, queue i placed on the (i mod N)-th worker; the producer and consumer connections land
+    where the kernel puts them."""
     serving = broker.serving()
-    queues = [
-        queue_name_on(broker, serving[index % len(serving)], f"bench-cluster-q{index}")
-        for index in range(settings.amqp_queues)
-    ]
+
+    def names(stem: str) -> list[str]:
+        return [
+            queue_name_on(broker, serving[index % len(serving)], f"{stem}{index}")
+            for index in range(settings.amqp_queues)
+        ]
+
+    warmups, queues = names("bench-cluster-w"), names("bench-cluster-q")
     each = max(1, settings.amqp_messages // len(queues))
 
-    async def many(messages: int) -> None:
+    async def many(chosen: list[str], messages: int) -> None:
         await asyncio.gather(
             *(
+                # No purge: each queue is new (a purge through a worker that does not own the
+                # queue is not supported yet).
                 amqp_bench.run_once(
-                    "BraidMQ", broker.amqp_port, [], SIZE, messages, settings.window, queue
+                    "BraidMQ",
+                    broker.amqp_port,
+                    [],
+                    SIZE,
+                    messages,
+                    settings.window,
+                    queue,
+                    purge=False,
                 )
-                for queue in queues
+                for queue in chosen
             )
         )
 
     async def run() -> tuple[float, float]:
-        await many(min(each, AMQP_WARMUP_MESSAGES))
-        cpu = broker.cpu_seconds()
-        started = time.perf_counter()
-        await many(each)
-        return time.perf_counter() - started, broker.cpu_seconds() - cpu
+        on, opened = await connections_on_every_worker(broker)
+        try:
+            await declare_everywhere(broker, on, [*warmups, *queues])
+            await many(warmups, min(each, AMQP_WARMUP_MESSAGES))
+            cpu = broker.cpu_seconds()
+            started = time.perf_counter()
+            await many(queues, each)
+            return time.perf_counter() - started, broker.cpu_seconds() - cpu
+        finally:
+            for client in opened:
+                await client.close()
 
     seconds, cpu = run_async(run)
-    return Point("amqp", broker.workers, each * len(queues), seconds, cpu, f"{len(queues)} queues")
+    note = f"{len(queues)} queues"
+    return Point("amqp", broker.workers, each * len(queues), seconds, cpu, note)
 
 
 def mqtt_points(broker: Broker, qos: int, settings: Settings) -> list[Point]:
@@ -546,6 +606,10 @@ class LandingLoadRun(mqtt_bench.LoadRun):
             node = await asyncio.to_thread(self.broker.node_of, port, self.broker.mqtt_port)
             ends.append(str(node))
         self.landed = f"pub->sub on worker {ends[0]}->{ends[1]}"
+        # The subscription reaches the other workers' route tables through Redis a moment
+        # later (docs/cluster.md section 8); what they get before goes to no subscriber, and
+        # the closed loop would wait for it for ever.
+        await asyncio.sleep(ROUTE_SETTLE_S)
 
 
 def mqtt_point(broker: Broker, qos: int, settings: Settings) -> Point:
@@ -720,13 +784,12 @@ async def _publish_confirmed(
     return before + messages
 
 
-async def connections_on_two_workers(
+async def connection_on_a_serving_worker(
     broker: Broker,
-) -> tuple[dict[int, amqp_bench.RawClient], list[amqp_bench.RawClient]]:
-    """AMQP connections until two serving workers hold one each (the kernel picks the worker
-    of each connection): {worker: its connection}, and every connection opened (to close)."""
+) -> tuple[int, amqp_bench.RawClient, list[amqp_bench.RawClient]]:
+    """An AMQP connection that the kernel gave to a worker owning shards: (that worker, the
+    connection, every connection opened, to close)."""
     serving = set(broker.serving())
-    on: dict[int, amqp_bench.RawClient] = {}
     opened: list[amqp_bench.RawClient] = []
     for _ in range(CONNECT_ATTEMPTS):
         client = await amqp_bench.RawClient.open("127.0.0.1", broker.amqp_port)
@@ -735,31 +798,28 @@ async def connections_on_two_workers(
         port = int(client.transport.get_extra_info("sockname")[1])
         node = await asyncio.to_thread(broker.node_of, port, broker.amqp_port)
         if node in serving:
-            on.setdefault(node, client)
-        if len(on) == 2:
-            return on, opened
+            return node, client, opened
     for client in opened:
         await client.close()
-    raise RuntimeError(f"{CONNECT_ATTEMPTS} connections never reached two serving workers")
+    raise RuntimeError(f"{CONNECT_ATTEMPTS} connections never reached a worker owning shards")
 
 
 def cross_points(broker: Broker, settings: Settings) -> list[CrossPoint]:
     """Publishes from one connection to a queue its worker owns and to one another worker owns
-    (each queue declared on a connection to its owner, as an application would)."""
+    (both declared on that connection: the other's through its owner)."""
 
     async def run() -> list[CrossPoint]:
-        on, opened = await connections_on_two_workers(broker)
+        here, client, opened = await connection_on_a_serving_worker(broker)
         try:
-            here, there = sorted(on)
-            client = on[here]
+            there = next(node for node in broker.serving() if node != here)
             queues = {
-                "local": (here, queue_name_on(broker, here, "bench-cluster-local")),
-                "remote": (there, queue_name_on(broker, there, "bench-cluster-remote")),
+                "local": queue_name_on(broker, here, "bench-cluster-local"),
+                "remote": queue_name_on(broker, there, "bench-cluster-remote"),
             }
             shards = {}
-            for kind, (owner, queue) in queues.items():
-                await on[owner].call(commands.Queue.Declare(queue=queue, durable=True))
-                await on[owner].call(commands.Queue.Purge(queue=queue))
+            for kind, queue in queues.items():
+                # A fresh root: the queue is new, nothing to purge.
+                await client.call(commands.Queue.Declare(queue=queue, durable=True))
                 predicted = amqp_queue_shards(queue, broker.shards)
                 recorded = await asyncio.to_thread(broker.recorded_queue_shard, queue)
                 if recorded is not None and recorded not in predicted:
@@ -767,13 +827,13 @@ def cross_points(broker: Broker, settings: Settings) -> list[CrossPoint]:
                 shards[kind] = recorded if recorded is not None else min(predicted)
             await client.call(commands.Confirm.Select())
             published = 0
-            for _owner, queue in queues.values():
+            for queue in queues.values():
                 published = await _publish_confirmed(
                     client, queue, AMQP_WARMUP_MESSAGES, settings.window, published
                 )
             points = []
             for _ in range(settings.rounds):
-                for kind, (_owner, queue) in queues.items():
+                for kind, queue in queues.items():
                     cpu = broker.cpu_seconds()
                     started = time.perf_counter()
                     published = await _publish_confirmed(
@@ -794,18 +854,19 @@ def cross_points(broker: Broker, settings: Settings) -> list[CrossPoint]:
                             cpu,
                         )
                     )
-            for kind, (owner, queue) in queues.items():
-                # Every confirmed publish must be in the queue: a publish the connected worker
-                # could not route is confirmed too (no mandatory flag), and stores nothing.
-                stored = await on[owner].call(commands.Queue.Declare(queue=queue, passive=True))
+            wanted = AMQP_WARMUP_MESSAGES + settings.rounds * settings.cross_messages
+            for kind, queue in queues.items():
+                # Every confirmed publish must be in the queue (a passive declare counts them
+                # on the owner): one the worker could not route is confirmed too, and stores
+                # nothing.
+                stored = await client.call(commands.Queue.Declare(queue=queue, passive=True))
                 assert isinstance(stored, commands.Queue.DeclareOk)
-                wanted = AMQP_WARMUP_MESSAGES + settings.rounds * settings.cross_messages
                 if stored.message_count != wanted:
                     raise RuntimeError(
                         f"{kind} queue {queue}: {stored.message_count} messages stored of "
                         f"{wanted} confirmed publishes from worker {here}"
                     )
-                await on[owner].call(commands.Queue.Delete(queue=queue))
+                await client.call(commands.Queue.Delete(queue=queue))
             return points
         finally:
             for opened_client in opened:
@@ -1026,7 +1087,11 @@ def measure(broker: Broker, settings: Settings, report: Report) -> None:
             report.points += action()
         except WORKLOAD_ERRORS as error:
             reason = f"{name} with {step}: {type(error).__name__}: {error}"
-            print(f"FAILED: {reason}\n{broker.log_tail(8)}", file=sys.stderr, flush=True)
+            print(
+                f"FAILED: {reason}\n{traceback.format_exc(limit=-4)}{broker.log_tail(8)}",
+                file=sys.stderr,
+                flush=True,
+            )
             report.failed.append(reason)
 
     chosen = settings.workloads

@@ -1,13 +1,15 @@
 """``python -m bench cluster`` (bench/cluster.py) in its quickest form, once, with tiny counts:
 a real single node and a real ``braid serve --workers 2`` supervisor (its private redis-server,
-two workers; one shard, so worker 1 stands by), the lean clients of bench amqp/mqtt/kafka. It
-must print the table and the gate line and write the JSON, every point with positive figures
-and the message counts asked for. No timing asserts: the numbers are the machine's."""
+two workers over two shards, one each), the lean clients of bench amqp/mqtt/kafka, and the
+cross-node publish. It must print the table, the gate line and the cross-node lines and write
+the JSON, every point with positive figures and the message counts asked for. No timing
+asserts: the numbers are the machine's."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +20,7 @@ from tests.braid_process import REPO_ROOT
 RUN_TIMEOUT_S = 240
 AMQP_MESSAGES = 1_000  # in all, over the two queues
 KAFKA_RECORDS = 100_000  # in all, over the two topics: enough for several CPU ticks
+CROSS_MESSAGES = 500
 WORKLOADS = ("amqp", "mqtt-qos0", "mqtt-qos1", "kafka-produce", "kafka-fetch")
 
 
@@ -39,7 +42,7 @@ def test_bench_cluster_quick_prints_the_table_and_writes_the_json(tmp_path: Path
         "--workers",
         "1,2",
         "--shards",
-        "1",
+        "2",
         "--amqp-queues",
         "2",
         "--amqp-messages",
@@ -52,6 +55,8 @@ def test_bench_cluster_quick_prints_the_table_and_writes_the_json(tmp_path: Path
         str(KAFKA_RECORDS),
         "--idle-seconds",
         "0.5",
+        "--cross-messages",
+        str(CROSS_MESSAGES),
     )
     assert done.returncode == 0, done.stderr[-3000:]
     report: dict[str, Any] = json.loads(out.read_text())
@@ -67,7 +72,7 @@ def test_bench_cluster_quick_prints_the_table_and_writes_the_json(tmp_path: Path
         # Fetched: the timed records and the warm-up request's (one batch of 1,000) per topic.
         assert points["kafka-fetch", workers]["messages"] == KAFKA_RECORDS + 2 * 1_000
     # The supervisor's workers are told apart: each MQTT connection's worker is named.
-    assert "pub->sub on worker 0->0" in points["mqtt-qos0", 2]["note"]
+    assert re.fullmatch(r"pub->sub on worker [01]->[01]", points["mqtt-qos0", 2]["note"])
 
     # The ratios against the single node, and the gate of issue 22 over them.
     gate = report["gate"]
@@ -78,10 +83,19 @@ def test_bench_cluster_quick_prints_the_table_and_writes_the_json(tmp_path: Path
     assert all(rate >= 0 for rate in report["idle_cpu_per_s"].values())
     assert all(point["busy_us_per_message"] is not None for point in report["points"])
     assert report["failed"] == []
-    # One shard: no second worker to publish across to, and the report says so.
-    assert report["cross"] == []
-    assert report["skipped"] == ["cross-node publish with 2 worker(s): one worker owns every shard"]
-    assert report["owners"] == {"1": {"0": [0]}, "2": {"0": [0], "1": []}}
+    # Two shards, one per worker: publishes from one connection to its worker's queue and,
+    # forwarded, to the other's (--quick: one round), each checked stored.
+    assert report["owners"] == {"1": {"0": [0]}, "2": {"0": [0], "1": [1]}}
+    cross = {c["kind"]: c for c in report["cross"]}
+    assert len(report["cross"]) == 2
+    assert cross["local"]["owner"] == cross["local"]["connected_node"]
+    assert cross["remote"]["owner"] != cross["remote"]["connected_node"]
+    for point in cross.values():
+        assert point["messages"] == CROSS_MESSAGES
+        assert point["rate"] > 0
+        assert point["cpu_us_per_message"] > 0
+    assert report["cross_ratio"] > 0
+    assert report["skipped"] == []
 
     lines = done.stdout.splitlines()
     assert any(line.startswith("| workload | workers | msgs/s |") for line in lines)
