@@ -699,6 +699,7 @@ class BraidServer:
         api.set_cluster_view(view)
         api.set_remote_queues(serving.remote_queues)
         api.set_mqtt_cluster(serving.mqtt)
+        api.set_remote_retained(serving.remote_retained)
         api.set_producer_ids(serving.producer_ids)
 
     def _attach_cluster_http(

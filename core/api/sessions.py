@@ -19,7 +19,7 @@ from collections.abc import (
     Callable,
     Hashable,
 )
-from typing import Any
+from typing import Any, Protocol
 
 from core.api.base import BrokerCalls, ClientContext, Headers, Publication, PublishOutcome
 from core.broker.broker import (
@@ -28,6 +28,8 @@ from core.broker.broker import (
 )
 from core.broker.eager import Pending, run_eagerly
 from core.broker.remote import MqttCluster
+from core.broker.shards import ShardSet
+from core.cluster import placement
 from core.delivery.ackqueue import (
     AckQueueConfig,
     Delivery,
@@ -40,7 +42,32 @@ from core.delivery.message import Message
 from core.log import record as rec
 from core.log.store import encoded_headers, now_ms
 from core.log.tags import TagFilter, tags_from_headers
+from core.routing.mqtt_topic import MULTI_LEVEL, ONE_LEVEL
 from core.state.retained import RetainedMessages
+
+
+class RemoteRetained(Protocol):
+    """Retained messages in other nodes' shards (core/cluster/mqtt_cluster.py)."""
+
+    def put(self, shard: int, topic_name: str, value: bytes | None) -> None:
+        """Set (None: clear) in ``shard`` through its owner, in the background, in order."""
+        ...
+
+    async def matching(self, topic_filter: str, shards: list[int]) -> list[tuple[str, bytes]]:
+        """What ``shards``' owners retain matching ``topic_filter`` (their owners asked in
+        parallel; an owner that cannot be reached adds nothing)."""
+        ...
+
+
+def local_retained_matching(shards: ShardSet, topic_filter: str) -> list[tuple[str, bytes]]:
+    """The retained messages of the local ``shards`` matching ``topic_filter``, each from its
+    topic's slot shard only (a table holding a topic of another slot is not asked for it)."""
+    found: list[tuple[str, bytes]] = []
+    for shard in shards:
+        for topic, value in shard.retained().matching(topic_filter):
+            if shards.placements.place(placement.PLACE_RETAINED, topic) == shard.number:
+                found.append((topic, value))
+    return found
 
 
 class SessionCalls(BrokerCalls):
@@ -444,25 +471,74 @@ class SessionCalls(BrokerCalls):
         return Subscription(queue.add_consumer(context.client_id, prefetch, deliver))
 
     # Retained messages (core/state/retained.py) and session states (core/state/sessions.py):
-    # durable in the log, values in the gateway's own layout.
+    # durable in the log, values in the gateway's own layout. On a cluster node (a
+    # RemoteRetained set) a topic's retained message lives in its slot's shard
+    # (placement.PLACE_RETAINED, docs/cluster.md section 8): set and cleared there, an exact
+    # filter read there, a wildcard one asked of every owner and merged.
+
+    _remote_retained: RemoteRetained | None = None
+
+    def set_remote_retained(self, remote: RemoteRetained | None) -> None:
+        """Keep retained messages in their slots' shards, reaching other nodes' through
+        ``remote`` (called once, by the process that assembles a cluster node)."""
+        self._remote_retained = remote
 
     def _retained_messages(self) -> RetainedMessages:
-        # One table, in the node's home shard, until placement gives retained slots shards of
-        # their own (docs/cluster.md section 3).
+        # A node alone: one table, in the node's home shard.
         return self._node.shards.home.retained()
 
+    def _retained_slot(self, topic_name: str) -> int:
+        return self._node.shards.placements.place(placement.PLACE_RETAINED, topic_name)
+
     def store_retained(self, context: ClientContext, topic_name: str, value: bytes | None) -> None:
-        """Retain ``value`` for ``topic_name`` (None clears it)."""
-        self._retained_messages().put(topic_name, value)
+        """Retain ``value`` for ``topic_name`` (None clears it); on a cluster node in the
+        topic's slot shard, through its owner when that is another node (in the background,
+        in the order asked)."""
+        remote = self._remote_retained
+        if remote is None:
+            self._retained_messages().put(topic_name, value)
+            return
+        shard = self._retained_slot(topic_name)
+        local = self._node.shards.local(shard)
+        if local is not None:
+            local.retained().put(topic_name, value)
+        else:
+            remote.put(shard, topic_name, value)
 
     def retained_matching(
         self, context: ClientContext, topic_filter: str
     ) -> list[tuple[str, bytes]]:
-        """``(topic name, value)`` of the retained messages a (non-shared) filter matches."""
-        return self._retained_messages().matching(topic_filter)
+        """``(topic name, value)`` of the retained messages a (non-shared) filter matches, of
+        this node's shards only (:meth:`retained_matching_everywhere` asks the others too)."""
+        if self._remote_retained is None:
+            return self._retained_messages().matching(topic_filter)
+        return local_retained_matching(self._node.shards, topic_filter)
+
+    async def retained_matching_everywhere(
+        self, context: ClientContext, topic_filter: str
+    ) -> list[tuple[str, bytes]]:
+        """:meth:`retained_matching` over the whole cluster: an exact filter read in its slot's
+        shard, a wildcard one in every shard (the other owners asked in parallel). Does not
+        suspend on a node alone."""
+        remote = self._remote_retained
+        if remote is None:
+            return self._retained_messages().matching(topic_filter)
+        shards = self._node.shards
+        if ONE_LEVEL not in topic_filter and MULTI_LEVEL not in topic_filter:
+            shard = self._retained_slot(topic_filter)
+            if shards.local(shard) is not None:
+                return local_retained_matching(shards, topic_filter)
+            return await remote.matching(topic_filter, [shard])
+        found = local_retained_matching(shards, topic_filter)
+        others = [n for n in range(shards.count) if shards.local(n) is None]
+        if others:
+            found += await remote.matching(topic_filter, others)
+        return found
 
     def retained_count(self) -> int:
-        return len(self._retained_messages())
+        if self._remote_retained is None:
+            return len(self._retained_messages())
+        return sum(len(shard.retained()) for shard in self._node.shards)
 
     def save_session_state(self, context: ClientContext, client_id: str, state: bytes) -> None:
         self._node.shards.for_session(client_id).session_states().save(client_id, state)

@@ -29,16 +29,28 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable, Coroutine
-from typing import Any
+from typing import Any, Final
 
+from core.api.sessions import local_retained_matching
+from core.broker.node import Node
 from core.broker.remote import FanoutDispatch, SessionCloser, ShardOwners
 from core.cluster.mqtt_routes import RouteTable
 from core.cluster.mqtt_sessions import SessionRegistry
+from core.cluster.placement import PLACE_RETAINED
+from core.cluster.rpc.client import RpcClient
 from core.cluster.rpc.fanout import FanoutReceiver, FanoutSender
+from core.cluster.rpc.options import JsonObject
 from core.cluster.rpc.server import NodeService
 from core.cluster.rpc.takeover import SessionTakeover, TakeOverHandler
 
 log = logging.getLogger(__name__)
+
+# {"topic": t, "value": latin-1 text or None} -> {}: set or clear a retained message in the
+# topic's slot shard, which the called node serves.
+ADMIN_RETAINED_PUT: Final = "retained_put"
+# {"filter": f, "shards": [n, ...]} -> {"found": [[topic, latin-1 value], ...]}: what the
+# called node's shards among ``shards`` retain matching the filter.
+ADMIN_RETAINED_MATCH: Final = "retained_match"
 
 # Builds the node's SessionTakeover once the closer (this object's) is known.
 TakeoverFactory = Callable[[SessionCloser], SessionTakeover]
@@ -152,3 +164,120 @@ class NodeMqttCluster:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         await self.sender.aclose(grace_s=1.0)
+
+
+class RetainedAdminCalls:
+    """The owner's side of retained messages across nodes: the ``Admin`` calls
+    :data:`ADMIN_RETAINED_PUT` and :data:`ADMIN_RETAINED_MATCH` over the broker this node
+    serves now (:meth:`register` once on the node's service, :meth:`attach` each broker)."""
+
+    def __init__(self) -> None:
+        self._node: Node | None = None
+
+    def attach(self, node: Node | None) -> None:
+        self._node = node
+
+    def register(self, service: NodeService) -> None:
+        service.register(ADMIN_RETAINED_PUT, self._put)
+        service.register(ADMIN_RETAINED_MATCH, self._match)
+
+    async def _put(self, args: JsonObject) -> JsonObject:
+        node = self._node
+        if node is None:
+            raise RuntimeError("this node serves no broker now")
+        topic = str(args["topic"])
+        shard = node.shards.local(node.shards.placements.place(PLACE_RETAINED, topic))
+        if shard is None:
+            raise RuntimeError(f"this node does not serve the retained slot of {topic!r}")
+        value = args.get("value")
+        shard.retained().put(topic, None if value is None else str(value).encode("latin-1"))
+        return {}
+
+    async def _match(self, args: JsonObject) -> JsonObject:
+        node = self._node
+        if node is None:
+            return {"found": []}
+        wanted = {int(n) for n in args.get("shards", ())}
+        found = [
+            [topic, value.decode("latin-1")]
+            for topic, value in local_retained_matching(node.shards, str(args["filter"]))
+            if node.shards.placements.place(PLACE_RETAINED, topic) in wanted
+        ]
+        return {"found": found}
+
+
+class RetainedOverRpc:
+    """``core.api.sessions.RemoteRetained`` over ``client`` and the shard ownership table:
+    puts go to the slot's owner one at a time, in the order asked (a set then a clear of one
+    topic end cleared); a match asks each owner of the shards once, in parallel."""
+
+    def __init__(self, client: RpcClient, owners: ShardOwners) -> None:
+        self._client = client
+        self._owners = owners
+        self._puts: asyncio.Queue[tuple[int, str, bytes | None]] = asyncio.Queue()
+        self._writer: asyncio.Task[None] | None = None
+
+    def put(self, shard: int, topic_name: str, value: bytes | None) -> None:
+        self._puts.put_nowait((shard, topic_name, value))
+        if self._writer is None:
+            self._writer = asyncio.get_running_loop().create_task(
+                self._write(), name="braid-mqtt-cluster retained puts"
+            )
+
+    async def _write(self) -> None:
+        while True:
+            shard, topic, value = await self._puts.get()
+            args: JsonObject = {
+                "topic": topic,
+                "value": None if value is None else value.decode("latin-1"),
+            }
+            try:
+                address = await self._address(shard)
+                if address is None:
+                    raise RuntimeError(f"shard {shard} has no live owner")
+                await self._client.admin(address, ADMIN_RETAINED_PUT, args)
+            except Exception as error:  # logged: a retained message is not acknowledged
+                log.warning(
+                    "mqtt cluster: retained %r not stored in shard %d: %s", topic, shard, error
+                )
+            finally:
+                self._puts.task_done()
+
+    async def _address(self, shard: int) -> str | None:
+        owner = self._owners.owner_of(shard) or await self._owners.refresh(shard)
+        return None if owner is None else owner.rpc_address
+
+    async def matching(self, topic_filter: str, shards: list[int]) -> list[tuple[str, bytes]]:
+        by_address: dict[str, list[int]] = {}
+        for shard in shards:
+            address = await self._address(shard)
+            if address is not None:
+                by_address.setdefault(address, []).append(shard)
+        answers = await asyncio.gather(
+            *(
+                self._client.admin(
+                    address, ADMIN_RETAINED_MATCH, {"filter": topic_filter, "shards": numbers}
+                )
+                for address, numbers in by_address.items()
+            ),
+            return_exceptions=True,
+        )
+        found: list[tuple[str, bytes]] = []
+        for answer in answers:
+            if isinstance(answer, BaseException):
+                log.warning("mqtt cluster: retained match of %r failed: %s", topic_filter, answer)
+                continue
+            found += [(str(t), str(v).encode("latin-1")) for t, v in answer.get("found", ())]
+        return found
+
+    async def aclose(self) -> None:
+        """Stop the writer once the puts asked for are sent (bounded)."""
+        writer, self._writer = self._writer, None
+        if writer is None:
+            return
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(2.0):
+                await self._puts.join()
+        writer.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await writer

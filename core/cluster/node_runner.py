@@ -80,7 +80,7 @@ from core.cluster.metadata import (
     Change,
     MetadataConflict,
 )
-from core.cluster.mqtt_cluster import NodeMqttCluster
+from core.cluster.mqtt_cluster import NodeMqttCluster, RetainedAdminCalls, RetainedOverRpc
 from core.cluster.mqtt_routes import RouteTable
 from core.cluster.mqtt_sessions import SessionRegistry
 from core.cluster.owners import ServedShards, ViewOwners
@@ -212,6 +212,7 @@ class ClusterNode:
         self.service: NodeService | None = None
         self.rpc_client: RpcClient | None = None
         self.queue_admin = QueueAdminCalls()
+        self.retained_admin = RetainedAdminCalls()  # MQTT retained messages, the same way
         self.rpc_port = 0
         self._stopped = False
 
@@ -248,6 +249,7 @@ class ClusterNode:
         # A queue's counts and its declare, asked by the other nodes (core/cluster/
         # remote_queues.py): registered once, pointed at each broker served.
         self.queue_admin.register(self.service)
+        self.retained_admin.register(self.service)
         self.rpc_client = RpcClient(rpc_settings)
         self._rpc = RpcServer(rpc_settings, self.service)
         self.rpc_port = await self._rpc.start(self.listen_host, settings.cluster_port)
@@ -463,6 +465,8 @@ class ClusterServing:
         # The queues of other nodes' shards, consumed and read through this node (the Broker
         # API's set_remote_queues).
         self.remote_queues = RemoteQueuesOverRpc(client, owners)
+        # MQTT retained messages in other nodes' shards (the API's set_remote_retained).
+        self.remote_retained = RetainedOverRpc(client, owners)
         # Kafka producer ids unique across the nodes (the Broker API's set_producer_ids):
         # blocks of the cluster's counter in Redis.
         self.producer_ids: ProducerIdSource = metadata
@@ -494,6 +498,7 @@ class ClusterServing:
         service.consume = self.consume.consume
         service.get = self.consume.get
         self.node.queue_admin.attach(self.broker)
+        self.node.retained_admin.attach(self.broker)
         self._started = True
         try:
             await self._start_mqtt()
@@ -561,12 +566,14 @@ class ClusterServing:
             service.append = service.consume = service.get = None
             service.deliver = service.take_over_session = None
         self.node.queue_admin.attach(None)
+        self.node.retained_admin.attach(None)
         self.consume.cancel(None, NOT_SERVING)
         mqtt, routes, closers = self.mqtt, self._routes, self._redis_closers
         self.mqtt = self._routes = self._redis_closers = None
         steps: list[tuple[str, Callable[[], Awaitable[None]]]] = [
             ("the metadata follower", self.follower.aclose),
             ("the remote queues", self.remote_queues.close),
+            ("the retained puts", self.remote_retained.aclose),
         ]
         if mqtt is not None:
             steps.append(("the MQTT fan-out", mqtt.aclose))

@@ -532,8 +532,8 @@ class MqttHub:
             qos, retain, all_ids = combine(message, matched)
             session.offer(message, qos, retain, all_ids, None)
 
-    def send_retained(self, session: Session, sub: Sub) -> None:
-        messages = self.retained.matching(
+    async def send_retained(self, session: Session, sub: Sub) -> None:
+        messages = await self.retained.matching(
             session.context, LEVEL_SEPARATOR.join(sub.levels), now_ms()
         )
         if self.sys_topics is not None and sub.levels[0] == SYS_LEVEL:

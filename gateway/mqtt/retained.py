@@ -93,12 +93,15 @@ class RetainedStore:
         value = encode_retained(message) if len(message.payload) else None
         self.api.store_retained(context or self.context, message.topic, value)
 
-    def matching(self, context: ClientContext, topic_filter: str, now_ms: int) -> list[OutMessage]:
+    async def matching(
+        self, context: ClientContext, topic_filter: str, now_ms: int
+    ) -> list[OutMessage]:
         """The unexpired retained messages whose topic matches a (non-shared) filter, looked
         up for ``context`` (the subscribing session's); expired ones are deleted on the way,
-        as the store's own housekeeping, since their expiry passed [MQTT-3.3.2-5]."""
+        as the store's own housekeeping, since their expiry passed [MQTT-3.3.2-5]. On a
+        cluster node, those of every node (it does not suspend on a node alone)."""
         live = []
-        for topic, raw in self.api.retained_matching(context, topic_filter):
+        for topic, raw in await self.api.retained_matching_everywhere(context, topic_filter):
             message = decode_retained(topic, raw)
             if message is None:
                 continue

@@ -664,7 +664,7 @@ class Connection:
                 continue
             if sub.retain_handling == 2 or (sub.retain_handling == 1 and not is_new):
                 continue
-            self.hub.send_retained(session, sub)
+            await self.hub.send_retained(session, sub)
 
     async def _subscribe_one(
         self,
