@@ -701,6 +701,7 @@ class BraidServer:
         api.set_mqtt_cluster(serving.mqtt)
         api.set_remote_retained(serving.remote_retained)
         api.set_producer_ids(serving.producer_ids)
+        api.set_txn_markers(serving.txn_markers)
 
     def _attach_cluster_http(
         self,

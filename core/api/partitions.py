@@ -11,6 +11,7 @@ topic. A topic's own retention (Kafka's ``retention.ms`` / ``retention.bytes`` t
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import functools
 import os
@@ -37,6 +38,7 @@ from core.broker.eager import Pending, run_eagerly
 from core.broker.shards import ShardSet
 from core.broker.topics import TopicError, TopicInfo, TopicRegistry
 from core.cluster.metadata import KIND_SETTING, Change
+from core.errors import ShardUnavailable
 from core.groups.results import GroupDescription, GroupListing, JoinResult, LeaveResult, SyncResult
 from core.groups.state import GroupState
 from core.kafka_values import OffsetCommit, OpenTransaction, StorageSettings
@@ -88,6 +90,25 @@ class ProducerIdSource(Protocol):
 
     async def next_ids(self, block: int) -> range:
         """``block`` ids no other caller is given, ever."""
+        ...
+
+
+class TxnMarkerSender(Protocol):
+    """How a cluster node's Kafka transaction coordinator ends a transaction in partitions other
+    nodes lead (docs/cluster.md section 8; ``core/cluster/rpc/txn_markers.py``): the leader of
+    ``shard`` writes a COMMIT or ABORT marker of ``producer_id``/``epoch`` in each partition."""
+
+    async def write_markers(
+        self,
+        shard: int,
+        transactional_id: str,
+        producer_id: int,
+        epoch: int,
+        commit: bool,
+        partitions: Sequence[tuple[str, int]],
+    ) -> None:
+        """Returns once the markers are durable on the shard's owner; retries until it
+        answers (a transaction cannot be left half ended)."""
         ...
 
 
@@ -390,6 +411,50 @@ class PartitionCalls(BrokerCalls):
         appended = transactions.append_marker(topic, partition, marker, born_ms=born_ms)
         outcome = PublishOutcome(appended, [(topic, partition)], partition)
         return Publication(self, topic, outcome, None)
+
+    # Markers for partitions other nodes lead: a cluster node's, set once at start.
+    _txn_markers: TxnMarkerSender | None = None
+
+    def set_txn_markers(self, sender: TxnMarkerSender) -> None:
+        """End Kafka transactions in partitions other nodes lead through ``sender`` (a cluster
+        node's, set once at start)."""
+        self._txn_markers = sender
+
+    def partition_is_local(self, context: ClientContext, topic: str, partition: int) -> bool:
+        """This node stores ``(topic, partition)`` (always, on a node alone)."""
+        shards = self._node.shards
+        return shards.local(shards.queue_number(topic, partition)) is not None
+
+    async def write_remote_transaction_markers(
+        self,
+        context: ClientContext,
+        transactional_id: str,
+        producer_id: int,
+        epoch: int,
+        commit: bool,
+        partitions: Sequence[tuple[str, int]],
+    ) -> None:
+        """The COMMIT (``commit``) or ABORT markers of a transaction in partitions other nodes
+        lead, written by their leaders (Kafka's WriteTxnMarkers); returns once every leader
+        made them durable, retrying a leader that does not answer. Raises
+        :class:`ShardUnavailable` on a node that has no way to reach other nodes."""
+        if not partitions:
+            return
+        by_shard: dict[int, list[tuple[str, int]]] = {}
+        shards = self._node.shards
+        for topic, partition in partitions:
+            by_shard.setdefault(shards.queue_number(topic, partition), []).append(
+                (topic, partition)
+            )
+        sender = self._txn_markers
+        if sender is None:
+            raise ShardUnavailable(min(by_shard), reason="no cluster to send markers through")
+        await asyncio.gather(
+            *(
+                sender.write_markers(shard, transactional_id, producer_id, epoch, commit, named)
+                for shard, named in by_shard.items()
+            )
+        )
 
     def _check_partition(self, topic: str, partition: int) -> None:
         info = self._node.topic(topic)

@@ -95,6 +95,7 @@ from core.cluster.rpc.forward import Forwarder
 from core.cluster.rpc.options import RpcSettings
 from core.cluster.rpc.server import NodeService, RpcServer
 from core.cluster.rpc.takeover import MetadataPeers, SessionTakeover
+from core.cluster.rpc.txn_markers import TxnMarkerClient, TxnMarkerReceiver
 from core.cluster.settings import ClusterSettings
 from core.cluster.split import SplitMetadata
 from core.log import LogConfig, LogStore
@@ -470,6 +471,9 @@ class ClusterServing:
         # Kafka producer ids unique across the nodes (the Broker API's set_producer_ids):
         # blocks of the cluster's counter in Redis.
         self.producer_ids: ProducerIdSource = metadata
+        # Kafka's WriteTxnMarkers both ways (the Broker API's set_txn_markers; section 8).
+        self.txn_markers = TxnMarkerClient(client, owners)
+        self._txn_receiver = TxnMarkerReceiver(lambda: self.broker if self._started else None)
         # MQTT across the nodes (the Broker API's set_mqtt_cluster), made in start().
         self.mqtt: NodeMqttCluster | None = None
         self._routes: RouteTable | None = None
@@ -497,6 +501,7 @@ class ClusterServing:
         service.append = self.receiver
         service.consume = self.consume.consume
         service.get = self.consume.get
+        service.write_txn_markers = self._txn_receiver
         self.node.queue_admin.attach(self.broker)
         self.node.retained_admin.attach(self.broker)
         self._started = True
@@ -565,6 +570,8 @@ class ClusterServing:
         if service.append is self.receiver:
             service.append = service.consume = service.get = None
             service.deliver = service.take_over_session = None
+        if service.write_txn_markers is self._txn_receiver:
+            service.write_txn_markers = None
         self.node.queue_admin.attach(None)
         self.node.retained_admin.attach(None)
         self.consume.cancel(None, NOT_SERVING)

@@ -214,12 +214,12 @@ async def _store_batch(
     metrics = context.metrics
     producer_id = header.producer_id
     last = -1
-    txn = None
+    transaction = None
     if header.is_transactional:
-        error, txn = context.transactions.check_produce(
+        error, transaction = context.transactions.check_produce(
             producer_id, header.producer_epoch, topic, partition
         )
-        if txn is None:
+        if transaction is None:
             return error, NO_OFFSET, 0
     if producer_id >= 0:
         last = last_sequence(header.base_sequence, header.last_offset_delta)
@@ -234,7 +234,7 @@ async def _store_batch(
             return check.error, NO_OFFSET, 0
     # A half message (txn) is visible, and given its offset, when the transaction commits; a
     # delayed batch gets its partition offset when it becomes visible.
-    deliver_at = delivery_time(batch, braid_headers) if hinted and txn is None else 0
+    deliver_at = delivery_time(batch, braid_headers) if hinted and transaction is None else 0
     publication = context.api.produce_batch(
         client,
         topic,
@@ -244,7 +244,7 @@ async def _store_batch(
         born_ms=header.base_timestamp,
         deliver_at_ms=deliver_at,
         braid_headers=braid_headers,
-        transaction=txn.service_id if txn is not None else None,
+        transaction=transaction,
     )
     # Stored now unless flow control held it back since the request's check (then it is
     # awaited: stored, and durable).

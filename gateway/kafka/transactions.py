@@ -77,6 +77,8 @@ MAX_TRANSACTION_TIMEOUT_MS: Final = 15 * 60 * 1000
 MAX_EPOCH: Final = 2**15 - 2
 # Who the coordinator's own calls are made as (markers, commits, rollbacks, timeouts).
 COORDINATOR_CONTEXT: Final = ClientContext(PROTOCOL_KAFKA, connection_id="kafka-transactions")
+# What a batch of another node's transactional producer is stored under on its leader.
+REMOTE_PREFIX: Final = "kafka-remote:"
 
 
 class TxnState(enum.Enum):
@@ -382,11 +384,17 @@ class TransactionCoordinator:
 
     def check_produce(
         self, producer_id: int, epoch: int, topic: str, partition: int
-    ) -> tuple[ErrorCode, Transaction | None]:
-        """May this transactional batch be stored now? The partition joins the transaction
-        if the producer did not add it (Kafka before KIP-890 did not check either)."""
+    ) -> tuple[ErrorCode, str | None]:
+        """May this transactional batch be stored now? ``(error, the name the batch is stored
+        under)``. The partition joins the transaction if the producer did not add it (Kafka
+        before KIP-890 did not check either). On a cluster node, a producer this node's
+        coordinator does not know is another node's (producer ids are unique across the
+        cluster): its batch is accepted as Kafka's partition leader accepts it, and its
+        coordinator ends the transaction here with ``WriteTxnMarkers``."""
         txn = self._by_producer.get(producer_id)
         if txn is None:
+            if self.api.leader_table(COORDINATOR_CONTEXT) is not None:
+                return ErrorCode.none, f"{REMOTE_PREFIX}{producer_id}"
             return ErrorCode.invalid_producer_id_mapping, None
         if epoch < txn.producer_epoch:
             return ErrorCode.invalid_producer_epoch, None
@@ -397,7 +405,7 @@ class TransactionCoordinator:
             return ErrorCode.invalid_txn_state, None
         self._begin(txn)
         txn.partitions.add((topic, partition))
-        return ErrorCode.none, txn
+        return ErrorCode.none, txn.service_id
 
     # -- EndTxn ----------------------------------------------------------------------------
 
@@ -459,9 +467,29 @@ class TransactionCoordinator:
         self.metrics["aborted"] += 1
 
     async def _write_markers(self, txn: Transaction, control_type: ControlType) -> int:
+        """The markers in every partition of the transaction: this node's written here, the
+        others' by their leaders (``WriteTxnMarkers``, retried until each leader answered).
+        Returns the durable mark of the local ones."""
+        local: list[tuple[str, int]] = []
+        remote: list[tuple[str, int]] = []
+        for key in sorted(txn.partitions):
+            try:
+                is_local = self.api.partition_is_local(COORDINATOR_CONTEXT, *key)
+            except TopicError:
+                continue  # deleted meanwhile
+            (local if is_local else remote).append(key)
+        if remote:
+            await self.api.write_remote_transaction_markers(
+                COORDINATOR_CONTEXT,
+                txn.transactional_id,
+                txn.producer_id,
+                txn.producer_epoch,
+                control_type is ControlType.COMMIT,
+                remote,
+            )
         end = 0
         stamp = now_ms()
-        for topic, partition in sorted(txn.partitions):
+        for topic, partition in local:
             marker = build_control_batch(
                 control_type,
                 producer_id=txn.producer_id,

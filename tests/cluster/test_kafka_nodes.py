@@ -9,6 +9,12 @@ its transactional id's coordinator) send keyed records to a 12-partition topic l
 three nodes: every record is read back exactly once, each key's in order, no delivery fails
 (an id two nodes shared once failed with OUT_OF_ORDER_SEQUENCE_NUMBER), and DescribeProducers
 on the partitions' leaders lists four distinct producer ids.
+
+A transaction across the nodes (docs/cluster.md sections 8 and 10): a transactional
+confluent-kafka producer writes to every partition of a topic led by all three nodes in one
+transaction, straight to each partition's leader, and commits: its coordinator ends it on the
+other leaders with ``WriteTxnMarkers``, and a read_committed consumer sees every record. A
+second transaction, aborted the same way, is seen by read_uncommitted consumers only.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ from collections.abc import Iterator
 
 import pytest
 from aiokafka import AIOKafkaProducer
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from kafka import KafkaAdminClient, KafkaProducer
 from kafka.admin import NewTopic
@@ -37,6 +43,8 @@ TOPIC = "kn.ids"
 PER_KEY = 8
 KEYS_PER_PRODUCER = 6
 TRANSACTIONAL_ID = "kn.txn"
+CROSS_TOPIC = "kn.cross"
+CROSS_TRANSACTIONAL_ID = "kn.cross.txn"
 
 
 @pytest.fixture(scope="module")
@@ -186,3 +194,101 @@ def test_idempotent_producers_on_three_nodes_get_distinct_ids(cluster: Cluster) 
         producer.producer_id for state in states.values() for producer in state.active_producers
     }
     assert len(producer_ids) == len(sent), producer_ids
+
+
+def wait_for_leaders(cluster: Cluster, topic: str) -> set[int]:
+    def leaders_of_all() -> set[int] | None:
+        described = AdminClient({"bootstrap.servers": cluster[3].kafka_bootstrap}).list_topics(
+            topic, timeout=5
+        )
+        partitions = described.topics[topic].partitions
+        if len(partitions) != SHARDS or any(p.leader < 0 for p in partitions.values()):
+            return None
+        return {p.leader for p in partitions.values()}
+
+    leaders: set[int] = eventually(leaders_of_all, f"{topic}'s leaders on node 3")
+    return leaders
+
+
+def read_to_end(bootstrap: str, topic: str, isolation: str) -> list[str]:
+    """Every value of every partition of ``topic`` from the start up to its end as
+    ``isolation`` sees it (the partition's end-of-file event: the high watermark, or for
+    read_committed the last stable offset)."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"kn.cross.{isolation}",
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+            "isolation.level": isolation,
+        }
+    )
+    consumer.assign([TopicPartition(topic, p, 0) for p in range(SHARDS)])
+    got: list[str] = []
+    at_end: set[int] = set()
+    end = time.monotonic() + DEADLINE_S
+    try:
+        while len(at_end) < SHARDS:
+            assert time.monotonic() < end, f"partitions at their end: {sorted(at_end)}"
+            message = consumer.poll(0.2)
+            if message is None:
+                continue
+            error = message.error()
+            partition = message.partition()
+            assert partition is not None
+            if error is not None and error.code() == KafkaError._PARTITION_EOF:
+                at_end.add(partition)
+                continue
+            assert error is None, error
+            at_end.discard(partition)
+            got.append(bytes(message.value() or b"").decode())
+    finally:
+        consumer.close()
+    return got
+
+
+def test_transaction_across_three_leaders_commits_and_aborts(cluster: Cluster) -> None:
+    admin = KafkaAdminClient(bootstrap_servers=cluster[2].kafka_bootstrap)
+    try:
+        admin.create_topics([NewTopic(CROSS_TOPIC, num_partitions=SHARDS, replication_factor=1)])
+    finally:
+        admin.close()
+    assert wait_for_leaders(cluster, CROSS_TOPIC) == {1, 2, 3}
+    coordinator = cluster.owner(transaction_shard(CROSS_TRANSACTIONAL_ID, SHARDS))
+    led_elsewhere = [p for p in range(SHARDS) if cluster.queue_owner(CROSS_TOPIC, p) != coordinator]
+    assert led_elsewhere  # the transaction spans other nodes' partitions
+
+    producer = Producer(
+        {
+            "bootstrap.servers": cluster[1].kafka_bootstrap,
+            "transactional.id": CROSS_TRANSACTIONAL_ID,
+        }
+    )
+    failed: list[object] = []
+
+    def send(values: list[str]) -> None:
+        for partition, value in enumerate(values):
+            producer.produce(
+                CROSS_TOPIC,
+                partition=partition,
+                value=value.encode(),
+                on_delivery=lambda error, _m: failed.append(error) if error else None,
+            )
+        assert producer.flush(DEADLINE_S) == 0
+
+    producer.init_transactions(DEADLINE_S)
+    committed = [f"committed:{p}" for p in range(SHARDS)]
+    producer.begin_transaction()
+    send(committed)
+    producer.commit_transaction(DEADLINE_S)
+    aborted = [f"aborted:{p}" for p in range(SHARDS)]
+    producer.begin_transaction()
+    send(aborted)
+    producer.abort_transaction(DEADLINE_S)
+    assert failed == []
+
+    bootstrap = cluster[3].kafka_bootstrap
+    assert sorted(read_to_end(bootstrap, CROSS_TOPIC, "read_committed")) == sorted(committed)
+    assert sorted(read_to_end(bootstrap, CROSS_TOPIC, "read_uncommitted")) == sorted(
+        committed + aborted
+    )
