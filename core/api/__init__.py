@@ -37,7 +37,8 @@ The contract, so that security, limits and the cluster fit behind the same calls
     :meth:`~BrokerAPI.follow_live_records` and :meth:`~BrokerAPI.add_route_hook`);
   - gauges: ``retained_count``, ``disk_status``;
   - the cluster's view (``cluster.py``): ``this_node``, and ``set_cluster_view`` and
-    ``set_mqtt_cluster`` (``sessions.py``), ``set_remote_queues`` (``queues.py``),
+    ``set_mqtt_cluster`` and ``set_remote_retained`` (``sessions.py``),
+    ``set_remote_queues`` (``queues.py``),
     ``set_producer_ids`` and ``set_txn_markers`` (``partitions.py``), which the process that
     assembles a cluster node calls once; and the AMQP gateway's lookups of queues declared on
     other nodes (at start and on a name it does not know; ``queues.py``): ``queue_is_local``,
