@@ -91,6 +91,7 @@ class SessionCalls(BrokerCalls):
             # indexed in whichever local shard holds its queue reaches live subscribers.
             for shard in self._node.shards:
                 feed.add_store(shard.store)
+            feed.others_want = _others_want(self._mqtt_cluster)
         return feed
 
     def subscribe_live(
@@ -142,6 +143,8 @@ class SessionCalls(BrokerCalls):
             return
         self._route_counts = {}
         cluster.handle(self._deliver_fanout, self._close_taken_session)
+        if self._live is not None:
+            self._live.others_want = _others_want(cluster)
 
     def on_session_takeover(
         self,
@@ -248,6 +251,39 @@ class SessionCalls(BrokerCalls):
         )
         for node in sorted(nodes):
             cluster.send(node, address, fields, qos)
+
+    def fan_out_live_record(
+        self, context: ClientContext, message: Message, mqtt_topic: str, qos: int
+    ) -> None:
+        """The live-record follower's call for a record this node read back
+        (:meth:`follow_live_records`) under the MQTT topic name ``mqtt_topic``: on a cluster
+        node, send it once to each other node with matching routes. This node read it back,
+        so it owns the record's shard and is the only node that sends it; an MQTT publish was
+        already sent by its publisher (publish_delivering_live), a received Fanout (offset -1)
+        came from the sender: neither is sent again."""
+        cluster = self._mqtt_cluster
+        if cluster is None or message.offset < 0 or message.protocol == rec.PROTOCOL_MQTT:
+            return
+        nodes = cluster.nodes_for(mqtt_topic)
+        nodes.discard(cluster.node)
+        if not nodes:
+            return
+        fields = rec.encode_record(
+            message.topic.encode(),
+            message.queue,
+            message.body,
+            store_ms=message.store_ms,
+            born_ms=message.born_ms,
+            key=message.key,
+            headers=encoded_headers(message.headers) if message.headers else b"",
+            tags=rec.encode_tags(message.tags) if message.tags else b"",
+            subject=message.subject.encode(),
+            client=message.client.encode(),
+            address=message.address.encode(),
+            protocol=message.protocol,
+        )
+        for node in sorted(nodes):
+            cluster.send(node, mqtt_topic, fields, qos)
 
     def has_live_subscriptions(self) -> bool:
         feed = self._live
@@ -549,3 +585,11 @@ class SessionCalls(BrokerCalls):
     def session_states(self) -> list[tuple[str, bytes]]:
         """``(client id, state)`` of every saved session."""
         return [item for shard in self._node.shards for item in shard.session_states().items()]
+
+
+def _others_want(cluster: MqttCluster | None) -> Callable[[str], bool] | None:
+    """The cluster's check of other nodes' routes for a log topic (NodeMqttCluster's
+    ``others_want``), read by name: the MqttCluster seam (core/broker/remote.py) is a fixed
+    contract without it; None (no read-back for other nodes) for one that lacks it."""
+    check = getattr(cluster, "others_want", None)
+    return check if callable(check) else None

@@ -6,7 +6,9 @@ their own:
   written on this node's first live subscriber of a filter and removed on its last;
 - the ``Deliver`` fan-out (core/cluster/rpc/fanout.py): a publish this node delivers live goes
   to each other node with matching routes once; a received Fanout goes to the Broker API's
-  dispatch (the local subscribers, as a local publish);
+  dispatch (the local subscribers, as a local publish). A record of another protocol (AMQP,
+  Kafka) is fanned out by the owner of its shard, whose live feed reads it back
+  (:meth:`NodeMqttCluster.others_want` says which topics it reads back for other nodes);
 - the session registry and ``TakeOverSession`` (core/cluster/mqtt_sessions.py,
   core/cluster/rpc/takeover.py): a CONNECT registers its client id and has the connection on
   another node closed by that node's gateway.
@@ -109,6 +111,12 @@ class NodeMqttCluster:
 
     def nodes_for(self, topic: str) -> set[int]:
         return self.routes.nodes_for(topic)
+
+    def others_want(self, log_topic: str) -> bool:
+        """Whether another node has a route a record of ``log_topic`` may match: this node's
+        live feed then reads such records back even with no local subscriber, to fan them
+        out (records of other protocols reach every node only from their shard's owner)."""
+        return self.routes.others_want(log_topic)
 
     def owner_of(self, shard: int) -> int | None:
         if self._owners is None:

@@ -50,6 +50,7 @@ from redis.asyncio.client import PubSub
 from redis.asyncio.connection import AbstractConnection
 
 from core.cluster.redis_metadata import _Keys
+from core.routing.live import EMPTY_LEVEL_TOPIC
 from core.routing.mqtt_topic import (
     LEVEL_SEPARATOR,
     MULTI_LEVEL,
@@ -121,6 +122,9 @@ class RouteTable:
         self._routes: dict[int, set[str]] = {}  # node -> its filters, as last read
         self._trie: WildcardTrie[int, str] = WildcardTrie(ONE_LEVEL, MULTI_LEVEL, dollar_rule=True)
         self._cache: dict[str, frozenset[int]] = {}
+        # First level of a filter (None: a wildcard) -> node -> its filters there: which log
+        # topics other nodes may want records of (:meth:`others_want`).
+        self._first_levels: dict[str | None, dict[int, int]] = {}
         self._reconnected = False
         self._ready: asyncio.Event = asyncio.Event()
         self._watcher: asyncio.Task[None] | None = None
@@ -213,6 +217,31 @@ class RouteTable:
             cached = self._cache[topic] = frozenset(found)
         return set(cached)
 
+    def others_want(self, log_topic: str) -> bool:
+        """Whether another node has a route a record of ``log_topic`` may match (a filter whose
+        first level is that topic, or a wildcard): the owner of a record's shard fans out
+        records of other protocols to those nodes."""
+        for first in (log_topic, None):
+            nodes = self._first_levels.get(first)
+            if nodes and (len(nodes) > 1 or self.node not in nodes):
+                return True
+        return False
+
+    def _count_first_level(self, node: int, topic_filter: str, step: int) -> None:
+        first: str | None = topic_filter.split(LEVEL_SEPARATOR, 1)[0]
+        if first in (ONE_LEVEL, MULTI_LEVEL):
+            first = None
+        elif not first:
+            first = EMPTY_LEVEL_TOPIC
+        nodes = self._first_levels.setdefault(first, {})
+        count = nodes.get(node, 0) + step
+        if count > 0:
+            nodes[node] = count
+        else:
+            nodes.pop(node, None)
+            if not nodes:
+                del self._first_levels[first]
+
     def routes(self) -> dict[int, set[str]]:
         """Node -> its filters, as this node knows them (a copy)."""
         return {node: set(filters) for node, filters in self._routes.items() if filters}
@@ -222,6 +251,7 @@ class RouteTable:
         if topic_filter not in filters:
             filters.add(topic_filter)
             self._trie.add(topic_filter.split(LEVEL_SEPARATOR), node)
+            self._count_first_level(node, topic_filter, 1)
             self._cache.clear()
 
     def _forget(self, node: int, topic_filter: str) -> None:
@@ -229,6 +259,7 @@ class RouteTable:
         if filters is not None and topic_filter in filters:
             filters.discard(topic_filter)
             self._trie.remove(topic_filter.split(LEVEL_SEPARATOR), node)
+            self._count_first_level(node, topic_filter, -1)
             self._cache.clear()
 
     def _replace(self, node: int, filters: Iterable[str]) -> None:

@@ -64,6 +64,9 @@ class LiveFeed:
         self._scheduled = False
         # (topic, queue, producer id) -> entries of its open transaction's batches there.
         self._held: dict[tuple[str, int, int], list[_Entry]] = {}
+        # A cluster node's check whether other nodes' live subscriptions may want a record of
+        # a topic (their routes): such records are read back too, for the fan-out.
+        self.others_want: Callable[[str], bool] | None = None
         self.add_store(store)
 
     def add_store(self, store: LogStore) -> None:
@@ -112,8 +115,14 @@ class LiveFeed:
     def _on_index(self, store: LogStore, topic: str, queue: int, offset: int) -> None:
         """``store`` indexed a record (its index listener, inside the append)."""
         router = self.router
-        if not router.count or topic[:2] == "__" or not self.readers or not router.wants(topic):
+        if topic[:2] == "__" or not self.readers:
             return
+        if not router.count or not router.wants(topic):
+            # On a cluster node, other nodes' subscribers may want it: its shard's owner (this
+            # node: the record is indexed here) fans it out (core/api/sessions.py).
+            others = self.others_want
+            if others is None or not others(topic):
+                return
         own = self.own_topic
         if own is not None:
             if topic != own:

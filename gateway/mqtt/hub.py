@@ -589,7 +589,11 @@ class MqttHub:
         it back for us: ``follow_live_records``)."""
         self.metrics["tapped_records"] += 1
         tags = record_tags(message) if self.live_tag_filtered else None
-        self.deliver_live(out_message_of(message), tags)
+        out = out_message_of(message)
+        self.deliver_live(out, tags)
+        # On a cluster node: what this node read back (an AMQP or Kafka record of a shard it
+        # owns) also goes to the other nodes' subscribers; nothing on a single node.
+        self.api.fan_out_live_record(self.context, message, out.topic, out.qos)
 
     # -- subscriptions ---------------------------------------------------------------------
 
