@@ -29,9 +29,10 @@ from collections import deque
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING
 
+from core.errors import ShardUnavailable
 from gateway.mqtt.encoder import encode_ack
 from gateway.mqtt.errors import MqttProtocolError
-from gateway.mqtt.packet_types import PacketType
+from gateway.mqtt.packet_types import MQTT_5, PacketType
 from gateway.mqtt.packets import Publish
 from gateway.mqtt.reason_codes import ReasonCode
 
@@ -141,6 +142,13 @@ class InboundFlow:
         try:
             for wait in waits:
                 await wait
+        except ShardUnavailable as error:  # a destination's shard: no node stores it now
+            log.warning("mqtt %s: publish not stored: %s", connection.client_id, error)
+            if connection.version == MQTT_5 and not connection.closed:
+                self._refuse(count)  # PUBACK / PUBREC 0x80; 3.1.1 has no such code: close
+            else:
+                connection.close_with(ReasonCode.UNSPECIFIED_ERROR, "storage unavailable")
+            return
         except Exception:
             log.exception("mqtt %s: durability wait failed", connection.client_id)
             connection.close_with(ReasonCode.UNSPECIFIED_ERROR, "storage error")
@@ -153,6 +161,34 @@ class InboundFlow:
         self._write(count)
         if self.acks:
             self.flush()
+
+    def _refuse(self, count: int) -> None:
+        """Write the first ``count`` queued acknowledgements as refusals (0x80): their
+        publishes were not stored. A refused PUBREC ends its QoS 2 exchange; a PUBCOMP stays."""
+        acks = self.acks
+        write = self.connection.link.write
+        version = self.connection.version
+        session = self.connection.session
+        freed = 0
+        for _ in range(count):
+            _, _, data, frees = acks.popleft()
+            kind = data[0] >> 4
+            packet_id = int.from_bytes(data[2:4], "big")  # acks are short: 1-byte length
+            if kind == PacketType.PUBACK:
+                data = encode_ack(
+                    PacketType.PUBACK, packet_id, ReasonCode.UNSPECIFIED_ERROR, version
+                )
+            elif kind == PacketType.PUBREC and packet_id in self.qos2_ids:
+                self.qos2_ids.discard(packet_id)
+                if session is not None:
+                    session.inbound_qos2.discard(packet_id)
+                data = encode_ack(
+                    PacketType.PUBREC, packet_id, ReasonCode.UNSPECIFIED_ERROR, version
+                )
+                frees = 1
+            freed += frees
+            write(data)
+        self.in_flight -= freed
 
     def _write(self, count: int) -> None:
         acks = self.acks

@@ -476,9 +476,15 @@ class Connection:
         self.cluster_gen = gen
         self.keep_alive = keep_alive
         self.will = will
-        session, present = await hub.open_session(
-            self, client_id, packet.clean_start, granted_expiry
-        )
+        try:
+            session, present = await hub.open_session(
+                self, client_id, packet.clean_start, granted_expiry
+            )
+        except ShardUnavailable as error:  # its queue's or state's shard: no node serves it
+            hub.api.release_client_id(context, gen)
+            log.warning("mqtt %r: session cannot be opened: %s", client_id, error)
+            self._refuse(ReasonCode.SERVER_UNAVAILABLE, str(error))  # 3.1.1: 0x03
+            return
         self.session = session
         self.state = State.CONNECTED
         connack_props = NO_PROPERTIES
@@ -689,7 +695,16 @@ class Connection:
                     refusal.text,
                 )
                 return ReasonCode.QUOTA_EXCEEDED, None, False
-        return await self.hub.subscribe(session, subscription, identifier, tag_filter)
+        try:
+            return await self.hub.subscribe(session, subscription, identifier, tag_filter)
+        except ShardUnavailable as error:  # its queue's shard: no node serves it now
+            log.warning(
+                "mqtt %r: subscription %r failed: %s",
+                session.client_id,
+                subscription.topic_filter,
+                error,
+            )
+            return ReasonCode.UNSPECIFIED_ERROR, None, False  # SUBACK 0x80 (3.1.1 too)
 
     def _on_unsubscribe(self, packet: Unsubscribe) -> Awaitable[None] | None:
         return _now_or_later(self._unsubscribe(packet))
