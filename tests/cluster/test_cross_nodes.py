@@ -3,7 +3,7 @@ which names each protocol uses): three real ``braid serve --cluster`` nodes on a
 shards (tests/cluster/cluster_fixture.py), for each (publisher, consumer) pair over AMQP
 (pika), MQTT (paho) and Kafka (kafka-python) the publisher on one node, the consumer on
 another and the topic's shard owned by the third; every record arrives once with its body,
-in order.
+in order. Then Spark reads the root and counts every published record once.
 
 The pairs whose consumer is MQTT check the fan-out of records of other protocols: an AMQP or
 Kafka record reaches clean-session subscribers on other nodes only through the owner of its
@@ -20,13 +20,17 @@ import paho.mqtt.client as mqtt
 import pytest
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from paho.mqtt.enums import CallbackAPIVersion
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
 
 from tests.braid_process import BraidProcess
 from tests.cluster.cluster_fixture import Cluster
 from tests.cluster.redis_server import RedisServer
 from tests.cluster.test_node import DEADLINE_S, amqp, eventually, redis_server
+from tests.spark.conftest import spark
 
-__all__ = ["redis_server"]  # the module's Redis fixture (tests/cluster/test_node.py)
+# The module's Redis fixture (tests/cluster/test_node.py) and the suite's one SparkSession.
+__all__ = ["redis_server", "spark"]
 
 SHARDS = 12
 QUEUE_TOPIC = "amq.queue."
@@ -229,6 +233,30 @@ def run_pair(cluster: Cluster, index: int, publisher: str, consumer: str) -> int
     return PER_PAIR
 
 
-def test_nine_pairs_across_nodes(cluster: Cluster) -> None:
-    published = {pair: run_pair(cluster, index, *pair) for index, pair in enumerate(PAIRS)}
-    assert sorted(published) == sorted(PAIRS)
+def pair_topic(cluster: Cluster, index: int, publisher: str, consumer: str) -> str:
+    """The topic ``run_pair`` uses for the pair ``index`` (placement is deterministic)."""
+    owner = roles(index)[2]
+    return cluster.name_owned_by(owner, f"x{publisher[0]}{consumer[0]}")
+
+
+def test_nine_pairs_across_nodes_then_spark_counts_each_record_once(
+    cluster: Cluster, spark: SparkSession
+) -> None:
+    published = {
+        pair_topic(cluster, index, *pair): run_pair(cluster, index, *pair)
+        for index, pair in enumerate(PAIRS)
+    }
+    assert len(published) == len(PAIRS)
+    # Spark reads the cluster's root in place: every shard in one load(); a record routed to
+    # queues in other shards is there once more per shard as a copy (FLAG_COPY), which dedupe
+    # drops, so each published record is one row of its topic.
+    frame = (
+        spark.read.format("braid")
+        .option("path", str(cluster.root))
+        .option("dedupe", "true")
+        .load()
+        .where(F.col("topic").isin(list(published)))
+    )
+    counts = {row.topic: row["count"] for row in frame.groupBy("topic").count().collect()}
+    assert counts == published
+    assert len({row.shard for row in frame.select("shard").distinct().collect()}) >= 3
