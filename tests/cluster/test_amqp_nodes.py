@@ -136,6 +136,29 @@ def test_a_transient_queue_of_node_2_survives_node_3s_restart(cluster: Cluster) 
     eventually(lambda: passive_count(cluster, 3, queue) == 1, "restarted node 3 knows it")
 
 
+def test_a_redeclare_on_the_owner_keeps_what_another_node_stored(cluster: Cluster) -> None:
+    """A queue declared through node 3 (owner: node 2), published to with confirms there, then
+    declared again (not passive) on its owner: the same queue, its messages still in it."""
+    queue = cluster.name_owned_by(2, "an.re", QUEUE_TOPIC)
+    connection = amqp(cluster[3])
+    try:
+        channel = connection.channel()
+        channel.confirm_delivery()
+        channel.queue_declare(queue, durable=True)
+        for number in range(5):
+            publish_confirmed(channel, "", queue, f"kept-{number}".encode())
+    finally:
+        connection.close()
+    owner = amqp(cluster[2])
+    try:
+        declared = owner.channel().queue_declare(queue, durable=True)
+        assert declared.method.message_count == 5
+    finally:
+        owner.close()
+    assert passive_count(cluster, 2, queue) == 5
+    assert passive_count(cluster, 1, queue) == 5
+
+
 def test_x_expires_counts_consumers_of_other_nodes(cluster: Cluster) -> None:
     """Only the owner expires a queue, and a consumer attached through another node keeps it
     in use (RabbitMQ's home node sees every consumer); once that consumer goes, it expires."""
