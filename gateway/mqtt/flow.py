@@ -29,7 +29,7 @@ from collections import deque
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING
 
-from core.errors import ShardUnavailable
+from core.api import ShardUnavailable
 from gateway.mqtt.encoder import encode_ack
 from gateway.mqtt.errors import MqttProtocolError
 from gateway.mqtt.packet_types import MQTT_5, PacketType

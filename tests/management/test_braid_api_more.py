@@ -197,7 +197,9 @@ def test_a_record_as_each_protocol_sees_it(braid: BraidProcess) -> None:
         ),
     )
     connection.close()
-    producer = KafkaProducer(bootstrap_servers=braid.kafka_bootstrap)
+    # linger: the three records go as ONE batch (the test reads batch_records == 3); without it
+    # the sender thread may ship the first before the others are appended (seen in CI).
+    producer = KafkaProducer(bootstrap_servers=braid.kafka_bootstrap, linger_ms=10_000)
     for index in range(3):
         producer.send(
             "events",
