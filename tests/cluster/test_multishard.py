@@ -37,7 +37,6 @@ from core.log import record as rec
 from tests.braid_process import BraidProcess
 from tests.cluster.redis_server import RedisServer, until
 from tests.cluster.test_node import (
-    CLUSTER_CONFIG,
     DEADLINE_S,
     ConfirmedPublisher,
     amqp,
@@ -47,6 +46,7 @@ from tests.cluster.test_node import (
     make_root,
     redis_server,
 )
+from tests.cluster.test_node import node as cluster_node
 
 __all__ = ["redis_server"]  # the module's Redis fixture, shared with test_node.py
 
@@ -64,27 +64,7 @@ def queue_shard(name: str) -> int:
 
 
 def one_node(tmp_path: Path, root: Path, url: str) -> BraidProcess:
-    directory = tmp_path / "n1"
-    directory.mkdir(exist_ok=True)
-    config = directory / "braid.toml"
-    config.write_text(CLUSTER_CONFIG)
-    return BraidProcess(
-        directory,
-        listeners=("amqp", "mqtt", "kafka"),
-        data_dir=root,
-        extra_args=(
-            "--config",
-            str(config),
-            "--cluster",
-            url,
-            "--node-id",
-            "1",
-            "--expect-nodes",
-            "1",
-            "--advertised-host",
-            "127.0.0.1",
-        ),
-    )
+    return cluster_node(tmp_path, "n1", root, url, 1, "--expect-nodes", "1")
 
 
 def consume_and_ack(process: BraidProcess, queue_name: str, count: int) -> list[bytes]:

@@ -73,7 +73,11 @@ def cluster_id(root: Path) -> str:
     return str(json.loads((root / "cluster.json").read_text())["cluster_id"])
 
 
-def node(tmp_path: Path, name: str, root: Path, url: str, node_id: int) -> BraidProcess:
+def node(
+    tmp_path: Path, name: str, root: Path, url: str, node_id: int, *extra_args: str
+) -> BraidProcess:
+    """A ``braid serve --cluster`` node (not started) with the module's ``[cluster]`` settings;
+    ``extra_args`` go after the cluster flags."""
     directory = tmp_path / name
     directory.mkdir(exist_ok=True)
     config = directory / "braid.toml"
@@ -91,6 +95,7 @@ def node(tmp_path: Path, name: str, root: Path, url: str, node_id: int) -> Braid
             str(node_id),
             "--advertised-host",
             "127.0.0.1",
+            *extra_args,
         ),
     )
 
