@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime
-import fcntl
 import json
 import multiprocessing
 import os
@@ -39,6 +38,7 @@ from multiprocessing.synchronize import Barrier
 from pathlib import Path
 from typing import Any, TextIO
 
+from braid.dirlock import DirectoryLocked, lock_directory
 from core.cluster import epochs, layout
 from core.cluster.epochs import EpochClaim, EpochTaken
 
@@ -162,12 +162,11 @@ def _directory_lock(directory: Path) -> Iterator[None]:
         raise DirectoryInUse(
             f"{directory} is in use by a running broker (pid {pid}): stop it first"
         )
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            raise DirectoryInUse(f"{directory} is in use by another braid process") from None
+        fd = lock_directory(directory)
+    except DirectoryLocked:
+        raise DirectoryInUse(f"{directory} is in use by another braid process") from None
+    try:
         yield
     finally:
         os.close(fd)  # releases the flock

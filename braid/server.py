@@ -27,7 +27,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import fcntl
 import gc
 import logging
 import os
@@ -41,6 +40,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from braid import version
 from braid.config import LOCK_FILE, MAX_PORT, ServerSettings, default_amqp_users
+from braid.dirlock import DirectoryLocked, lock_directory
 from braid.metrics import (
     COUNTER,
     GAUGE,
@@ -922,27 +922,20 @@ class BraidServer:
             self._fence_task = None
 
     def _lock_data_dir(self) -> None:
-        """Take the data directory for this process: an exclusive flock on the directory itself
-        (opened O_RDONLY | O_DIRECTORY), which no file operation inside it can take away. A lock
-        on a file inside it (``braid.lock`` up to issue 21) was lost when that file was deleted:
-        a second broker then made and locked a new one, recovered the live log and 1,200
-        confirmed messages were lost. ``braid.lock`` still holds the pid, for the message a
-        second broker prints and for ``braid log stat``; Kafka locks a ``.lock`` file as we did.
+        """Take the data directory for this process (braid/dirlock.py says why the lock is on
+        the directory itself). ``braid.lock`` still holds the pid, for the message a second
+        broker prints and for ``braid log stat``; Kafka locks a ``.lock`` file as we did.
         """
         data_dir = Path(self.settings.data_dir)
         try:
-            data_dir.mkdir(parents=True, exist_ok=True)
-            fd = os.open(data_dir, os.O_RDONLY | os.O_DIRECTORY)
-        except OSError as error:
-            raise StartupError(f"cannot use data dir {data_dir}: {error}") from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            os.close(fd)
+            fd = lock_directory(data_dir)
+        except DirectoryLocked:
             raise StartupError(
                 f"data dir {data_dir} is in use by another braid process "
                 f"(pid {lock_holder_pid(data_dir)}; the directory itself is locked)"
             ) from None
+        except OSError as error:
+            raise StartupError(f"cannot use data dir {data_dir}: {error}") from None
         self._lock_fd = fd
         try:
             (data_dir / LOCK_FILE).write_text(f"{os.getpid()}\n")

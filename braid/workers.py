@@ -36,7 +36,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
-import fcntl
 import functools
 import logging
 import os
@@ -51,6 +50,7 @@ from pathlib import Path
 from typing import Final
 
 from braid.config import ServerSettings
+from braid.dirlock import DirectoryLocked, lock_directory
 from core.cluster import layout
 
 log = logging.getLogger(__name__)
@@ -236,18 +236,14 @@ class Supervisor:
         """Lock ROOT and create or open it as a data root (``braid cluster init``'s logic)."""
         root = self.root
         try:
-            root.mkdir(parents=True, exist_ok=True)
-            fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
-        except OSError as error:
-            raise SupervisorError(f"cannot use data root {root}: {error}") from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            os.close(fd)
+            fd = lock_directory(root)
+        except DirectoryLocked:
             raise SupervisorError(
                 f"data root {root} is in use by another braid process (a supervisor, a "
                 "broker, or `braid cluster init`)"
             ) from None
+        except OSError as error:
+            raise SupervisorError(f"cannot use data root {root}: {error}") from None
         self._lock_fd = fd
         if layout.detect(root) == "single":
             raise SupervisorError(
