@@ -367,8 +367,11 @@ async def test_a_turns_records_go_in_few_batches(
     try:
         for sender in (big, small):
             sender.owners.set(SHARD, owner.owner(1))
-        await settled(big.send(0, 500))
+        results = await settled(big.send(0, 500))
         assert (owner.batches, owner.records) == (1, 500)
+        # The 500 plain OKs come back as one AppendResult listing their offsets, in seq order.
+        assert results == [ForwardResult(n, []) for n in range(500)]
+        assert big.forwarder.answers_received == 1
         one_turn = owner.largest_batch
         owner.largest_batch = 0
         await settled(small.send(500, 500))

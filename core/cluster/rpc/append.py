@@ -2,11 +2,12 @@
 shards this node owns, stored in the shard's log and answered once durable.
 
 :class:`AppendReceiver` is the ``StreamHandler`` the node plugs into ``NodeService.append``.
-Per stream it appends each batch as it arrives (in stream order) and answers ``seq`` by ``seq``
-once the batch's group commit covers it, so the next batch is appended while the last one's
-fsync runs. A batch's records for one shard are one group: all appended, then one durability
-wait. Each record's ``shard_epoch`` must be the epoch this node owns the shard at, otherwise
-the answer is ``NOT_OWNER``; after a refusal for a (shard, epoch) every later record of that
+Per stream it appends each batch as it arrives (in stream order) and answers its seqs once the
+batch's group commit covers them, so the next batch is appended while the last one's fsync
+runs; a run of plain OK answers with consecutive seqs goes as one message (``offsets``). A
+batch's records for one shard are one group: all appended, then one durability wait. Each
+record's ``shard_epoch`` must be the epoch this node owns the shard at, otherwise the answer is
+``NOT_OWNER``; after a refusal for a (shard, epoch) every later record of that
 pair on the same stream is refused the same way, so a shard that becomes available mid-stream
 (opened a moment later) cannot store a later record before an earlier refused one: the origin
 resends the refused ones, on a new stream when it is the same owner at the same epoch.
@@ -130,6 +131,36 @@ class _Block(NamedTuple):
     owner_epoch: int
 
 
+def _runs(results: list[pb.AppendResult]) -> list[pb.AppendResult]:
+    """``results`` (a batch's answers, in seq order) as the messages to send: each run of plain
+    OK answers (no refused destinations) with consecutive seqs as one message listing their
+    offsets (``AppendResult.offsets``), the others as they are. A gRPC message costs far more
+    than a record's share of a larger one, and most answers are plain OKs."""
+    messages: list[pb.AppendResult] = []
+    first = 0
+    offsets: list[int] = []
+
+    def close_run() -> None:
+        if len(offsets) == 1:
+            messages.append(pb.AppendResult(seq=first, status=OK, offset=offsets[0]))
+        elif offsets:
+            messages.append(pb.AppendResult(seq=first, status=OK, offsets=offsets))
+
+    for result in results:
+        if result.status == OK and not result.refused:
+            if offsets and result.seq == first + len(offsets):
+                offsets.append(result.offset)
+                continue
+            close_run()
+            first, offsets = result.seq, [result.offset]
+            continue
+        close_run()
+        offsets = []
+        messages.append(result)
+    close_run()
+    return messages
+
+
 class AppendReceiver:
     """``Append`` streams into ``local``'s shards. ``node_id``: this node, named in a
     ``NOT_OWNER`` answer when it owns the shard at another epoch. ``window_ms``: how long a
@@ -154,8 +185,9 @@ class AppendReceiver:
         reader = asyncio.create_task(self._read(requests, answers, blocks))
         try:
             while (batch := await answers.get()) is not None:
-                for answer in batch:
-                    yield await self._settled(answer)
+                settled = [await self._settled(answer) for answer in batch]
+                for message in _runs(settled):
+                    yield message
             await reader  # its error, if reading ended with one
         finally:
             reader.cancel()

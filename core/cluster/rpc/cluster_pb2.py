@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1e\x63ore/cluster/rpc/cluster.proto\x12\x10\x62raid.cluster.v1\"A\n\x06Origin\x12\x0c\n\x04node\x18\x01 \x01(\r\x12\x13\n\x0bincarnation\x18\x02 \x01(\x04\x12\x14\n\x0cmeta_version\x18\x03 \x01(\x04\"$\n\x04\x44\x65st\x12\r\n\x05topic\x18\x01 \x01(\t\x12\r\n\x05queue\x18\x02 \x01(\r\"\xa2\x01\n\x06Record\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\r\n\x05shard\x18\x02 \x01(\r\x12\x13\n\x0bshard_epoch\x18\x03 \x01(\x04\x12%\n\x05\x64\x65sts\x18\x04 \x03(\x0b\x32\x16.braid.cluster.v1.Dest\x12\x0e\n\x06\x66ields\x18\x05 \x01(\x0c\x12\x0c\n\x04\x63opy\x18\x06 \x01(\x08\x12\x15\n\rdeliver_at_ms\x18\x07 \x01(\x04\x12\x0b\n\x03txn\x18\x08 \x01(\t\"b\n\x0b\x41ppendBatch\x12(\n\x06origin\x18\x01 \x01(\x0b\x32\x18.braid.cluster.v1.Origin\x12)\n\x07records\x18\x02 \x03(\x0b\x32\x18.braid.cluster.v1.Record\"\xe8\x01\n\x0c\x41ppendResult\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x0e\n\x06offset\x18\x02 \x01(\x03\x12\'\n\x07refused\x18\x03 \x03(\x0b\x32\x16.braid.cluster.v1.Dest\x12\x35\n\x06status\x18\x04 \x01(\x0e\x32%.braid.cluster.v1.AppendResult.Status\x12\r\n\x05owner\x18\x05 \x01(\r\x12\r\n\x05\x65poch\x18\x06 \x01(\x04\"=\n\x06Status\x12\x06\n\x02OK\x10\x00\x12\r\n\tNOT_OWNER\x10\x01\x12\x0f\n\x0bUNAVAILABLE\x10\x02\x12\x0b\n\x07REFUSED\x10\x03\"u\n\x06\x41ttach\x12\r\n\x05queue\x18\x01 \x01(\t\x12\x14\n\x0c\x63onsumer_tag\x18\x02 \x01(\t\x12\x11\n\tclient_id\x18\x03 \x01(\t\x12\x10\n\x08prefetch\x18\x04 \x01(\r\x12\x0e\n\x06no_ack\x18\x05 \x01(\x08\x12\x11\n\texclusive\x18\x06 \x01(\x08\"\x87\x01\n\x06Settle\x12\'\n\x02op\x18\x01 \x01(\x0e\x32\x1b.braid.cluster.v1.Settle.Op\x12\x0c\n\x04tags\x18\x02 \x03(\x04\x12\x10\n\x08multiple\x18\x03 \x01(\x08\x12\x0f\n\x07requeue\x18\x04 \x01(\x08\"#\n\x02Op\x12\x07\n\x03\x41\x43K\x10\x00\x12\x08\n\x04NACK\x10\x01\x12\n\n\x06REJECT\x10\x02\"\x91\x01\n\x0e\x43onsumeControl\x12*\n\x06\x61ttach\x18\x01 \x01(\x0b\x32\x18.braid.cluster.v1.AttachH\x00\x12\x10\n\x06\x63redit\x18\x02 \x01(\rH\x00\x12*\n\x06settle\x18\x03 \x01(\x0b\x32\x18.braid.cluster.v1.SettleH\x00\x12\x0f\n\x05pause\x18\x04 \x01(\x08H\x00\x42\x04\n\x02op\"y\n\x08\x44\x65livery\x12\x0b\n\x03tag\x18\x01 \x01(\x04\x12\x0e\n\x06\x66ields\x18\x02 \x01(\x0c\x12\x13\n\x0bredelivered\x18\x03 \x01(\x08\x12\r\n\x05\x63ount\x18\x04 \x01(\r\x12\r\n\x05topic\x18\x05 \x01(\t\x12\r\n\x05queue\x18\x06 \x01(\r\x12\x0e\n\x06offset\x18\x07 \x01(\x03\"b\n\rDeliveryBatch\x12.\n\ndeliveries\x18\x01 \x03(\x0b\x32\x1a.braid.cluster.v1.Delivery\x12\x11\n\tcancelled\x18\x02 \x01(\x08\x12\x0e\n\x06reason\x18\x03 \x01(\t\"c\n\x06\x46\x61nout\x12(\n\x06origin\x18\x01 \x01(\x0b\x32\x18.braid.cluster.v1.Origin\x12\x12\n\nmqtt_topic\x18\x02 \x01(\t\x12\x0e\n\x06\x66ields\x18\x03 \x01(\x0c\x12\x0b\n\x03qos\x18\x04 \x01(\r\"<\n\x08TakeOver\x12\x11\n\tclient_id\x18\x01 \x01(\t\x12\x0b\n\x03gen\x18\x02 \x01(\x04\x12\x10\n\x08new_node\x18\x03 \x01(\r\"\x1a\n\tTakenOver\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\"|\n\nTxnMarkers\x12\x0e\n\x06txn_id\x18\x01 \x01(\t\x12\x13\n\x0bproducer_id\x18\x02 \x01(\x04\x12\r\n\x05\x65poch\x18\x03 \x01(\r\x12\x0e\n\x06\x63ommit\x18\x04 \x01(\x08\x12*\n\npartitions\x18\x05 \x03(\x0b\x32\x16.braid.cluster.v1.Dest\"\'\n\tAdminCall\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04json\x18\x02 \x01(\x0c\"\x1a\n\nAdminReply\x12\x0c\n\x04json\x18\x01 \x01(\x0c\"\x07\n\x05\x45mpty2\x92\x04\n\x04Node\x12K\n\x06\x41ppend\x12\x1d.braid.cluster.v1.AppendBatch\x1a\x1e.braid.cluster.v1.AppendResult(\x01\x30\x01\x12P\n\x07\x43onsume\x12 .braid.cluster.v1.ConsumeControl\x1a\x1f.braid.cluster.v1.DeliveryBatch(\x01\x30\x01\x12H\n\x03Get\x12 .braid.cluster.v1.ConsumeControl\x1a\x1f.braid.cluster.v1.DeliveryBatch\x12@\n\x07\x44\x65liver\x12\x18.braid.cluster.v1.Fanout\x1a\x17.braid.cluster.v1.Empty(\x01\x30\x01\x12J\n\x0fTakeOverSession\x12\x1a.braid.cluster.v1.TakeOver\x1a\x1b.braid.cluster.v1.TakenOver\x12O\n\x0fWriteTxnMarkers\x12\x1c.braid.cluster.v1.TxnMarkers\x1a\x1e.braid.cluster.v1.AppendResult\x12\x42\n\x05\x41\x64min\x12\x1b.braid.cluster.v1.AdminCall\x1a\x1c.braid.cluster.v1.AdminReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1e\x63ore/cluster/rpc/cluster.proto\x12\x10\x62raid.cluster.v1\"A\n\x06Origin\x12\x0c\n\x04node\x18\x01 \x01(\r\x12\x13\n\x0bincarnation\x18\x02 \x01(\x04\x12\x14\n\x0cmeta_version\x18\x03 \x01(\x04\"$\n\x04\x44\x65st\x12\r\n\x05topic\x18\x01 \x01(\t\x12\r\n\x05queue\x18\x02 \x01(\r\"\xa2\x01\n\x06Record\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\r\n\x05shard\x18\x02 \x01(\r\x12\x13\n\x0bshard_epoch\x18\x03 \x01(\x04\x12%\n\x05\x64\x65sts\x18\x04 \x03(\x0b\x32\x16.braid.cluster.v1.Dest\x12\x0e\n\x06\x66ields\x18\x05 \x01(\x0c\x12\x0c\n\x04\x63opy\x18\x06 \x01(\x08\x12\x15\n\rdeliver_at_ms\x18\x07 \x01(\x04\x12\x0b\n\x03txn\x18\x08 \x01(\t\"b\n\x0b\x41ppendBatch\x12(\n\x06origin\x18\x01 \x01(\x0b\x32\x18.braid.cluster.v1.Origin\x12)\n\x07records\x18\x02 \x03(\x0b\x32\x18.braid.cluster.v1.Record\"\xf9\x01\n\x0c\x41ppendResult\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x0e\n\x06offset\x18\x02 \x01(\x03\x12\'\n\x07refused\x18\x03 \x03(\x0b\x32\x16.braid.cluster.v1.Dest\x12\x35\n\x06status\x18\x04 \x01(\x0e\x32%.braid.cluster.v1.AppendResult.Status\x12\r\n\x05owner\x18\x05 \x01(\r\x12\r\n\x05\x65poch\x18\x06 \x01(\x04\x12\x0f\n\x07offsets\x18\x07 \x03(\x03\"=\n\x06Status\x12\x06\n\x02OK\x10\x00\x12\r\n\tNOT_OWNER\x10\x01\x12\x0f\n\x0bUNAVAILABLE\x10\x02\x12\x0b\n\x07REFUSED\x10\x03\"u\n\x06\x41ttach\x12\r\n\x05queue\x18\x01 \x01(\t\x12\x14\n\x0c\x63onsumer_tag\x18\x02 \x01(\t\x12\x11\n\tclient_id\x18\x03 \x01(\t\x12\x10\n\x08prefetch\x18\x04 \x01(\r\x12\x0e\n\x06no_ack\x18\x05 \x01(\x08\x12\x11\n\texclusive\x18\x06 \x01(\x08\"\x87\x01\n\x06Settle\x12\'\n\x02op\x18\x01 \x01(\x0e\x32\x1b.braid.cluster.v1.Settle.Op\x12\x0c\n\x04tags\x18\x02 \x03(\x04\x12\x10\n\x08multiple\x18\x03 \x01(\x08\x12\x0f\n\x07requeue\x18\x04 \x01(\x08\"#\n\x02Op\x12\x07\n\x03\x41\x43K\x10\x00\x12\x08\n\x04NACK\x10\x01\x12\n\n\x06REJECT\x10\x02\"\x91\x01\n\x0e\x43onsumeControl\x12*\n\x06\x61ttach\x18\x01 \x01(\x0b\x32\x18.braid.cluster.v1.AttachH\x00\x12\x10\n\x06\x63redit\x18\x02 \x01(\rH\x00\x12*\n\x06settle\x18\x03 \x01(\x0b\x32\x18.braid.cluster.v1.SettleH\x00\x12\x0f\n\x05pause\x18\x04 \x01(\x08H\x00\x42\x04\n\x02op\"y\n\x08\x44\x65livery\x12\x0b\n\x03tag\x18\x01 \x01(\x04\x12\x0e\n\x06\x66ields\x18\x02 \x01(\x0c\x12\x13\n\x0bredelivered\x18\x03 \x01(\x08\x12\r\n\x05\x63ount\x18\x04 \x01(\r\x12\r\n\x05topic\x18\x05 \x01(\t\x12\r\n\x05queue\x18\x06 \x01(\r\x12\x0e\n\x06offset\x18\x07 \x01(\x03\"b\n\rDeliveryBatch\x12.\n\ndeliveries\x18\x01 \x03(\x0b\x32\x1a.braid.cluster.v1.Delivery\x12\x11\n\tcancelled\x18\x02 \x01(\x08\x12\x0e\n\x06reason\x18\x03 \x01(\t\"?\n\x06\x46\x61nout\x12\x12\n\nmqtt_topic\x18\x02 \x01(\t\x12\x0e\n\x06\x66ields\x18\x03 \x01(\x0c\x12\x0b\n\x03qos\x18\x04 \x01(\rJ\x04\x08\x01\x10\x02\"c\n\x0b\x46\x61noutBatch\x12(\n\x06origin\x18\x01 \x01(\x0b\x32\x18.braid.cluster.v1.Origin\x12*\n\x08messages\x18\x02 \x03(\x0b\x32\x18.braid.cluster.v1.Fanout\"<\n\x08TakeOver\x12\x11\n\tclient_id\x18\x01 \x01(\t\x12\x0b\n\x03gen\x18\x02 \x01(\x04\x12\x10\n\x08new_node\x18\x03 \x01(\r\"\x1a\n\tTakenOver\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\"|\n\nTxnMarkers\x12\x0e\n\x06txn_id\x18\x01 \x01(\t\x12\x13\n\x0bproducer_id\x18\x02 \x01(\x04\x12\r\n\x05\x65poch\x18\x03 \x01(\r\x12\x0e\n\x06\x63ommit\x18\x04 \x01(\x08\x12*\n\npartitions\x18\x05 \x03(\x0b\x32\x16.braid.cluster.v1.Dest\"\'\n\tAdminCall\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04json\x18\x02 \x01(\x0c\"\x1a\n\nAdminReply\x12\x0c\n\x04json\x18\x01 \x01(\x0c\"\x07\n\x05\x45mpty2\x97\x04\n\x04Node\x12K\n\x06\x41ppend\x12\x1d.braid.cluster.v1.AppendBatch\x1a\x1e.braid.cluster.v1.AppendResult(\x01\x30\x01\x12P\n\x07\x43onsume\x12 .braid.cluster.v1.ConsumeControl\x1a\x1f.braid.cluster.v1.DeliveryBatch(\x01\x30\x01\x12H\n\x03Get\x12 .braid.cluster.v1.ConsumeControl\x1a\x1f.braid.cluster.v1.DeliveryBatch\x12\x45\n\x07\x44\x65liver\x12\x1d.braid.cluster.v1.FanoutBatch\x1a\x17.braid.cluster.v1.Empty(\x01\x30\x01\x12J\n\x0fTakeOverSession\x12\x1a.braid.cluster.v1.TakeOver\x1a\x1b.braid.cluster.v1.TakenOver\x12O\n\x0fWriteTxnMarkers\x12\x1c.braid.cluster.v1.TxnMarkers\x1a\x1e.braid.cluster.v1.AppendResult\x12\x42\n\x05\x41\x64min\x12\x1b.braid.cluster.v1.AdminCall\x1a\x1c.braid.cluster.v1.AdminReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -40,35 +40,37 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_APPENDBATCH']._serialized_start=322
   _globals['_APPENDBATCH']._serialized_end=420
   _globals['_APPENDRESULT']._serialized_start=423
-  _globals['_APPENDRESULT']._serialized_end=655
-  _globals['_APPENDRESULT_STATUS']._serialized_start=594
-  _globals['_APPENDRESULT_STATUS']._serialized_end=655
-  _globals['_ATTACH']._serialized_start=657
-  _globals['_ATTACH']._serialized_end=774
-  _globals['_SETTLE']._serialized_start=777
-  _globals['_SETTLE']._serialized_end=912
-  _globals['_SETTLE_OP']._serialized_start=877
-  _globals['_SETTLE_OP']._serialized_end=912
-  _globals['_CONSUMECONTROL']._serialized_start=915
-  _globals['_CONSUMECONTROL']._serialized_end=1060
-  _globals['_DELIVERY']._serialized_start=1062
-  _globals['_DELIVERY']._serialized_end=1183
-  _globals['_DELIVERYBATCH']._serialized_start=1185
-  _globals['_DELIVERYBATCH']._serialized_end=1283
-  _globals['_FANOUT']._serialized_start=1285
-  _globals['_FANOUT']._serialized_end=1384
-  _globals['_TAKEOVER']._serialized_start=1386
-  _globals['_TAKEOVER']._serialized_end=1446
-  _globals['_TAKENOVER']._serialized_start=1448
-  _globals['_TAKENOVER']._serialized_end=1474
-  _globals['_TXNMARKERS']._serialized_start=1476
-  _globals['_TXNMARKERS']._serialized_end=1600
-  _globals['_ADMINCALL']._serialized_start=1602
-  _globals['_ADMINCALL']._serialized_end=1641
-  _globals['_ADMINREPLY']._serialized_start=1643
-  _globals['_ADMINREPLY']._serialized_end=1669
-  _globals['_EMPTY']._serialized_start=1671
-  _globals['_EMPTY']._serialized_end=1678
-  _globals['_NODE']._serialized_start=1681
-  _globals['_NODE']._serialized_end=2211
+  _globals['_APPENDRESULT']._serialized_end=672
+  _globals['_APPENDRESULT_STATUS']._serialized_start=611
+  _globals['_APPENDRESULT_STATUS']._serialized_end=672
+  _globals['_ATTACH']._serialized_start=674
+  _globals['_ATTACH']._serialized_end=791
+  _globals['_SETTLE']._serialized_start=794
+  _globals['_SETTLE']._serialized_end=929
+  _globals['_SETTLE_OP']._serialized_start=894
+  _globals['_SETTLE_OP']._serialized_end=929
+  _globals['_CONSUMECONTROL']._serialized_start=932
+  _globals['_CONSUMECONTROL']._serialized_end=1077
+  _globals['_DELIVERY']._serialized_start=1079
+  _globals['_DELIVERY']._serialized_end=1200
+  _globals['_DELIVERYBATCH']._serialized_start=1202
+  _globals['_DELIVERYBATCH']._serialized_end=1300
+  _globals['_FANOUT']._serialized_start=1302
+  _globals['_FANOUT']._serialized_end=1365
+  _globals['_FANOUTBATCH']._serialized_start=1367
+  _globals['_FANOUTBATCH']._serialized_end=1466
+  _globals['_TAKEOVER']._serialized_start=1468
+  _globals['_TAKEOVER']._serialized_end=1528
+  _globals['_TAKENOVER']._serialized_start=1530
+  _globals['_TAKENOVER']._serialized_end=1556
+  _globals['_TXNMARKERS']._serialized_start=1558
+  _globals['_TXNMARKERS']._serialized_end=1682
+  _globals['_ADMINCALL']._serialized_start=1684
+  _globals['_ADMINCALL']._serialized_end=1723
+  _globals['_ADMINREPLY']._serialized_start=1725
+  _globals['_ADMINREPLY']._serialized_end=1751
+  _globals['_EMPTY']._serialized_start=1753
+  _globals['_EMPTY']._serialized_end=1760
+  _globals['_NODE']._serialized_start=1763
+  _globals['_NODE']._serialized_end=2298
 # @@protoc_insertion_point(module_scope)

@@ -169,8 +169,10 @@ class Forwarder:
         self._sweep_handle: asyncio.TimerHandle | None = None
         self._recoveries: set[asyncio.Task[None]] = set()
         self._closed = False
-        # AppendBatch messages sent, streams opened (counters for stats and tests).
+        # AppendBatch messages sent, AppendResult messages received, streams opened (counters
+        # for stats and tests).
         self.batches_sent = 0
+        self.answers_received = 0
         self.streams_opened = 0
 
     # -- forwarding ------------------------------------------------------------------------
@@ -346,22 +348,23 @@ class Forwarder:
             requests.put_nowait(None)
 
     def _answer(self, target: _Target, result: pb.AppendResult) -> None:
+        self.answers_received += 1
+        if result.offsets:
+            # A run of plain OKs: seq, seq + 1, ... with these offsets (append.py's _runs).
+            for seq, offset in enumerate(result.offsets, result.seq):
+                pending = target.unanswered.pop(seq, None)
+                if pending is not None:
+                    self._settle(pending, offset, [])
+            return
         pending = target.unanswered.pop(result.seq, None)
         if pending is None:
             return  # failed at its deadline, or moved to another owner since
+        if result.status == pb.AppendResult.OK or result.status == pb.AppendResult.REFUSED:
+            refused = [(dest.topic, dest.queue) for dest in result.refused]
+            self._settle(pending, result.offset, refused)
+            return
         pending.target = None
         state = self._shards[pending.shard]
-        if result.status == pb.AppendResult.OK or result.status == pb.AppendResult.REFUSED:
-            queue = state.queue
-            if queue and queue[0] is pending:
-                queue.popleft()
-            else:
-                queue.remove(pending)
-            state.retries = 0
-            if not pending.future.done():
-                refused = [(dest.topic, dest.queue) for dest in result.refused]
-                pending.future.set_result(ForwardResult(result.offset, refused))
-            return
         log.info(
             "shard %d refused by %s at epoch %d (%s): resending its records to its owner",
             pending.shard,
@@ -370,6 +373,20 @@ class Forwarder:
             pb.AppendResult.Status.Name(result.status),
         )
         self._hold(state, (target.address, pending.epoch))
+
+    def _settle(self, pending: _Pending, offset: int, refused: list[Destination]) -> None:
+        """``pending`` answered (stored, or refused by every destination): off its shard's
+        queue, its future resolved."""
+        pending.target = None
+        state = self._shards[pending.shard]
+        queue = state.queue
+        if queue and queue[0] is pending:
+            queue.popleft()
+        else:
+            queue.remove(pending)
+        state.retries = 0
+        if not pending.future.done():
+            pending.future.set_result(ForwardResult(offset, refused))
 
     # -- a shard without a (willing) owner -------------------------------------------------
 
