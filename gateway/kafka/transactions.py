@@ -104,12 +104,16 @@ class Transaction:
     partitions: set[tuple[str, int]] = field(default_factory=set)
     offsets: dict[str, dict[tuple[str, int], StagedOffset]] = field(default_factory=dict)
     service_id: str | None = None  # the open service transaction holding the halves
+    # The partitions other nodes lead, durable in the record before the producer was told it
+    # may write there: what a restart of this coordinator must end (docs/cluster.md section 8).
+    remote: set[tuple[str, int]] = field(default_factory=set)
     started_ms: int = -1  # when it went ONGOING (DescribeTransactions); -1 when not ongoing
     timer: Timer | None = None
 
     def to_json(self, state: TxnState | None = None) -> bytes:
         """The durable record; ``state`` only around a commit's markers (PrepareCommit, then
-        CompleteCommit): what a restart needs to complete a commit it cut."""
+        CompleteCommit) and while partitions of other nodes are in the transaction (Ongoing,
+        PrepareCommit, with ``remote``): what a restart needs to end a transaction it cut."""
         fields: dict[str, object] = {
             "producer_id": self.producer_id,
             "producer_epoch": self.producer_epoch,
@@ -117,7 +121,20 @@ class Transaction:
         }
         if state is not None:
             fields["state"] = state.value
+            if state in (TxnState.ONGOING, TxnState.PREPARE_COMMIT) and self.remote:
+                fields["remote"] = sorted(self.remote)
         return json.dumps(fields).encode()
+
+
+@dataclass(frozen=True, slots=True)
+class _CutRemote:
+    """A transaction a restart cut whose record names partitions of other nodes: their
+    markers (COMMIT after PrepareCommit, else ABORT) are still owed."""
+
+    commit: bool
+    producer_id: int
+    producer_epoch: int
+    partitions: tuple[tuple[str, int], ...]
 
 
 class TransactionCoordinator:
@@ -143,6 +160,8 @@ class TransactionCoordinator:
         self._tasks: set[asyncio.Task[None]] = set()
         # Transactional ids whose table record says PrepareCommit (a commit a restart cut).
         self._committing: set[str] = set()
+        # Transactional ids whose record names other nodes' partitions (Ongoing/PrepareCommit).
+        self._cut_remote: dict[str, _CutRemote] = {}
         self.metrics = metrics if metrics is not None else {}
         for key in ("committed", "aborted", "expired"):
             self.metrics.setdefault(key, 0)
@@ -157,8 +176,14 @@ class TransactionCoordinator:
                 )
                 self._by_id[txn.transactional_id] = txn
                 self._by_producer[txn.producer_id] = txn
-                if raw.get("state") == TxnState.PREPARE_COMMIT.value:
+                committing = raw.get("state") == TxnState.PREPARE_COMMIT.value
+                if committing:
                     self._committing.add(txn.transactional_id)
+                remote = tuple((str(topic), int(n)) for topic, n in raw.get("remote", ()))
+                if remote:
+                    self._cut_remote[txn.transactional_id] = _CutRemote(
+                        committing, txn.producer_id, txn.producer_epoch, remote
+                    )
 
     def transactions(self) -> list[Transaction]:
         """Every transactional id's state, by id (DescribeTransactions, ListTransactions)."""
@@ -168,7 +193,13 @@ class TransactionCoordinator:
         """Complete the commits a restart cut (PrepareCommit in the table: COMMIT markers where
         the transaction is still open) and abort the other transactions it cut, fencing their
         producers: the part of such a transaction sent before the restart cannot be committed
-        together with the part sent after it."""
+        together with the part sent after it.
+
+        On a cluster node only the transactions this node coordinates are settled: one open in
+        a partition here whose producer is another node's is left to that coordinator (its
+        WriteTxnMarkers, or its timeout). The markers owed to other nodes' partitions (named in
+        the record) are written in the background, retried until each leader answers; the
+        transactional id answers CONCURRENT_TRANSACTIONS meanwhile."""
         end = 0
         for pending in self.api.open_transactions():
             # The half-message format of earlier versions.
@@ -188,8 +219,20 @@ class TransactionCoordinator:
             )
         fenced: dict[str, Transaction] = {}
         stamp = now_ms()
+        clustered = self.api.leader_table(COORDINATOR_CONTEXT) is not None
         for opened in self.api.open_partition_transactions(COORDINATOR_CONTEXT):
             txn = self._by_producer.get(opened.producer_id)
+            if txn is None and clustered:
+                # Another node's producer (producer ids are unique in the cluster): its
+                # coordinator ends the transaction here.
+                log.info(
+                    "kafka: transaction of producer %d (in %s/%d) open at start: left to its "
+                    "coordinator",
+                    opened.producer_id,
+                    opened.topic,
+                    opened.partition,
+                )
+                continue
             commit = (
                 txn is not None
                 and txn.transactional_id in self._committing
@@ -215,12 +258,15 @@ class TransactionCoordinator:
                 opened.partition,
                 "commit completed" if commit else "aborted, producer fenced",
             )
+        cut_remote, self._cut_remote = self._cut_remote, {}
         for txn in fenced.values():
+            if txn.transactional_id in cut_remote:
+                continue  # fenced once its other nodes' markers are written (_end_cut)
             await self._bump_epoch(txn)
             end = max(end, await self.table.put(_TXN_KEY + txn.transactional_id, txn.to_json()))
         for transactional_id in self._committing:
             txn = self._by_id.get(transactional_id)
-            if txn is not None and transactional_id not in fenced:
+            if txn is not None and transactional_id not in fenced | cut_remote:
                 state = TxnState.COMPLETE_COMMIT
                 end = max(
                     end, await self.table.put(_TXN_KEY + transactional_id, txn.to_json(state))
@@ -228,6 +274,41 @@ class TransactionCoordinator:
         self._committing.clear()
         if end:
             await self.api.when_durable(end)
+        for transactional_id, cut in cut_remote.items():
+            txn = self._by_id.get(transactional_id)
+            if txn is None or txn.producer_id != cut.producer_id:
+                continue
+            txn.state = TxnState.PREPARE_COMMIT if cut.commit else TxnState.PREPARE_ABORT
+            txn.remote = set(cut.partitions)
+            log.warning(
+                "kafka: transaction of %r was open at shutdown in %d partitions of other nodes: "
+                "%s there",
+                transactional_id,
+                len(cut.partitions),
+                "completing its commit" if cut.commit else "aborting it, producer fenced",
+            )
+            task = asyncio.get_running_loop().create_task(self._end_cut(txn, cut))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _end_cut(self, txn: Transaction, cut: _CutRemote) -> None:
+        """Write the markers a restart left owed in other nodes' partitions, then record the
+        outcome (an abort fences the producer, as for the partitions here)."""
+        await self.api.write_remote_transaction_markers(
+            COORDINATOR_CONTEXT,
+            txn.transactional_id,
+            cut.producer_id,
+            cut.producer_epoch,
+            cut.commit,
+            cut.partitions,
+        )
+        if cut.commit:
+            record = txn.to_json(TxnState.COMPLETE_COMMIT)
+        else:
+            await self._bump_epoch(txn)
+            record = txn.to_json()
+        await self.api.when_durable(await self.table.put(_TXN_KEY + txn.transactional_id, record))
+        self._reset(txn, TxnState.COMPLETE_COMMIT if cut.commit else TxnState.COMPLETE_ABORT)
 
     def close(self) -> None:
         for txn in self._by_id.values():
@@ -253,6 +334,7 @@ class TransactionCoordinator:
         txn.state = state
         txn.partitions = set()
         txn.offsets = {}
+        txn.remote = set()
         txn.service_id = None
         txn.started_ms = -1
 
@@ -310,7 +392,7 @@ class TransactionCoordinator:
 
     # -- AddPartitionsToTxn / AddOffsetsToTxn / TxnOffsetCommit ------------------------------
 
-    def add_partitions(
+    async def add_partitions(
         self,
         client: ClientContext,
         transactional_id: str,
@@ -320,7 +402,9 @@ class TransactionCoordinator:
         fenced: ErrorCode,
     ) -> dict[tuple[str, int], ErrorCode]:
         """AddPartitionsToTxn: each partition's error; the topics are looked up for ``client``
-        (the requesting connection's context), not as the coordinator."""
+        (the requesting connection's context), not as the coordinator. Partitions other nodes
+        lead are recorded durably before the answer (Kafka's transaction log does it for every
+        partition): a restart of this coordinator ends the transaction there too."""
         error, txn = self._current(transactional_id, producer_id, epoch, fenced)
         if txn is None:
             return dict.fromkeys(partitions, error)
@@ -341,7 +425,19 @@ class TransactionCoordinator:
             }
         self._begin(txn)
         txn.partitions.update(partitions)
+        remote = {key for key in partitions if key not in txn.remote and not self._is_local(key)}
+        if remote:
+            txn.remote.update(remote)
+            await self.api.when_durable(
+                await self.table.put(_TXN_KEY + transactional_id, txn.to_json(TxnState.ONGOING))
+            )
         return dict.fromkeys(partitions, ErrorCode.none)
+
+    def _is_local(self, key: tuple[str, int]) -> bool:
+        try:
+            return self.api.partition_is_local(COORDINATOR_CONTEXT, *key)
+        except TopicError:
+            return True  # deleted meanwhile: nothing to end there
 
     def add_offsets(
         self, transactional_id: str, producer_id: int, epoch: int, group_id: str, fenced: ErrorCode
@@ -440,7 +536,10 @@ class TransactionCoordinator:
         # PrepareCommit is in the log before any marker: a restart that finds some partition of
         # the transaction still open completes the commit there (Kafka's transaction log).
         key = _TXN_KEY + txn.transactional_id
-        await self.table.put(key, txn.to_json(TxnState.PREPARE_COMMIT))
+        prepared = await self.table.put(key, txn.to_json(TxnState.PREPARE_COMMIT))
+        if txn.remote:
+            # Durable before another node's COMMIT marker: a restart must complete, not abort.
+            await self.api.when_durable(prepared)
         end = await self._write_markers(txn, ControlType.COMMIT)
         for group_id, staged in txn.offsets.items():
             if staged:
@@ -461,6 +560,9 @@ class TransactionCoordinator:
             txn.timer = None
         log.debug("kafka: transaction %r aborted: %s", txn.transactional_id, reason)
         end = await self._write_markers(txn, ControlType.ABORT)
+        if txn.remote:
+            # The record no longer names other nodes' partitions: nothing owed there.
+            end = max(end, await self.table.put(_TXN_KEY + txn.transactional_id, txn.to_json()))
         if end:
             await self.api.when_durable(end)
         self._reset(txn, TxnState.COMPLETE_ABORT)

@@ -86,7 +86,7 @@ async def handle_add_partitions_to_txn(
     ):
         errors = dict.fromkeys(wanted, ErrorCode.not_coordinator)
     if errors is None:
-        errors = context.transactions.add_partitions(
+        errors = await context.transactions.add_partitions(
             connection.client,
             body.v3_and_below_transactional_id,
             body.v3_and_below_producer_id,

@@ -292,3 +292,107 @@ def test_transaction_across_three_leaders_commits_and_aborts(cluster: Cluster) -
     assert sorted(read_to_end(bootstrap, CROSS_TOPIC, "read_uncommitted")) == sorted(
         committed + aborted
     )
+
+
+def transactional_on_two_nodes(
+    cluster: Cluster, topic: str, transactional_id: str
+) -> tuple[int, int, int, int]:
+    """A new ``topic`` and two of its partitions: ``(coordinator, its partition, other node,
+    the other node's partition)``: the coordinator of ``transactional_id`` leads the first."""
+    admin = KafkaAdminClient(bootstrap_servers=cluster[1].kafka_bootstrap)
+    try:
+        admin.create_topics([NewTopic(topic, num_partitions=SHARDS, replication_factor=1)])
+    finally:
+        admin.close()
+    assert wait_for_leaders(cluster, topic) == {1, 2, 3}
+    coordinator = cluster.owner(transaction_shard(transactional_id, SHARDS))
+    own = next(p for p in range(SHARDS) if cluster.queue_owner(topic, p) == coordinator)
+    other = next(p for p in range(SHARDS) if cluster.queue_owner(topic, p) != coordinator)
+    return coordinator, own, cluster.queue_owner(topic, other), other
+
+
+def send_each(producer: Producer, topic: str, values: dict[int, list[str]]) -> None:
+    """``values`` by partition, every delivery acknowledged (the client retries meanwhile)."""
+    failed: list[object] = []
+    for partition, listed in values.items():
+        for value in listed:
+            producer.produce(
+                topic,
+                partition=partition,
+                value=value.encode(),
+                on_delivery=lambda error, _m: failed.append(error) if error else None,
+            )
+    assert producer.flush(DEADLINE_S) == 0
+    assert failed == []
+
+
+def kill_and_restart(cluster: Cluster, node_id: int) -> None:
+    cluster[node_id].kill9()
+    cluster[node_id].start()
+
+
+def test_transaction_commits_across_a_leader_restart(cluster: Cluster) -> None:
+    """The leader of one partition of a cross-node transaction is killed (-9) and restarted
+    before the commit: it leaves the transaction its coordinator is another node's open (its
+    records kept, LSO held), the producer goes on writing there, and the commit's markers
+    make every record visible once (the restart's abort used to drop the first part)."""
+    topic, transactional_id = "kn.restart.leader", "kn.restart.leader.txn"
+    coordinator, own, leader, theirs = transactional_on_two_nodes(cluster, topic, transactional_id)
+    producer = Producer(
+        {
+            "bootstrap.servers": cluster[coordinator].kafka_bootstrap,
+            "transactional.id": transactional_id,
+        }
+    )
+    producer.init_transactions(DEADLINE_S)
+    producer.begin_transaction()
+    before = {
+        own: [f"before:{own}:{n}" for n in range(5)],
+        theirs: [f"before:{theirs}:{n}" for n in range(5)],
+    }
+    send_each(producer, topic, before)
+    kill_and_restart(cluster, leader)
+    after = {
+        own: [f"after:{own}:{n}" for n in range(5)],
+        theirs: [f"after:{theirs}:{n}" for n in range(5)],
+    }
+    send_each(producer, topic, after)
+    producer.commit_transaction(DEADLINE_S)
+    expected = sorted(
+        value for values in (before, after) for listed in values.values() for value in listed
+    )
+    assert (
+        sorted(read_to_end(cluster[coordinator].kafka_bootstrap, topic, "read_committed"))
+        == expected
+    )
+
+
+def test_coordinator_restart_aborts_its_transaction_on_other_nodes(cluster: Cluster) -> None:
+    """The coordinator of a cross-node transaction is killed (-9) after the produce, before the
+    commit: restarted, it aborts the transaction in the other node's partition too (the
+    partitions are in its record), so the producer's next InitProducerId finds it ended,
+    read_committed sees none of it and the other partition's LSO moves on to later records
+    (it stayed at the transaction's first offset before)."""
+    topic, transactional_id = "kn.restart.coordinator", "kn.restart.coordinator.txn"
+    coordinator, own, other, theirs = transactional_on_two_nodes(cluster, topic, transactional_id)
+    config = {
+        "bootstrap.servers": cluster[other].kafka_bootstrap,
+        "transactional.id": transactional_id,
+    }
+    producer = Producer(config)
+    producer.init_transactions(DEADLINE_S)
+    producer.begin_transaction()
+    send_each(producer, topic, {own: ["cut:own"], theirs: ["cut:theirs"]})
+    kill_and_restart(cluster, coordinator)
+    again = Producer(config)
+    again.init_transactions(DEADLINE_S)  # CONCURRENT_TRANSACTIONS (retried) until it ended
+    plain = Producer(
+        {"bootstrap.servers": cluster[other].kafka_bootstrap, "enable.idempotence": True}
+    )
+    later = {own: ["later:own"], theirs: ["later:theirs"]}
+    send_each(plain, topic, later)
+    bootstrap = cluster[other].kafka_bootstrap
+    assert sorted(read_to_end(bootstrap, topic, "read_committed")) == ["later:own", "later:theirs"]
+    assert sorted(read_to_end(bootstrap, topic, "read_uncommitted")) == sorted(
+        ["cut:own", "cut:theirs", "later:own", "later:theirs"]
+    )
