@@ -404,30 +404,54 @@ class Fanout(_message.Message):
 
     DESCRIPTOR: _descriptor.Descriptor
 
-    ORIGIN_FIELD_NUMBER: _builtins.int
     MQTT_TOPIC_FIELD_NUMBER: _builtins.int
     FIELDS_FIELD_NUMBER: _builtins.int
     QOS_FIELD_NUMBER: _builtins.int
     mqtt_topic: _builtins.str
     fields: _builtins.bytes
     qos: _builtins.int
-    @_builtins.property
-    def origin(self) -> Global___Origin: ...
     def __init__(
         self,
         *,
-        origin: Global___Origin | None = ...,
         mqtt_topic: _builtins.str = ...,
         fields: _builtins.bytes = ...,
         qos: _builtins.int = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["origin", b"origin"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["fields", b"fields", "mqtt_topic", b"mqtt_topic", "origin", b"origin", "qos", b"qos"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["fields", b"fields", "mqtt_topic", b"mqtt_topic", "qos", b"qos"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Fanout: _TypeAlias = Fanout  # noqa: Y015
+
+@_typing.final
+class FanoutBatch(_message.Message):
+    """The publishes for one target node queued in one loop turn, in order: one gRPC message per
+    burst, not per publish. origin: set in a stream's first batch only.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ORIGIN_FIELD_NUMBER: _builtins.int
+    MESSAGES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def origin(self) -> Global___Origin: ...
+    @_builtins.property
+    def messages(self) -> _containers.RepeatedCompositeFieldContainer[Global___Fanout]: ...
+    def __init__(
+        self,
+        *,
+        origin: Global___Origin | None = ...,
+        messages: _abc.Iterable[Global___Fanout] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["origin", b"origin"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["messages", b"messages", "origin", b"origin"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___FanoutBatch: _TypeAlias = FanoutBatch  # noqa: Y015
 
 @_typing.final
 class TakeOver(_message.Message):

@@ -51,7 +51,7 @@ class NodeStub:
                 _registered_method=True)
         self.Deliver = channel.stream_stream(
                 '/braid.cluster.v1.Node/Deliver',
-                request_serializer=core_dot_cluster_dot_rpc_dot_cluster__pb2.Fanout.SerializeToString,
+                request_serializer=core_dot_cluster_dot_rpc_dot_cluster__pb2.FanoutBatch.SerializeToString,
                 response_deserializer=core_dot_cluster_dot_rpc_dot_cluster__pb2.Empty.FromString,
                 _registered_method=True)
         self.TakeOverSession = channel.unary_unary(
@@ -141,7 +141,7 @@ def add_NodeServicer_to_server(servicer, server):
             ),
             'Deliver': grpc.stream_stream_rpc_method_handler(
                     servicer.Deliver,
-                    request_deserializer=core_dot_cluster_dot_rpc_dot_cluster__pb2.Fanout.FromString,
+                    request_deserializer=core_dot_cluster_dot_rpc_dot_cluster__pb2.FanoutBatch.FromString,
                     response_serializer=core_dot_cluster_dot_rpc_dot_cluster__pb2.Empty.SerializeToString,
             ),
             'TakeOverSession': grpc.unary_unary_rpc_method_handler(
@@ -266,7 +266,7 @@ class Node:
             request_iterator,
             target,
             '/braid.cluster.v1.Node/Deliver',
-            core_dot_cluster_dot_rpc_dot_cluster__pb2.Fanout.SerializeToString,
+            core_dot_cluster_dot_rpc_dot_cluster__pb2.FanoutBatch.SerializeToString,
             core_dot_cluster_dot_rpc_dot_cluster__pb2.Empty.FromString,
             options,
             channel_credentials,

@@ -41,7 +41,7 @@ class NodeStub:
     """One stream per remote consumer."""
     Get: _grpc.UnaryUnaryMultiCallable[_cluster_pb2.ConsumeControl, _cluster_pb2.DeliveryBatch]
     """AMQP basic.get."""
-    Deliver: _grpc.StreamStreamMultiCallable[_cluster_pb2.Fanout, _cluster_pb2.Empty]
+    Deliver: _grpc.StreamStreamMultiCallable[_cluster_pb2.FanoutBatch, _cluster_pb2.Empty]
     """MQTT live fan-out."""
     TakeOverSession: _grpc.UnaryUnaryMultiCallable[_cluster_pb2.TakeOver, _cluster_pb2.TakenOver]
     WriteTxnMarkers: _grpc.UnaryUnaryMultiCallable[_cluster_pb2.TxnMarkers, _cluster_pb2.AppendResult]
@@ -57,7 +57,7 @@ class NodeAsyncStub(NodeStub):
     """One stream per remote consumer."""
     Get: _aio.UnaryUnaryMultiCallable[_cluster_pb2.ConsumeControl, _cluster_pb2.DeliveryBatch]  # type: ignore[assignment]
     """AMQP basic.get."""
-    Deliver: _aio.StreamStreamMultiCallable[_cluster_pb2.Fanout, _cluster_pb2.Empty]  # type: ignore[assignment]
+    Deliver: _aio.StreamStreamMultiCallable[_cluster_pb2.FanoutBatch, _cluster_pb2.Empty]  # type: ignore[assignment]
     """MQTT live fan-out."""
     TakeOverSession: _aio.UnaryUnaryMultiCallable[_cluster_pb2.TakeOver, _cluster_pb2.TakenOver]  # type: ignore[assignment]
     WriteTxnMarkers: _aio.UnaryUnaryMultiCallable[_cluster_pb2.TxnMarkers, _cluster_pb2.AppendResult]  # type: ignore[assignment]
@@ -92,7 +92,7 @@ class NodeServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
     def Deliver(
         self,
-        request_iterator: _MaybeAsyncIterator[_cluster_pb2.Fanout],
+        request_iterator: _MaybeAsyncIterator[_cluster_pb2.FanoutBatch],
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_cluster_pb2.Empty], _abc.AsyncIterator[_cluster_pb2.Empty]]:
         """MQTT live fan-out."""

@@ -6,10 +6,12 @@ fields, the publish's QoS); that node dispatches it to its local subscribers, Qo
 handled there as for a local publish.
 
 **Sender** (:class:`FanoutSender`, on the publishing node): one ``Deliver`` stream per target
-node, opened on first use. :meth:`FanoutSender.send` only queues; the node's writer task wakes
-once per loop turn and writes everything queued meanwhile, in order: the coalescing the gateway
-transports do (one write burst per target per turn). The first message of each stream carries
-the ``Origin`` (who is sending), the others leave it empty.
+node, opened on first use. :meth:`FanoutSender.send` only adds the message to the target's
+open ``FanoutBatch``; the node's writer task wakes once per loop turn and writes what was
+batched meanwhile, in order, as one gRPC message (more only past :data:`MAX_BATCH_BYTES`): each
+``call.write`` is a trip through gRPC's core and back to the loop, which per publish cost far
+more than the publish itself. The first batch of each stream carries the ``Origin`` (who is
+sending), the others leave it empty.
 
 **Live means at most once across nodes.** These are clean sessions' subscriptions: nothing is
 stored for them, so a message for a node that is gone (no address, the stream cannot be opened
@@ -19,8 +21,9 @@ stream. What was written into a stream that broke later is lost without a count:
 it.
 
 **Receiver** (:class:`FanoutReceiver`, on each node): the handler of ``NodeService.deliver``
-(core/cluster/rpc/server.py). It calls ``dispatch(mqtt_topic, fields, qos)`` for each message,
-in stream order; a dispatch that raises is logged and counted, and the stream goes on.
+(core/cluster/rpc/server.py). It calls ``dispatch(mqtt_topic, fields, qos)`` for each message
+of each batch, in stream order; a dispatch that raises is logged and counted, and the stream goes
+on.
 
 Not thread-safe: one event loop.
 """
@@ -48,6 +51,9 @@ log = logging.getLogger(__name__)
 # session's QoS 0 messages past max_mqueue_len, default 1000; this is per node, for all its
 # subscribers together).
 MAX_PENDING: Final = 10_000
+# A batch takes no more messages once its topics and fields reach this size (a message larger
+# than it goes alone): the receiver's limit is max_message_size + 1 MiB (rpc/server.py).
+MAX_BATCH_BYTES: Final = 1 << 20
 # How long aclose() lets the streams deliver what is queued before cancelling them.
 CLOSE_GRACE_S: Final = 5.0
 
@@ -62,7 +68,9 @@ class _Target:
     """One target node: what waits for it, its writer task and its counts."""
 
     node: int
-    queue: deque[pb.Fanout] = field(default_factory=deque)
+    queue: deque[pb.FanoutBatch] = field(default_factory=deque)  # the last one takes more
+    queued: int = 0  # messages in ``queue`` and in the batch being written
+    last_bytes: int = 0  # topic and fields bytes in the last batch of ``queue``
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[None] | None = None
     sent: int = 0
@@ -97,10 +105,17 @@ class FanoutSender:
         target = self._targets.get(node)
         if target is None:
             target = self._targets[node] = _Target(node)
-        if len(target.queue) >= self._max_pending:
+        if target.queued >= self._max_pending:
             target.dropped += 1
             return
-        target.queue.append(pb.Fanout(mqtt_topic=mqtt_topic, fields=fields, qos=qos))
+        size = len(mqtt_topic) + len(fields)
+        queue = target.queue
+        if not queue or (target.last_bytes and target.last_bytes + size > MAX_BATCH_BYTES):
+            queue.append(pb.FanoutBatch())
+            target.last_bytes = 0
+        queue[-1].messages.add(mqtt_topic=mqtt_topic, fields=fields, qos=qos)
+        target.last_bytes += size
+        target.queued += 1
         if target.task is None or target.task.done():
             target.task = asyncio.get_running_loop().create_task(
                 self._write(target), name=f"braid-fanout-{node}"
@@ -148,10 +163,15 @@ class FanoutSender:
                     await call.wait_for_connection()
                     target.queue[0].origin.CopyFrom(self._origin)
                 target.batches += 1
-                while target.queue:  # this turn's burst, and what arrives while it is written
-                    await call.write(target.queue[0])
-                    target.queue.popleft()
-                    target.sent += 1
+                while target.queue:  # this turn's batches, and what arrives while one is written
+                    # Out of the queue first: what send() adds meanwhile goes to a new batch.
+                    batch = target.queue.popleft()
+                    if not target.queue:
+                        target.last_bytes = 0
+                    await call.write(batch)
+                    count = len(batch.messages)
+                    target.queued -= count
+                    target.sent += count
             if call is not None:
                 await call.done_writing()
                 await call.code()
@@ -162,8 +182,9 @@ class FanoutSender:
                 call.cancel()
 
     def _drop(self, target: _Target, why: str) -> None:
-        lost = len(target.queue)
+        lost = target.queued  # the batch being written too: gRPC did not take it
         target.queue.clear()
+        target.queued = target.last_bytes = 0
         target.dropped += lost
         log.info("fan-out to node %d: %d message(s) dropped, %s", target.node, lost, why)
 
@@ -197,23 +218,25 @@ class FanoutReceiver:
         self.failed = 0  # dispatches that raised
 
     async def deliver(
-        self, requests: AsyncIterator[pb.Fanout], context: aio.ServicerContext
+        self, requests: AsyncIterator[pb.FanoutBatch], context: aio.ServicerContext
     ) -> AsyncIterator[pb.Empty]:
         origin: pb.Origin | None = None
-        async for fanout in requests:
-            if origin is None and fanout.HasField("origin"):
-                origin = fanout.origin
-            self.received += 1
-            try:
-                self._dispatch(fanout.mqtt_topic, fanout.fields, fanout.qos)
-            except Exception:
-                # The subscriber's side failed, not the stream: the next message goes on.
-                self.failed += 1
-                log.exception(
-                    "fan-out from node %s: dispatching %r failed",
-                    "?" if origin is None else origin.node,
-                    fanout.mqtt_topic,
-                )
+        dispatch = self._dispatch
+        async for batch in requests:
+            if origin is None and batch.HasField("origin"):
+                origin = batch.origin
+            for fanout in batch.messages:
+                self.received += 1
+                try:
+                    dispatch(fanout.mqtt_topic, fanout.fields, fanout.qos)
+                except Exception:
+                    # The subscriber's side failed, not the stream: the next message goes on.
+                    self.failed += 1
+                    log.exception(
+                        "fan-out from node %s: dispatching %r failed",
+                        "?" if origin is None else origin.node,
+                        fanout.mqtt_topic,
+                    )
         # Nothing to answer: the stream's end (OK) says every message was dispatched.
         nothing: tuple[pb.Empty, ...] = ()
         for reply in nothing:

@@ -65,7 +65,7 @@ class NodeService(pb_grpc.NodeServicer):
         self.append: StreamHandler[pb.AppendBatch, pb.AppendResult] | None = None
         self.consume: StreamHandler[pb.ConsumeControl, pb.DeliveryBatch] | None = None
         self.get: UnaryHandler[pb.ConsumeControl, pb.DeliveryBatch] | None = None
-        self.deliver: StreamHandler[pb.Fanout, pb.Empty] | None = None
+        self.deliver: StreamHandler[pb.FanoutBatch, pb.Empty] | None = None
         self.take_over_session: UnaryHandler[pb.TakeOver, pb.TakenOver] | None = None
         self.write_txn_markers: UnaryHandler[pb.TxnMarkers, pb.AppendResult] | None = None
 
@@ -134,7 +134,7 @@ class NodeService(pb_grpc.NodeServicer):
         return await self.get(request, context)
 
     async def Deliver(
-        self, request_iterator: AsyncIterator[pb.Fanout], context: aio.ServicerContext
+        self, request_iterator: AsyncIterator[pb.FanoutBatch], context: aio.ServicerContext
     ) -> AsyncIterator[pb.Empty]:
         if self.deliver is None:
             await _not_built(context, "Deliver")
