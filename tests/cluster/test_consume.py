@@ -129,6 +129,32 @@ async def test_credit_bounds_unsettled_and_acks_remove(owner: Owner, client: Rpc
     await wait_until(lambda: not queue.consumers, "the consumer detached")
 
 
+async def test_acks_of_one_turn_go_as_one_settle_and_one_credit(
+    owner: Owner, client: RpcClient
+) -> None:
+    await owner.publish(60)
+    consumer = await RemoteConsumer.attach(client, owner.address, QUEUE, "c1", 50)
+    first = await take(consumer, 50)
+    queue = owner.queue()
+    await wait_until(lambda: consumer.requests_sent == 1, "the attach written")
+    for delivery in first:  # one read of a gateway acking each delivery
+        consumer.ack(delivery.tag)
+    rest = await take(consumer, 10)
+    assert bodies(rest) == [f"m{i}".encode() for i in range(50, 60)]
+    await wait_until(lambda: queue.unacked_count() == 10, "the 50 acks settled")
+    # One settle listing the 50 tags and one credit message, not 50 of each.
+    assert consumer.requests_sent - 1 <= 2
+    consumer.nack(rest[0].tag)  # a nack does not join an ack
+    consumer.ack(rest[1].tag)
+    consumer.ack(rest[2].tag)
+    (again,) = await take(consumer, 1)
+    assert (again.message.body, again.redelivered) == (b"m50", True)
+    # 7 of the 10 left unsettled, and the nacked one again.
+    await wait_until(lambda: queue.unacked_count() == 8, "the nack and two acks settled")
+    assert queue.message_count() == 0
+    assert await consumer.detach() == 8
+
+
 async def test_the_record_arrives_whole(owner: Owner, client: RpcClient) -> None:
     headers = [("h1", b"v1"), ("h2", b"\x00\xff")]
     await owner.node.publish(

@@ -111,6 +111,7 @@ class RemoteConsumer:
         self._inbox: asyncio.Queue[RemoteDelivery | None] = asyncio.Queue()
         self.cancelled = False
         self.cancel_reason = ""
+        self.requests_sent = 0  # ConsumeControl messages written (a counter for tests)
         self._closing = False
         self._writer = asyncio.create_task(self._write())
         self._reader: asyncio.Task[None] | None = None
@@ -340,14 +341,20 @@ class RemoteConsumer:
             self._outgoing.put_nowait(request)
 
     async def _write(self) -> None:
-        """The stream's requests, in the order they were made; None half-closes it."""
+        """The stream's requests, in the order they were made; None half-closes it. What
+        queued up while the last write ran goes out coalesced (:func:`_coalesce`)."""
+        outgoing = self._outgoing
         try:
             while True:
-                request = await self._outgoing.get()
-                if request is None:
-                    await self._call.done_writing()
-                    return
-                await self._call.write(request)
+                requests = [await outgoing.get()]
+                while not outgoing.empty():
+                    requests.append(outgoing.get_nowait())
+                for request in _coalesce(requests):
+                    if request is None:
+                        await self._call.done_writing()
+                        return
+                    await self._call.write(request)
+                    self.requests_sent += 1
         except (aio.AioRpcError, aio.UsageError, RuntimeError) as error:
             # The call ended (the reader reports why); nothing more can be sent.
             log.debug("remote consumer %r of %s: writes stop: %s", self._tag, self.queue, error)
@@ -381,6 +388,45 @@ class RemoteConsumer:
             # channel closed): the stream broke.
             reason = "the stream was cancelled on this node"
         self._ended(reason)
+
+
+def _coalesce(
+    requests: list[pb.ConsumeControl | None],
+) -> list[pb.ConsumeControl | None]:
+    """``requests`` as fewer messages with the same effect: settles of single tags with the same
+    op and requeue in a row as one settle listing them, and every credit as one, sent last (the
+    owner counts credit on top of what is in flight, so credit that comes after the settles it
+    was returned for grants nothing more). Stops at None (the half-close), which ends the
+    list. One ack is one message otherwise, and a gRPC message costs far more than a tag."""
+    messages: list[pb.ConsumeControl | None] = []
+    credit = 0
+    last: pb.Settle | None = None  # the settle the next one may join
+    for request in requests:
+        if request is None:
+            break
+        kind = request.WhichOneof("op")
+        if kind == "credit":
+            credit += request.credit
+            continue
+        if kind == "settle":
+            settle = request.settle
+            if (
+                last is not None
+                and not settle.multiple
+                and last.op == settle.op
+                and last.requeue == settle.requeue
+            ):
+                last.tags.extend(settle.tags)
+                continue
+            last = None if settle.multiple else settle
+        else:
+            last = None
+        messages.append(request)
+    if credit:
+        messages.append(pb.ConsumeControl(credit=credit))
+    if any(request is None for request in requests):
+        messages.append(None)
+    return messages
 
 
 async def remote_get(
