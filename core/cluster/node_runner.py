@@ -481,7 +481,7 @@ class ClusterServing:
         self._incarnation = membership.incarnation or 0
         self.follower = MetadataFollower(
             broker.metadata,
-            topics=broker.topics,
+            topics=self,
             bindings=broker.bindings,
             queues=self,
             security=security,
@@ -551,6 +551,19 @@ class ClusterServing:
             owners=self.owners,
         )
         self.mqtt.attach(self._service)
+
+    def apply_remote(self, name: str, value: bytes | None) -> None:
+        """The follower's topic definitions: a topic deleted through another node also loses
+        its indexes and committed offsets in this node's shards (``Node.delete_topic`` drops
+        those of the deleting node's), so one created again under its name starts empty."""
+        broker = self.broker
+        known = name in broker.topics
+        broker.topics.apply_remote(name, value)
+        if value is None and known:
+            for shard in broker.shards:
+                shard.offsets.delete_topic(name)
+                shard.store.drop_queues(name)
+            log.info("topic %r deleted through another node: its records here dropped", name)
 
     def on_queue(self, key: str, value: bytes | None) -> None:
         """The follower's queue definitions: the broker opens or closes its ack queue, and a
