@@ -319,6 +319,7 @@ class Forwarder:
                         self._answer(target, result)
             except PeerUnavailable as error:
                 log.info("forwarding to %s: %s; resending", target.address, error)
+                self._rehome(target)
             except aio.AioRpcError as error:
                 log.warning(
                     "forwarding to %s: %s %s; resending",
@@ -339,6 +340,13 @@ class Forwarder:
             else:
                 await asyncio.sleep(pause)
                 pause = min(pause * 2, self._retry_max_s)
+
+    def _rehome(self, target: _Target) -> None:
+        """``target`` cannot be reached: the owners of the shards it has records of are read
+        again (an owner killed and restarted listens on a new address; nothing else tells the
+        cached owner apart), and the records go to whoever owns them now."""
+        for number in {pending.shard for pending in target.unanswered.values()}:
+            self._hold(self._shards[number], None)
 
     def _restart(self, target: _Target) -> None:
         """End ``target``'s stream gracefully (its answers still come); the next one resends
