@@ -22,14 +22,16 @@ from collections.abc import (
 from typing import Any, Protocol
 
 from core.api.base import BrokerCalls, ClientContext, Headers, Publication, PublishOutcome
+from core.api.queues import RemoteQueueHandle
 from core.broker.broker import (
     Destination,
     PublishResult,
 )
 from core.broker.eager import Pending, run_eagerly
-from core.broker.remote import MqttCluster
+from core.broker.remote import MqttCluster, RemoteQueues
 from core.broker.shards import ShardSet
 from core.cluster import placement
+from core.deadletter.policy import DEAD_LETTER_TOPIC_HEADER
 from core.delivery.ackqueue import (
     AckQueueConfig,
     Delivery,
@@ -46,8 +48,38 @@ from core.routing.mqtt_topic import MULTI_LEVEL, ONE_LEVEL
 from core.state.retained import RetainedMessages
 
 
+class RemoteSessions(Protocol):
+    """Persistent sessions' queues and states in other nodes' shards
+    (core/cluster/mqtt_sessions.py). A shard without a live owner, or an owner that does not
+    answer, is :class:`~core.errors.ShardUnavailable`."""
+
+    async def declare_queue(self, shard: int, name: str, *, empty: bool) -> bool:
+        """:meth:`SessionCalls.declare_session_queue` on ``shard``'s owner."""
+        ...
+
+    async def discard_queue(self, shard: int, name: str) -> bool:
+        """:meth:`SessionCalls.discard_session_queue` on ``shard``'s owner."""
+        ...
+
+    async def load_state(self, shard: int, client_id: str) -> bytes | None:
+        """The state saved in ``shard`` (after this node's own writes asked for so far)."""
+        ...
+
+    def save_state(self, shard: int, client_id: str, state: bytes | None) -> None:
+        """Save (None: delete) in ``shard`` through its owner, in the background, in order."""
+        ...
+
+    async def written(self) -> None:
+        """Returns once every :meth:`save_state` asked for so far was answered (or failed)."""
+        ...
+
+
 class RemoteRetained(Protocol):
-    """Retained messages in other nodes' shards (core/cluster/mqtt_cluster.py)."""
+    """Retained messages in other nodes' shards (core/cluster/mqtt_cluster.py), and with them
+    persistent sessions' queues and states (``sessions``)."""
+
+    @property
+    def sessions(self) -> RemoteSessions: ...
 
     def put(self, shard: int, topic_name: str, value: bytes | None) -> None:
         """Set (None: clear) in ``shard`` through its owner, in the background, in order."""
@@ -260,9 +292,13 @@ class SessionCalls(BrokerCalls):
         node, send it once to each other node with matching routes. This node read it back,
         so it owns the record's shard and is the only node that sends it; an MQTT publish was
         already sent by its publisher (publish_delivering_live), a received Fanout (offset -1)
-        came from the sender: neither is sent again."""
+        came from the sender: neither is sent again. An MQTT record that became visible only
+        here, later (a delayed record come due, a committed half message, a dead letter), was
+        sent by nobody: it goes."""
         cluster = self._mqtt_cluster
-        if cluster is None or message.offset < 0 or message.protocol == rec.PROTOCOL_MQTT:
+        if cluster is None or message.offset < 0:
+            return
+        if message.protocol == rec.PROTOCOL_MQTT and not _visible_later(message):
             return
         nodes = cluster.nodes_for(mqtt_topic)
         nodes.discard(cluster.node)
@@ -425,6 +461,25 @@ class SessionCalls(BrokerCalls):
     # Durable queues of persistent sessions and shared groups: ack queues of their own (no
     # topic), fed by bindings, read through consume_session_queue.
 
+    def _remote_session_queue(self, name: str) -> tuple[RemoteSessions, int] | None:
+        """Where to reach the queue ``name`` when another node's shard holds it (a cluster
+        node with remote sessions), else None."""
+        remote = self._remote_retained
+        shards = self._node.shards
+        if remote is None or shards.single:
+            return None
+        number = shards.queue_number(name, 0)
+        return None if shards.local(number) is not None else (remote.sessions, number)
+
+    def _remote_session_state(self, client_id: str) -> tuple[RemoteSessions, int] | None:
+        """Where to reach ``client_id``'s saved state when another node's shard holds it."""
+        remote = self._remote_retained
+        shards = self._node.shards
+        if remote is None or shards.single:
+            return None
+        number = shards.placements.place(placement.PLACE_SESSION, client_id)
+        return None if shards.local(number) is not None else (remote.sessions, number)
+
     async def declare_session_queue(
         self,
         context: ClientContext,
@@ -434,7 +489,13 @@ class SessionCalls(BrokerCalls):
         empty: bool = False,
     ) -> bool:
         """Get or create the durable queue ``name`` (True: created, starting empty, with
-        ``tag_filter``); ``empty`` drops an existing queue's backlog too."""
+        ``tag_filter``); ``empty`` drops an existing queue's backlog too. On a cluster node the
+        queue stays in its shard: another node's is declared by its owner (the tag filter is
+        not applied there yet)."""
+        remote = self._remote_session_queue(name)
+        if remote is not None:
+            sessions, shard = remote
+            return await sessions.declare_queue(shard, name, empty=empty)
         queue, created = await self._node.declare_ack_queue(
             name, 0, AckQueueConfig(tag_filter=tag_filter) if tag_filter is not None else None
         )
@@ -444,6 +505,10 @@ class SessionCalls(BrokerCalls):
 
     async def discard_session_queue(self, context: ClientContext, name: str) -> bool:
         """Delete the queue, its bindings and its index; False if there was none."""
+        remote = self._remote_session_queue(name)
+        if remote is not None:
+            sessions, shard = remote
+            return await sessions.discard_queue(shard, name)
         return await self._node.discard_ack_queue(name) is not None
 
     def has_session_queue(self, context: ClientContext, name: str) -> bool:
@@ -498,9 +563,25 @@ class SessionCalls(BrokerCalls):
         name: str,
         prefetch: int,
         deliver: Callable[[Delivery], None],
+        on_cancel: Callable[[str], None] | None = None,
     ) -> Subscription | None:
         """Attach a consumer (tagged with the context's client id) that is pushed the queue's
-        records while it has fewer than ``prefetch`` in flight; None if there is no queue."""
+        records while it has fewer than ``prefetch`` in flight; None if there is no queue.
+        A queue of another node's shard is consumed there (a ``Consume`` stream, ``prefetch``
+        its credit; settled on the owner); ``on_cancel(reason)`` is called when the owner
+        ends the consumer or it cannot be attached."""
+        remote = self._remote_session_queue(name)
+        queues = self._remote_queues
+        if remote is not None and queues is not None:
+            handle = RemoteQueueHandle(queues, remote[1], name, None)
+            return handle.subscribe(
+                context.connection_id,
+                prefetch,
+                deliver,
+                no_ack=False,
+                client_id=context.client_id,
+                on_cancel=on_cancel,
+            )
         queue = self._node.ack_queue(name)
         if queue is None:
             return None
@@ -513,6 +594,8 @@ class SessionCalls(BrokerCalls):
     # filter read there, a wildcard one asked of every owner and merged.
 
     _remote_retained: RemoteRetained | None = None
+    # (QueueCalls'; the remote sessions' queues are consumed through it.)
+    _remote_queues: RemoteQueues | None = None
 
     def set_remote_retained(self, remote: RemoteRetained | None) -> None:
         """Keep retained messages in their slots' shards, reaching other nodes' through
@@ -577,14 +660,50 @@ class SessionCalls(BrokerCalls):
         return sum(len(shard.retained()) for shard in self._node.shards)
 
     def save_session_state(self, context: ClientContext, client_id: str, state: bytes) -> None:
+        """Save ``client_id``'s state in its shard (another node's: through its owner, in the
+        background, in order: :meth:`session_states_written`)."""
+        remote = self._remote_session_state(client_id)
+        if remote is not None:
+            remote[0].save_state(remote[1], client_id, state)
+            return
         self._node.shards.for_session(client_id).session_states().save(client_id, state)
 
     def delete_session_state(self, context: ClientContext, client_id: str) -> None:
+        remote = self._remote_session_state(client_id)
+        if remote is not None:
+            remote[0].save_state(remote[1], client_id, None)
+            return
         self._node.shards.for_session(client_id).session_states().delete(client_id)
+
+    async def load_session_state(self, context: ClientContext, client_id: str) -> bytes | None:
+        """On a cluster node, ``client_id``'s state saved in its shard, whichever node saved
+        it (a session last connected to another node); None on a node alone, where the
+        gateway restored every session at start (:meth:`session_states`)."""
+        if self._remote_retained is None:
+            return None
+        remote = self._remote_session_state(client_id)
+        if remote is not None:
+            return await remote[0].load_state(remote[1], client_id)
+        return self._node.shards.for_session(client_id).session_states().table.get(client_id)
+
+    async def session_states_written(self, context: ClientContext) -> None:
+        """Returns once the states saved so far through other nodes are in their shards."""
+        remote = self._remote_retained
+        if remote is not None:
+            await remote.sessions.written()
 
     def session_states(self) -> list[tuple[str, bytes]]:
         """``(client id, state)`` of every saved session."""
         return [item for shard in self._node.shards for item in shard.session_states().items()]
+
+
+def _visible_later(message: Message) -> bool:
+    """Whether ``message`` became visible after its publish, on its shard's owner: a delayed
+    record whose time came, a committed half message, a dead letter (its publisher delivered
+    none of them live)."""
+    if message.flags & (rec.FLAG_DELAYED | rec.FLAG_HALF):
+        return True
+    return bool(message.headers) and message.header(DEAD_LETTER_TOPIC_HEADER) is not None
 
 
 def _others_want(cluster: MqttCluster | None) -> Callable[[str], bool] | None:

@@ -37,7 +37,7 @@ from core.api.sessions import local_retained_matching
 from core.broker.node import Node
 from core.broker.remote import FanoutDispatch, SessionCloser, ShardOwners
 from core.cluster.mqtt_routes import RouteTable
-from core.cluster.mqtt_sessions import SessionRegistry
+from core.cluster.mqtt_sessions import SessionAdminCalls, SessionRegistry, SessionsOverRpc
 from core.cluster.placement import PLACE_RETAINED
 from core.cluster.rpc.client import RpcClient
 from core.cluster.rpc.fanout import FanoutReceiver, FanoutSender
@@ -177,17 +177,21 @@ class NodeMqttCluster:
 class RetainedAdminCalls:
     """The owner's side of retained messages across nodes: the ``Admin`` calls
     :data:`ADMIN_RETAINED_PUT` and :data:`ADMIN_RETAINED_MATCH` over the broker this node
-    serves now (:meth:`register` once on the node's service, :meth:`attach` each broker)."""
+    serves now (:meth:`register` once on the node's service, :meth:`attach` each broker);
+    with them, persistent sessions' queues and states (core/cluster/mqtt_sessions.py)."""
 
     def __init__(self) -> None:
         self._node: Node | None = None
+        self.sessions = SessionAdminCalls()
 
     def attach(self, node: Node | None) -> None:
         self._node = node
+        self.sessions.attach(node)
 
     def register(self, service: NodeService) -> None:
         service.register(ADMIN_RETAINED_PUT, self._put)
         service.register(ADMIN_RETAINED_MATCH, self._match)
+        self.sessions.register(service)
 
     async def _put(self, args: JsonObject) -> JsonObject:
         node = self._node
@@ -217,11 +221,13 @@ class RetainedAdminCalls:
 class RetainedOverRpc:
     """``core.api.sessions.RemoteRetained`` over ``client`` and the shard ownership table:
     puts go to the slot's owner one at a time, in the order asked (a set then a clear of one
-    topic end cleared); a match asks each owner of the shards once, in parallel."""
+    topic end cleared); a match asks each owner of the shards once, in parallel. ``sessions``:
+    persistent sessions' queues and states in other nodes' shards, over the same client."""
 
     def __init__(self, client: RpcClient, owners: ShardOwners) -> None:
         self._client = client
         self._owners = owners
+        self.sessions = SessionsOverRpc(client, owners)
         self._puts: asyncio.Queue[tuple[int, str, bytes | None]] = asyncio.Queue()
         self._writer: asyncio.Task[None] | None = None
 
@@ -279,7 +285,8 @@ class RetainedOverRpc:
         return found
 
     async def aclose(self) -> None:
-        """Stop the writer once the puts asked for are sent (bounded)."""
+        """Stop the writers once the puts asked for are sent (bounded)."""
+        await self.sessions.aclose()
         writer, self._writer = self._writer, None
         if writer is None:
             return

@@ -24,18 +24,47 @@ itself (a narrow race of three CONNECTs, left as is).
 ``incarnation`` is written as a JSON integer by string formatting in the script: Lua's numbers
 (and cjson) are doubles, which would round a 63-bit incarnation.
 
+Persistent sessions whose shard another node owns (docs/cluster.md section 8): a session's queue
+``__mqtt.session.<cid>`` and its saved state stay in their shards, whichever node the client
+connects to. The owner's side is :class:`SessionAdminCalls` (three ``Admin`` calls: declare or
+discard the queue, read a state, write one); the connecting node's side is
+:class:`SessionsOverRpc` (``core.api.sessions.RemoteSessions``): writes of states go to their
+owners one at a time in the order asked, and :meth:`SessionsOverRpc.written` waits for them (a
+takeover answers only once the old node's last state is in its shard, so the new node reads
+that one). The queue itself is consumed through ``Consume`` (core/cluster/remote_queues.py).
+
 Not thread-safe: one event loop.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
+import logging
 from dataclasses import dataclass
 from typing import Final
 
 from redis.asyncio import Redis
 
+from core.broker.node import Node
+from core.broker.remote import ShardOwners
+from core.cluster.placement import PLACE_SESSION
 from core.cluster.redis_metadata import _Keys
+from core.cluster.rpc.client import PeerUnavailable, RpcClient
+from core.cluster.rpc.options import JsonObject
+from core.cluster.rpc.server import NodeService
+from core.errors import ShardUnavailable
+
+log = logging.getLogger(__name__)
+
+# {"name": queue, "empty": bool, "discard": bool} -> {"created": bool}: declare a session
+# queue of a shard the called node serves (``empty``: drop its backlog), or discard it.
+ADMIN_SESSION_QUEUE: Final = "mqtt_session_queue"
+# {"client_id": c} -> {"state": latin-1 text or None}: the session state saved in its shard.
+ADMIN_SESSION_STATE_GET: Final = "mqtt_session_state_get"
+# {"client_id": c, "state": latin-1 text or None} -> {}: save (None: delete) the state.
+ADMIN_SESSION_STATE_PUT: Final = "mqtt_session_state_put"
 
 # KEYS[1] mqtt:session; ARGV[1] client id, ARGV[2] node, ARGV[3] incarnation (decimal digits).
 # Returns {new gen, the replaced record or ""}.
@@ -141,3 +170,144 @@ def _format(owner: SessionOwner) -> str:
 def _parse(record: bytes | str) -> SessionOwner:
     fields = json.loads(record)
     return SessionOwner(int(fields["node"]), int(fields["incarnation"]), int(fields["gen"]))
+
+
+# -- persistent sessions in other nodes' shards -------------------------------------------------
+
+
+class SessionAdminCalls:
+    """The owner's side of sessions whose client connects elsewhere (module docstring):
+    :meth:`register` once on the node's service, :meth:`attach` each broker served."""
+
+    def __init__(self) -> None:
+        self._node: Node | None = None
+
+    def attach(self, node: Node | None) -> None:
+        self._node = node
+
+    def register(self, service: NodeService) -> None:
+        service.register(ADMIN_SESSION_QUEUE, self._queue)
+        service.register(ADMIN_SESSION_STATE_GET, self._get)
+        service.register(ADMIN_SESSION_STATE_PUT, self._put)
+
+    def _serving(self) -> Node:
+        node = self._node
+        if node is None:
+            raise RuntimeError("this node serves no broker now")
+        return node
+
+    async def _queue(self, args: JsonObject) -> JsonObject:
+        node = self._serving()
+        name = str(args["name"])
+        if not node.queue_is_local(name):
+            raise RuntimeError(f"this node does not serve the shard of {name!r}")
+        if args.get("discard"):
+            return {"created": False, "discarded": await node.discard_ack_queue(name) is not None}
+        queue, created = await node.declare_ack_queue(name, 0)
+        if created or args.get("empty"):
+            queue.purge()
+        return {"created": created}
+
+    def _states(self, client_id: str) -> Node:
+        node = self._serving()
+        if node.shards.local(node.shards.placements.place(PLACE_SESSION, client_id)) is None:
+            raise RuntimeError(f"this node does not serve the session shard of {client_id!r}")
+        return node
+
+    async def _get(self, args: JsonObject) -> JsonObject:
+        client_id = str(args["client_id"])
+        node = self._states(client_id)
+        state = node.shards.for_session(client_id).session_states().table.get(client_id)
+        return {"state": None if state is None else state.decode("latin-1")}
+
+    async def _put(self, args: JsonObject) -> JsonObject:
+        client_id = str(args["client_id"])
+        states = self._states(client_id).shards.for_session(client_id).session_states()
+        state = args.get("state")
+        if state is None:
+            states.delete(client_id)
+        else:
+            states.save(client_id, str(state).encode("latin-1"))
+        return {}
+
+
+class SessionsOverRpc:
+    """``core.api.sessions.RemoteSessions`` over ``client`` and the shard ownership table
+    (module docstring). A shard without a live owner, or an owner that does not answer, is
+    :class:`ShardUnavailable`; a state write that fails is logged."""
+
+    def __init__(self, client: RpcClient, owners: ShardOwners) -> None:
+        self._client = client
+        self._owners = owners
+        self._puts: asyncio.Queue[tuple[int, str, bytes | None]] = asyncio.Queue()
+        self._writer: asyncio.Task[None] | None = None
+
+    async def _admin(self, shard: int, name: str, args: JsonObject) -> JsonObject:
+        owner = self._owners.owner_of(shard) or await self._owners.refresh(shard)
+        if owner is None:
+            raise ShardUnavailable(shard, reason="no live owner")
+        try:
+            return await self._client.admin(owner.rpc_address, name, args)
+        except PeerUnavailable as error:
+            await self._owners.refresh(shard)
+            raise ShardUnavailable(shard, owner.node, str(error)) from error
+        except Exception as error:  # the owner refused (a stale table: it lost the shard)
+            await self._owners.refresh(shard)
+            raise ShardUnavailable(shard, owner.node, str(error)) from error
+
+    async def declare_queue(self, shard: int, name: str, *, empty: bool) -> bool:
+        answer = await self._admin(shard, ADMIN_SESSION_QUEUE, {"name": name, "empty": empty})
+        return bool(answer.get("created"))
+
+    async def discard_queue(self, shard: int, name: str) -> bool:
+        answer = await self._admin(shard, ADMIN_SESSION_QUEUE, {"name": name, "discard": True})
+        return bool(answer.get("discarded"))
+
+    async def load_state(self, shard: int, client_id: str) -> bytes | None:
+        await self.written()  # this node's own last write of it first
+        answer = await self._admin(shard, ADMIN_SESSION_STATE_GET, {"client_id": client_id})
+        state = answer.get("state")
+        return None if state is None else str(state).encode("latin-1")
+
+    def save_state(self, shard: int, client_id: str, state: bytes | None) -> None:
+        self._puts.put_nowait((shard, client_id, state))
+        if self._writer is None:
+            self._writer = asyncio.get_running_loop().create_task(
+                self._write(), name="braid-mqtt-cluster session states"
+            )
+
+    async def _write(self) -> None:
+        while True:
+            shard, client_id, state = await self._puts.get()
+            args: JsonObject = {
+                "client_id": client_id,
+                "state": None if state is None else state.decode("latin-1"),
+            }
+            try:
+                await self._admin(shard, ADMIN_SESSION_STATE_PUT, args)
+            except Exception as error:  # logged: the next save writes the whole state again
+                log.warning(
+                    "mqtt cluster: state of session %r not saved in shard %d: %s",
+                    client_id,
+                    shard,
+                    error,
+                )
+            finally:
+                self._puts.task_done()
+
+    async def written(self) -> None:
+        """Returns once every state write asked for so far was answered (or failed)."""
+        if self._writer is not None:
+            await self._puts.join()
+
+    async def aclose(self) -> None:
+        """Stop the writer once the writes asked for are sent (bounded)."""
+        writer, self._writer = self._writer, None
+        if writer is None:
+            return
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(2.0):
+                await self._puts.join()
+        writer.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await writer

@@ -84,6 +84,9 @@ class Session:
         self.pending_will: Will | None = None
         self.disconnected_ms: int | None = None
         self.ended = False
+        # On a cluster node: the gen of its last connection here, still registered while the
+        # session lives here offline (released when it ends here).
+        self.cluster_gen = 0
 
     def __repr__(self) -> str:
         state = "connected" if self.connection is not None else "offline"
@@ -123,12 +126,23 @@ class Session:
         name = self.queue_name
         if name is not None and name not in self.consumers:
             consumer = self.hub.api.consume_session_queue(
-                self.context, name, prefetch, self._on_queue_delivery
+                self.context, name, prefetch, self._on_queue_delivery, self._queue_cancelled
             )
             if consumer is not None:
                 self.consumers[name] = consumer
         for group in self.groups:
             group.member_online()
+
+    def _queue_cancelled(self, reason: str) -> None:
+        """The owner of the session queue's shard (another node) ended our consumer, or it
+        could not be attached: the client reconnects to get it again (0x80; 3.1.1: closed)."""
+        connection = self.connection
+        name = self.queue_name
+        if name is not None:
+            self.consumers.pop(name, None)
+        if connection is not None:
+            log.warning("mqtt %r: session queue consumer ended: %s", self.client_id, reason)
+            connection.close_with(ReasonCode.UNSPECIFIED_ERROR, "session queue unavailable")
 
     def stop_consumer(self, queue_name: str) -> None:
         consumer = self.consumers.pop(queue_name, None)

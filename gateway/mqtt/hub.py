@@ -50,6 +50,7 @@ from core.api import (
     Publication,
     PublishOutcome,
     RoutingError,
+    ShardUnavailable,
     TagFilter,
     TopicError,
     mqtt_name_of,
@@ -214,6 +215,8 @@ class MqttHub:
         if existing is not None and existing.connection is not None:
             existing.connection.take_over()
             existing = self.sessions.get(client_id)
+        if existing is None:
+            existing = await self._session_saved_elsewhere(connection.context, client_id)
         if existing is not None and clean_start:
             await self.end_session(existing)  # [MQTT-3.1.2-4]
             existing = None
@@ -233,21 +236,42 @@ class MqttHub:
         self.persist(session)
         return session, False
 
+    async def _session_saved_elsewhere(
+        self, context: ClientContext, client_id: str
+    ) -> Session | None:
+        """On a cluster node, the persistent session ``client_id`` last had on another node
+        (its state in its shard, docs/cluster.md section 8), rebuilt here; None if it has
+        none (or it expired meanwhile). ShardUnavailable when its shards cannot be reached."""
+        raw = await self.api.load_session_state(context, client_id)
+        if raw is None or client_id in self.sessions:
+            return self.sessions.get(client_id)
+        await self._restore(client_id, json.loads(raw), now_ms())
+        session = self.sessions.get(client_id)
+        if session is not None:
+            log.info("mqtt %r: session resumed from its saved state", client_id)
+        return session
+
     async def _close_taken_session(self, client_id: str, gen: int, elsewhere: bool) -> bool:
         """A cluster node claimed ``client_id`` for its connection ``gen``
-        (``BrokerAPI.claim_client_id``): close an older connection of it here (0x8E). A session
-        that moved to another node is dropped here, not ended: its queue, bindings and saved
-        state are the cluster's, and its expiry here must not delete them."""
+        (``BrokerAPI.claim_client_id``): close an older connection of it here (0x8E). A
+        persistent session that moved to another node is dropped here, connected or not, not
+        ended: its queue, bindings and saved state are the cluster's, and its expiry here must
+        not delete them. The answer waits until its last state is saved in its shard, where
+        the new node reads it."""
         session = self.sessions.get(client_id)
-        connection = session.connection if session is not None else None
-        if session is None or connection is None or connection.cluster_gen >= gen:
+        if session is None:
             return False
-        connection.take_over()
+        connection = session.connection
+        if connection is not None and connection.cluster_gen >= gen:
+            return False
+        if connection is not None:
+            connection.take_over()
         if session.persistent and elsewhere:
             self._cancel_timers(session)
             if self.sessions.get(client_id) is session:
                 del self.sessions[client_id]
-        return True
+            await self.api.session_states_written(self.context)
+        return connection is not None
 
     def detach(self, session: Session, connection: Connection, will: Will | None) -> None:
         """``connection`` is gone from ``session``: keep it (persistent) or end it."""
@@ -274,6 +298,9 @@ class MqttHub:
         self._cancel_timers(session)
         if session.connection is not None:
             session.detach()
+        if session.cluster_gen:  # its registration to this node (session.py: _go_away)
+            self.api.release_client_id(session.context, session.cluster_gen)
+            session.cluster_gen = 0
         for topic_filter in list(session.subscriptions):
             await self.unsubscribe(session, topic_filter, persist=False)
         if session.queue_name is not None:
@@ -824,13 +851,16 @@ class MqttHub:
         for client_id, raw in api.session_states():
             try:
                 await self._restore(client_id, json.loads(raw), now)
+            except ShardUnavailable as error:  # its queue's shard: restored at its CONNECT
+                log.warning("mqtt: session %r not restored now: %s", client_id, error)
+                self.sessions.pop(client_id, None)
             except (ValueError, KeyError, TypeError):
                 log.exception("mqtt: session %r cannot be restored; dropped", client_id)
                 api.delete_session_state(context, client_id)
         ours = (SESSION_QUEUE_PREFIX, GROUP_QUEUE_PREFIX)
         expected_queues = {s.queue_name for s in self.sessions.values()} | set(self.groups)
         for name in api.session_queue_names(ours):
-            if name not in expected_queues:
+            if name not in expected_queues and not await self._saved_elsewhere(name):
                 await api.discard_session_queue(context, name)
         expected: set[tuple[str, str, str, str]] = set()
         for session in self.sessions.values():
@@ -850,6 +880,17 @@ class MqttHub:
                 self.global_bindings += 1
         if self.sessions:
             log.info("mqtt: %d persistent sessions restored", len(self.sessions))
+
+    async def _saved_elsewhere(self, queue_name: str) -> bool:
+        """Whether the session queue ``queue_name`` belongs to a session whose state another
+        node's shard holds (a cluster: kept; ask again when that shard cannot be reached)."""
+        if not queue_name.startswith(SESSION_QUEUE_PREFIX):
+            return False
+        client_id = queue_name[len(SESSION_QUEUE_PREFIX) :]
+        try:
+            return await self.api.load_session_state(self.context, client_id) is not None
+        except ShardUnavailable:
+            return True
 
     async def _restore(self, client_id: str, data: dict[str, Any], now: int) -> None:
         expiry = int(data["expiry"])

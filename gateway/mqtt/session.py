@@ -276,14 +276,27 @@ class Connection:
 
     def _go_away(self) -> None:
         mqtt_connection_closed(self)
-        if self.cluster_gen:
-            self.hub.api.release_client_id(self.context, self.cluster_gen)
         was_connected = self.state is State.CONNECTED
         self.state = State.CLOSED
         session = self.session
+        hub = self.hub
         if was_connected and session is not None:
             will = None if self.normal_disconnect else self.will
-            self.hub.detach(session, self, will)
+            hub.detach(session, self, will)
+        if self.cluster_gen:
+            if (
+                was_connected
+                and session is not None
+                and session.persistent
+                and not session.ended
+                and hub.sessions.get(session.client_id) is session
+            ):
+                # A persistent session stays registered to this node while it lives here
+                # offline, so a reconnect elsewhere takes it over from here (the copy here is
+                # dropped); released when it ends here (hub.end_session).
+                session.cluster_gen = self.cluster_gen
+            else:
+                hub.api.release_client_id(self.context, self.cluster_gen)
         self.link.close()
 
     # -- writing ---------------------------------------------------------------------------

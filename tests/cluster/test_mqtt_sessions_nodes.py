@@ -3,6 +3,10 @@ MQTT; tests/cluster/cluster_fixture.py), with paho:
 
 - a retained message published on node 2 reaches a new subscriber on node 3 (exact filter)
   and a wildcard subscriber on node 1;
+- a persistent session whose queue is in node 2's shard connects to node 1, goes offline while
+  node 3 takes QoS 1 publishes for it, and resumes on node 3 (session present, all delivered);
+  the same with QoS 2, each delivered once; an MQTT 5 session taken over on node 3 while its
+  connection on node 1 is open (DISCONNECT 0x8E there, present and subscribed on node 3);
 - (last: it stops node 3) a persistent session or a shared group whose queue is in a shard of
   the stopped node is refused, never left hanging: CONNACK 3 Server unavailable, SUBACK 0x80.
 
@@ -13,12 +17,15 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
 import paho.mqtt.client as mqtt
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
 
 from tests.cluster.cluster_fixture import Cluster
 from tests.cluster.redis_server import RedisServer
@@ -40,14 +47,24 @@ def cluster(
 class Client:
     """A paho client on its own network thread, recording what its callbacks saw."""
 
-    def __init__(self, port: int, client_id: str, *, clean: bool = True) -> None:
+    def __init__(
+        self, port: int, client_id: str, *, clean: bool = True, version5: bool = False
+    ) -> None:
         self.port = port
-        self.paho = mqtt.Client(
-            CallbackAPIVersion.VERSION2,
-            client_id=client_id,
-            protocol=mqtt.MQTTv311,
-            clean_session=clean,
-        )
+        self.clean = clean
+        self.version5 = version5
+        if version5:
+            self.paho = mqtt.Client(
+                CallbackAPIVersion.VERSION2, client_id=client_id, protocol=mqtt.MQTTv5
+            )
+        else:
+            self.paho = mqtt.Client(
+                CallbackAPIVersion.VERSION2,
+                client_id=client_id,
+                protocol=mqtt.MQTTv311,
+                clean_session=clean,
+            )
+        self.disconnect_reason: int | None = None
         self.messages: queue.Queue[tuple[str, bytes, bool]] = queue.Queue()
         self.connack: int | None = None
         self.session_present: bool | None = None
@@ -58,11 +75,15 @@ class Client:
         self.paho.on_message = self._on_message
         self.paho.on_subscribe = self._on_suback
         self.paho.on_publish = self._on_ack
-        self.paho.on_disconnect = lambda *args: self.disconnected.set()
+        self.paho.on_disconnect = self._on_disconnect
 
     def _on_connect(self, client: Any, userdata: Any, flags: Any, reason: Any, props: Any) -> None:
         self.session_present = bool(flags.session_present)
         self.connack = int(reason.value)
+
+    def _on_disconnect(self, client: Any, userdata: Any, flags: Any, reason: Any, *_: Any) -> None:
+        self.disconnect_reason = int(reason.value)
+        self.disconnected.set()
 
     def _on_message(self, client: Any, userdata: Any, message: mqtt.MQTTMessage) -> None:
         self.messages.put((message.topic, bytes(message.payload), bool(message.retain)))
@@ -77,7 +98,12 @@ class Client:
     def connect(self, expected: int = 0) -> Client:
         """Connect and wait for the CONNACK (paho's reason: 3.1.1's 3 reads 136)."""
         self.paho.reconnect_delay_set(60, 60)  # a refused client stays away
-        self.paho.connect("127.0.0.1", self.port)
+        if self.version5:
+            properties = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
+            properties.SessionExpiryInterval = 0 if self.clean else 3600
+            self.paho.connect("127.0.0.1", self.port, clean_start=self.clean, properties=properties)
+        else:
+            self.paho.connect("127.0.0.1", self.port)
         self.paho.loop_start()
         eventually(lambda: self.connack is not None, "the CONNACK")
         assert self.connack == expected
@@ -90,8 +116,8 @@ class Client:
         eventually(lambda: mid in self.acked, f"the SUBACK of {topic_filter}")
         return self.suback_codes[mid]
 
-    def publish(self, topic: str, body: bytes, *, retain: bool = False) -> None:
-        info = self.paho.publish(topic, body, qos=1, retain=retain)
+    def publish(self, topic: str, body: bytes, *, retain: bool = False, qos: int = 1) -> None:
+        info = self.paho.publish(topic, body, qos=qos, retain=retain)
         eventually(lambda: info.mid in self.acked, f"the PUBACK of {topic}")
 
     def take(self, count: int) -> list[tuple[str, bytes, bool]]:
@@ -118,6 +144,95 @@ def test_a_retained_message_is_seen_on_every_node(cluster: Cluster) -> None:
     finally:
         exact.close()
         wildcard.close()
+
+
+def session_owned_by(cluster: Cluster, node_id: int, prefix: str) -> str:
+    """A client id whose session queue ``__mqtt.session.<id>`` node ``node_id`` owns."""
+    return cluster.name_owned_by(node_id, prefix, "__mqtt.session.")
+
+
+def until_routed(subscriber: Client, publisher: Client, topic: str) -> None:
+    """Publish ``topic`` through ``publisher`` until ``subscriber`` gets one: the publishing
+    node has followed the subscription's binding (the probes left over are dropped later)."""
+    end = time.monotonic() + DEADLINE_S
+    while time.monotonic() < end:
+        publisher.publish(topic, b"probe")
+        try:
+            if subscriber.messages.get(timeout=0.5)[0] == topic:
+                return
+        except queue.Empty:
+            continue
+    raise AssertionError(f"{topic} never reached the subscriber")
+
+
+def received_until(client: Client, end_topic: str) -> list[tuple[str, bytes]]:
+    """What ``client`` receives (probes left out) up to and without ``end_topic``."""
+    got: list[tuple[str, bytes]] = []
+    while True:
+        topic, body, _ = client.messages.get(timeout=DEADLINE_S)
+        if topic == end_topic:
+            return got
+        if body != b"probe":
+            got.append((topic, body))
+
+
+@pytest.mark.parametrize("qos", [1, 2])
+def test_a_persistent_session_resumes_on_another_node(cluster: Cluster, qos: int) -> None:
+    """Queue in node 2's shard; connected to node 1, then offline while node 3 takes the
+    publishes, then back on node 3: session present, everything delivered, once."""
+    client_id = session_owned_by(cluster, 2, f"roamer{qos}-")
+    base = f"roam{qos}"
+    publisher = Client(cluster[3].mqtt_port, f"roam-publisher{qos}").connect()
+    first = Client(cluster[1].mqtt_port, client_id, clean=False).connect()
+    try:
+        assert first.session_present is False
+        assert first.subscribe(f"{base}/#", qos=qos) == [qos]
+        until_routed(first, publisher, f"{base}/probe")
+    finally:
+        first.close()
+
+    sent = [(f"{base}/m", str(n).encode()) for n in range(10)]
+    for topic, body in sent:
+        publisher.publish(topic, body, qos=qos)
+    publisher.publish(f"{base}/end", b"end", qos=qos)
+    publisher.close()
+
+    again = Client(cluster[3].mqtt_port, client_id, clean=False).connect()
+    try:
+        assert again.session_present is True
+        assert received_until(again, f"{base}/end") == sent  # each once, in order
+    finally:
+        again.close()
+
+
+MQTT5_SESSION_TAKEN_OVER = 0x8E
+
+
+def test_a_session_is_taken_over_by_another_node_while_connected(cluster: Cluster) -> None:
+    """MQTT 5, expiry 3600 s: the connection on node 1 is open when the same client id
+    connects to node 3: node 1 sends DISCONNECT 0x8E, node 3 answers session present with the
+    subscription kept, and the QoS 1 messages published meanwhile arrive there."""
+    client_id = session_owned_by(cluster, 2, "taken-")
+    publisher = Client(cluster[1].mqtt_port, "taken-publisher").connect()
+    old = Client(cluster[1].mqtt_port, client_id, clean=False, version5=True).connect()
+    try:
+        assert old.subscribe("taken/#") == [1]
+        until_routed(old, publisher, "taken/probe")
+        new = Client(cluster[3].mqtt_port, client_id, clean=False, version5=True).connect()
+        try:
+            assert new.session_present is True
+            assert old.disconnected.wait(DEADLINE_S)
+            assert old.disconnect_reason == MQTT5_SESSION_TAKEN_OVER
+            sent = [("taken/x", str(n).encode()) for n in range(5)]
+            for topic, body in sent:
+                publisher.publish(topic, body)
+            publisher.publish("taken/end", b"end")
+            assert received_until(new, "taken/end") == sent
+        finally:
+            new.close()
+    finally:
+        old.paho.loop_stop()
+        publisher.close()
 
 
 SERVER_UNAVAILABLE = 136  # paho's reason for 3.1.1's CONNACK return code 3
