@@ -1,0 +1,196 @@
+"""MQTT records that reach subscribers on other nodes by other paths than a plain publish, on a
+real three-node cluster (docs/cluster.md section 8, MQTT; tests/cluster/cluster_fixture.py),
+with paho, the subscriber and the owner of the topic's shard on different nodes:
+
+- a delayed record (``$delayed/<s>/<topic>``, published on a third node) and a committed half
+  message (``$half/<group>/<txn>/<topic>``, then ``braid.txn/<txn>`` ``commit``) become
+  visible on the topic's owner later; they reach a clean-session subscriber on another node
+  once (core/api/sessions.py ``fan_out_live_record``).
+
+One cluster for the module.
+"""
+
+from __future__ import annotations
+
+import queue
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import paho.mqtt.client as mqtt
+import pytest
+from paho.mqtt.enums import CallbackAPIVersion
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+
+from core.cluster.placement import partition_shard, transaction_shard
+from tests.cluster.cluster_fixture import Cluster
+from tests.cluster.redis_server import RedisServer
+from tests.cluster.test_node import DEADLINE_S, eventually, redis_server
+
+__all__ = ["redis_server"]  # the module's Redis fixture (tests/cluster/test_node.py)
+
+SHARDS = 12
+QUIET_S = 1.0  # how long "nothing more arrives" is watched
+
+
+@pytest.fixture(scope="module")
+def cluster(
+    tmp_path_factory: pytest.TempPathFactory, redis_server: RedisServer
+) -> Iterator[Cluster]:
+    with Cluster(tmp_path_factory.mktemp("mqttshare"), redis_server.url, shards=SHARDS) as c:
+        yield c
+
+
+class Client:
+    """A paho client (MQTT 5 unless told) on its own network thread, recording what it got."""
+
+    def __init__(
+        self, port: int, client_id: str, *, version: int = mqtt.MQTTv5, clean: bool = True
+    ) -> None:
+        self.port = port
+        self.version = version
+        self.clean = clean
+        kwargs: dict[str, Any] = {"client_id": client_id, "protocol": version}
+        if version != mqtt.MQTTv5:
+            kwargs["clean_session"] = clean
+        self.paho = mqtt.Client(CallbackAPIVersion.VERSION2, **kwargs)
+        self.messages: queue.Queue[tuple[str, bytes]] = queue.Queue()
+        self.connack: int | None = None
+        self.acked: set[int] = set()
+        self.disconnected = threading.Event()
+        self.paho.on_connect = self._on_connect
+        self.paho.on_message = self._on_message
+        self.paho.on_subscribe = self._on_ack
+        self.paho.on_unsubscribe = self._on_ack
+        self.paho.on_publish = self._on_ack
+        self.paho.on_disconnect = lambda *args: self.disconnected.set()
+
+    def _on_connect(self, client: Any, userdata: Any, flags: Any, reason: Any, props: Any) -> None:
+        self.connack = int(reason.value)
+
+    def _on_message(self, client: Any, userdata: Any, message: mqtt.MQTTMessage) -> None:
+        self.messages.put((message.topic, bytes(message.payload)))
+
+    def _on_ack(self, client: Any, userdata: Any, mid: int, *rest: Any) -> None:
+        self.acked.add(mid)
+
+    def will(self, topic: str, payload: bytes, *, delay_s: int = 0) -> Client:
+        properties = None
+        if delay_s:
+            properties = Properties(PacketTypes.WILLMESSAGE)  # type: ignore[no-untyped-call]
+            properties.WillDelayInterval = delay_s
+        self.paho.will_set(topic, payload, qos=1, properties=properties)
+        return self
+
+    def connect(self, *, expiry_s: int = 0) -> Client:
+        self.paho.reconnect_delay_set(60, 60)  # a client the test cut off stays away
+        if self.version == mqtt.MQTTv5:
+            properties = None
+            if expiry_s:
+                properties = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
+                properties.SessionExpiryInterval = expiry_s
+            self.paho.connect("127.0.0.1", self.port, clean_start=self.clean, properties=properties)
+        else:
+            self.paho.connect("127.0.0.1", self.port)
+        self.paho.loop_start()
+        eventually(lambda: self.connack is not None, "the CONNACK")
+        assert self.connack == 0
+        return self
+
+    def subscribe(self, topic_filter: str) -> None:
+        _, mid = self.paho.subscribe(topic_filter, qos=1)
+        assert mid is not None
+        eventually(lambda: mid in self.acked, f"the SUBACK of {topic_filter}")
+
+    def unsubscribe(self, topic_filter: str) -> None:
+        _, mid = self.paho.unsubscribe(topic_filter)
+        assert mid is not None
+        eventually(lambda: mid in self.acked, f"the UNSUBACK of {topic_filter}")
+
+    def publish(self, topic: str, payload: bytes) -> None:
+        """A QoS 1 publish, waiting for its PUBACK."""
+        info = self.paho.publish(topic, payload, qos=1)
+        eventually(lambda: info.mid in self.acked, f"the PUBACK of {payload!r}")
+
+    def take(self, count: int) -> list[tuple[str, bytes]]:
+        return [self.messages.get(timeout=DEADLINE_S) for _ in range(count)]
+
+    def nothing_more(self) -> list[tuple[str, bytes]]:
+        """What else arrives within :data:`QUIET_S` (a duplicate would)."""
+        time.sleep(QUIET_S)
+        extra = []
+        while not self.messages.empty():
+            extra.append(self.messages.get_nowait())
+        return extra
+
+    def kill(self) -> None:
+        """The socket dies under the client (no DISCONNECT): its will is due."""
+        sock = self.paho.socket()
+        assert isinstance(sock, socket.socket)
+        sock.shutdown(socket.SHUT_RDWR)
+        self.paho.loop_stop()
+
+    def close(self) -> None:
+        self.paho.disconnect()
+        self.disconnected.wait(DEADLINE_S)
+        self.paho.loop_stop()
+
+
+def topic_owned_by(cluster: Cluster, node_id: int, prefix: str) -> str:
+    """A first topic level (the log topic of ``<level>/...``) whose shard node ``node_id``
+    owns."""
+    return cluster.name_owned_by(node_id, f"{prefix}{uuid.uuid4().hex[:6]}-")
+
+
+def txn_in_shard_of(topic: str) -> str:
+    """A transaction id kept in the shard of ``topic``'s queue 0: a half message's transaction
+    and its destinations must share a shard (core/broker/node.py ``_half_shard``)."""
+    wanted = partition_shard(topic, 0, SHARDS)
+    for number in range(10_000):
+        txn = f"txn-{topic}-{number}"
+        if transaction_shard(txn, SHARDS) == wanted:
+            return txn
+    raise AssertionError(f"no transaction id lands in shard {wanted}")
+
+
+# -- records that become visible later on the topic's owner --------------------------------
+
+
+def test_a_delayed_record_reaches_another_nodes_subscriber_once(cluster: Cluster) -> None:
+    topic = topic_owned_by(cluster, 3, "delayed")
+    subscriber = Client(cluster[1].mqtt_port, "delayed-sub").connect()
+    publisher = Client(cluster[2].mqtt_port, "delayed-pub").connect()
+    try:
+        subscriber.subscribe(f"{topic}/#")
+        publisher.publish(f"$delayed/1/{topic}/later", b"due")
+        assert subscriber.take(1) == [(f"{topic}/later", b"due")]
+        assert subscriber.nothing_more() == []
+    finally:
+        subscriber.close()
+        publisher.close()
+
+
+def test_a_committed_half_message_reaches_another_nodes_subscriber_once(
+    cluster: Cluster,
+) -> None:
+    topic = topic_owned_by(cluster, 3, "half")
+    txn = txn_in_shard_of(topic)
+    subscriber = Client(cluster[1].mqtt_port, "half-sub").connect()
+    # Both on the shard's owner: a half or a decision published on another node is not
+    # forwarded yet (core/broker/node.py: the transaction's shard must be local).
+    publisher = Client(cluster[3].mqtt_port, "half-pub", version=mqtt.MQTTv311).connect()
+    decider = Client(cluster[3].mqtt_port, "half-decider").connect()
+    try:
+        subscriber.subscribe(f"{topic}/#")
+        publisher.publish(f"$half/g/{txn}/{topic}/order", b"paid")
+        assert subscriber.nothing_more() == []  # invisible until committed
+        decider.publish(f"braid.txn/{txn}", b"commit")
+        assert subscriber.take(1) == [(f"{topic}/order", b"paid")]
+        assert subscriber.nothing_more() == []
+    finally:
+        for client in (subscriber, publisher, decider):
+            client.close()
