@@ -221,6 +221,10 @@ class MqttHub:
             await self.end_session(existing)  # [MQTT-3.1.2-4]
             existing = None
         if existing is not None:
+            if existing.queue_name is not None:
+                # Its queue's shard must be served (another node's: its owner answers), else
+                # ShardUnavailable: CONNACK 0x88, not a session that receives nothing.
+                await self.api.declare_session_queue(connection.context, existing.queue_name)
             self._cancel_timers(existing)
             existing.pending_will = None  # back before the Will Delay [MQTT-3.1.3-9]
             existing.expiry_interval = expiry

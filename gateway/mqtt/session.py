@@ -494,7 +494,11 @@ class Connection:
                 self, client_id, packet.clean_start, granted_expiry
             )
         except ShardUnavailable as error:  # its queue's or state's shard: no node serves it
-            hub.api.release_client_id(context, gen)
+            kept = hub.sessions.get(client_id)
+            if kept is not None and kept.persistent and kept.connection is None:
+                kept.cluster_gen = gen  # still registered here, as it lives here offline
+            else:
+                hub.api.release_client_id(context, gen)
             log.warning("mqtt %r: session cannot be opened: %s", client_id, error)
             self._refuse(ReasonCode.SERVER_UNAVAILABLE, str(error))  # 3.1.1: 0x03
             return

@@ -240,18 +240,34 @@ SUBACK_FAILURE = 0x80
 
 
 def test_a_session_whose_shard_no_node_serves_is_refused_not_hung(cluster: Cluster) -> None:
-    """Last in the module: node 3 stays stopped (the cluster is stopped after it)."""
+    """Last in the module: node 3 is stopped, then started again. A new session and an
+    existing one (queued messages waiting) of node 3's shard are refused on node 1 meanwhile;
+    once node 3 is back the existing one resumes there with what was queued."""
     session_id = cluster.name_owned_by(3, "orphan-", "__mqtt.session.")
+    waiting_id = session_owned_by(cluster, 3, "waiting-")
     group_filter = shared_filter_owned_by(cluster, 3)
     ok_group = shared_filter_owned_by(cluster, 1)
+    publisher = Client(cluster[2].mqtt_port, "waiting-publisher").connect()
+    waiting = Client(cluster[1].mqtt_port, waiting_id, clean=False).connect()
+    try:
+        waiting.subscribe("waiting/#")
+        until_routed(waiting, publisher, "waiting/probe")
+    finally:
+        waiting.close()
+    sent = [("waiting/m", str(n).encode()) for n in range(5)]
+    for topic, body in sent:
+        publisher.publish(topic, body)
+    publisher.publish("waiting/end", b"end")
+    publisher.close()
     cluster[3].stop()
 
-    refused = Client(cluster[1].mqtt_port, session_id, clean=False)
-    try:
-        refused.connect(expected=SERVER_UNAVAILABLE)
-        assert refused.session_present is False
-    finally:
-        refused.paho.loop_stop()
+    for client_id in (session_id, waiting_id):
+        refused = Client(cluster[1].mqtt_port, client_id, clean=False)
+        try:
+            refused.connect(expected=SERVER_UNAVAILABLE)
+            assert refused.session_present is False
+        finally:
+            refused.paho.loop_stop()
 
     subscriber = Client(cluster[1].mqtt_port, "group-member").connect()
     try:
@@ -259,6 +275,26 @@ def test_a_session_whose_shard_no_node_serves_is_refused_not_hung(cluster: Clust
         assert subscriber.subscribe(ok_group) == [1]  # the connection still works
     finally:
         subscriber.close()
+
+    cluster[3].start()
+    back = eventually(lambda: connected(cluster[1].mqtt_port, waiting_id), "the session back")
+    try:
+        assert back.session_present is True
+        assert received_until(back, "waiting/end") == sent
+    finally:
+        back.close()
+
+
+def connected(port: int, client_id: str) -> Client | None:
+    """A persistent session's client connected (None: refused, closed)."""
+    client = Client(port, client_id, clean=False)
+    client.paho.reconnect_delay_set(60, 60)
+    client.paho.connect("127.0.0.1", port)
+    client.paho.loop_start()
+    if not eventually(lambda: client.connack is not None, "a CONNACK") or client.connack != 0:
+        client.paho.loop_stop()
+        return None
+    return client
 
 
 def shared_filter_owned_by(cluster: Cluster, node_id: int) -> str:
