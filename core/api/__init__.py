@@ -42,7 +42,7 @@ The contract, so that security, limits and the cluster fit behind the same calls
     ``set_producer_ids`` and ``set_txn_markers`` (``partitions.py``), which the process that
     assembles a cluster node calls once; and the AMQP gateway's lookups of queues declared on
     other nodes (at start and on a name it does not know; ``queues.py``): ``queue_is_local``,
-    ``known_queue``, ``refresh_queue``.
+    ``known_queue``, ``refresh_queue``, ``purge_known_queue``.
 
   ``tests/test_layers.py`` holds the class to this list (each name above in double
   backquotes, one list, ending here).
@@ -80,6 +80,7 @@ from core.api.base import (
 )
 from core.api.cluster import COORDINATOR_GROUP as COORDINATOR_GROUP
 from core.api.cluster import COORDINATOR_TXN as COORDINATOR_TXN
+from core.api.cluster import SINGLE_NODE_ID as SINGLE_NODE_ID
 from core.api.cluster import BrokerNode as BrokerNode
 from core.api.cluster import ClusterCalls
 from core.api.cluster import ClusterView as ClusterView

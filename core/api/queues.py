@@ -20,6 +20,7 @@ from __future__ import annotations
 # (MQTT section's imports)
 # (Kafka section's imports)
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import (
@@ -247,8 +248,24 @@ class RemoteQueueHandle(QueueHandle):
 
     def purge(self) -> int:
         raise ShardUnavailable(
-            self._shard, reason=f"purging {self._topic!r} on its owner is not supported yet"
+            self._shard, reason=f"{self._topic!r} is purged on its owner: purge_known_queue"
         )
+
+    async def purge_on_owner(self) -> int | None:
+        """queue.purge on the owner: the ready records it dropped, plus the one fetched ahead
+        here for basic.get (acked: it would come back when its hold ends); None when the
+        owner has no such queue (:class:`ShardUnavailable` when it does not answer)."""
+        ahead, self._ahead = self._ahead, None
+        if self._ahead_timer is not None:
+            self._ahead_timer.cancel()
+            self._ahead_timer = None
+        if ahead is not None:
+            self._remote.settle_gets(self._shard, [ahead.tag], ack=True, requeue=False)
+        purged = await self._remote.purge(self._shard, self._topic)
+        if purged is None:
+            return None
+        self._stats = dataclasses.replace(self._stats, ready=0)
+        return purged + (ahead is not None)
 
     # -- consumers ---------------------------------------------------------------------------
 
@@ -584,6 +601,13 @@ class QueueCalls(BrokerCalls):
         if isinstance(queue, RemoteQueueHandle):
             return await queue.refresh_stats()
         return queue.stats()
+
+    async def purge_known_queue(self, queue: QueueHandle) -> int | None:
+        """queue.purge of a queue :meth:`known_queue` gave: another node's is purged by its
+        owner (None when it has none; :class:`ShardUnavailable` when it does not answer)."""
+        if isinstance(queue, RemoteQueueHandle):
+            return await queue.purge_on_owner()
+        return queue.purge()
 
     async def queue_stats(self, context: ClientContext, topic: str) -> QueueStats | None:
         """:meth:`queue_info` for a queue of any node: another node's queue is asked its owner

@@ -139,6 +139,25 @@ class MqttCluster(Protocol):
         background) unless a newer connection replaced it."""
         ...
 
+    async def share_joined(self, name: str) -> None:
+        """This node has members of the ``$share`` group whose queue is ``name``."""
+        ...
+
+    async def share_left(self, name: str) -> bool:
+        """This node's last member of the group left; True when no node has members (the
+        group's queue may go)."""
+        ...
+
+    async def share_elsewhere(self, name: str) -> bool:
+        """Whether another node has members of the group (its queue stays)."""
+        ...
+
+    def hold_will(self, client_id: str, will: bytes | None) -> None:
+        """Keep the will of this node's connection of ``client_id`` where another node finds
+        it should this one die (None: it was published or the connection ended normally); in
+        the background, in order."""
+        ...
+
 
 # -- queues consumed from another node (docs/cluster.md section 8, AMQP) ------------------------
 #
@@ -221,6 +240,11 @@ class RemoteQueues(Protocol):
 
     def stats(self, shard: int, topic: str) -> Awaitable[QueueStats | None]:
         """The owner's counts of the queue ``topic`` now, or None when it has no such queue."""
+        ...
+
+    def purge(self, shard: int, topic: str) -> Awaitable[int | None]:
+        """queue.purge on the owner: how many ready records it dropped (in-flight ones stay),
+        or None when it has no such queue."""
         ...
 
     def declare(

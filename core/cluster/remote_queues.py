@@ -1,9 +1,10 @@
 """Queues consumed from another node, both sides (docs/cluster.md section 8, AMQP).
 
 - The owner's side: a :class:`ConsumeService` over the node's ack queues answers ``Consume`` and
-  ``Get``, and :class:`QueueAdminCalls` two ``Admin`` calls: :data:`ADMIN_QUEUE_STATS` (a
-  queue's counts) and :data:`ADMIN_QUEUE_DECLARE` (make sure the queue exists, then its
-  counts). :func:`serve_remote_queues` plugs both into a :class:`NodeService` at once.
+  ``Get``, and :class:`QueueAdminCalls` three ``Admin`` calls: :data:`ADMIN_QUEUE_STATS` (a
+  queue's counts), :data:`ADMIN_QUEUE_DECLARE` (make sure the queue exists, then its counts)
+  and :data:`ADMIN_QUEUE_PURGE` (queue.purge through a node that does not own the queue).
+  :func:`serve_remote_queues` plugs both into a :class:`NodeService` at once.
 - The consumer's side, :class:`RemoteQueuesOverRpc`: ``core.broker.remote.RemoteQueues`` over an
   :class:`RpcClient` and the ownership table (:class:`ShardOwners`), which ``BrokerAPI`` is given
   with ``set_remote_queues`` and puts behind its ``QueueHandle`` and ``Subscription``.
@@ -44,6 +45,8 @@ log = logging.getLogger(__name__)
 ADMIN_QUEUE_STATS: Final = "queue_stats"
 # {"topic": t, "config": {...}, "settings": ack queue settings JSON} -> as ADMIN_QUEUE_STATS
 ADMIN_QUEUE_DECLARE: Final = "queue_declare"
+# {"topic": t} -> {"found": bool, "purged": n}
+ADMIN_QUEUE_PURGE: Final = "queue_purge"
 
 
 # -- the owner's side ---------------------------------------------------------------------------
@@ -62,7 +65,8 @@ def _stats_json(node: Node, topic: str) -> JsonObject:
 
 
 class QueueAdminCalls:
-    """The ``Admin`` calls :data:`ADMIN_QUEUE_STATS` and :data:`ADMIN_QUEUE_DECLARE` over the
+    """The ``Admin`` calls :data:`ADMIN_QUEUE_STATS`, :data:`ADMIN_QUEUE_DECLARE` and
+    :data:`ADMIN_QUEUE_PURGE` over the
     broker this node serves now: :meth:`register` once on the node's :class:`NodeService` (a
     service takes each name once), :meth:`attach` each broker (a fenced node serves again on a
     new one). Without a broker a queue is not found, and a declare fails."""
@@ -76,10 +80,18 @@ class QueueAdminCalls:
     def register(self, service: NodeService) -> None:
         service.register(ADMIN_QUEUE_STATS, self._stats)
         service.register(ADMIN_QUEUE_DECLARE, self._declare)
+        service.register(ADMIN_QUEUE_PURGE, self._purge)
 
     async def _stats(self, args: JsonObject) -> JsonObject:
         node = self._node
         return {"found": False} if node is None else _stats_json(node, str(args["topic"]))
+
+    async def _purge(self, args: JsonObject) -> JsonObject:
+        node = self._node
+        queue = None if node is None else node.ack_queue(str(args["topic"]))
+        if queue is None:
+            return {"found": False}
+        return {"found": True, "purged": queue.purge()}
 
     async def _declare(self, args: JsonObject) -> JsonObject:
         node = self._node
@@ -305,6 +317,10 @@ class RemoteQueuesOverRpc:
 
     async def stats(self, shard: int, topic: str) -> QueueStats | None:
         return _stats(await self._admin(shard, ADMIN_QUEUE_STATS, {"topic": topic}))
+
+    async def purge(self, shard: int, topic: str) -> int | None:
+        answer = await self._admin(shard, ADMIN_QUEUE_PURGE, {"topic": topic})
+        return int(answer["purged"]) if answer.get("found") else None
 
     async def declare(
         self, shard: int, topic: str, config: dict[str, object], settings: AckQueueConfig

@@ -342,10 +342,13 @@ class Channel:
         )
         self.write_method(commands.Queue.UnbindOk())
 
-    def queue_purge(self, m: commands.Queue.Purge) -> None:
+    def queue_purge(self, m: commands.Queue.Purge) -> Awaitable[None] | None:
+        return _now_or_later(self._queue_purge(m))
+
+    async def _queue_purge(self, m: commands.Queue.Purge) -> None:
         name = self._queue_name(m.queue)
         self._require("amqp queue.purge", QUEUE, name)  # read, as RabbitMQ
-        count = self.vhost.purge_queue(self.owner, name)
+        count = await self.vhost.purge_queue(self.owner, name)
         if not m.nowait:
             self.write_method(commands.Queue.PurgeOk(count))
 

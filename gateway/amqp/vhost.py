@@ -28,6 +28,7 @@ import base64
 import logging
 import os
 import re
+import time
 from collections.abc import Coroutine, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Protocol
@@ -37,6 +38,7 @@ from core.api import (
     OVERFLOW_DROP_HEAD,
     OVERFLOW_REJECT_PUBLISH,
     PROTOCOL_AMQP,
+    SINGLE_NODE_ID,
     AckQueueConfig,
     BrokerAPI,
     ClientContext,
@@ -136,6 +138,9 @@ OVERFLOW_MODES: Final = {
 # How often queues whose records may expire are swept when nobody consumes them (RabbitMQ
 # expires the head of a classic queue on a timer; the core only checks when it delivers).
 TTL_SWEEP_INTERVAL_S: Final = 0.1
+# In a cluster, how often the gateway looks for queues of this node's shards that other nodes
+# declared: their owner runs their x-message-ttl and x-expires, so it must know them.
+OWNED_QUEUES_SCAN_INTERVAL_S: Final = 1.0
 # The owner of an exclusive queue declared through another node (no connection here owns it).
 _ELSEWHERE: Final = object()
 
@@ -287,6 +292,7 @@ class VirtualHost:
         # Direct reply-to pseudo-queues: "amq.rabbitmq.reply-to.<token>" -> a consumer.
         self.reply_consumers: dict[str, Any] = {}
         self._sweeper: asyncio.TimerHandle | None = None
+        self._owned_scanned_at = float("-inf")
         self._background: set[asyncio.Task[object]] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -630,6 +636,14 @@ class VirtualHost:
         """The queue named ``name``: this gateway's, or one the core knows that another node
         declared (learned now: in a cluster any node knows every queue, as in RabbitMQ)."""
         queue = self.queues.get(name)
+        if queue is not None and queue.handle.deleted and not queue.deleted:
+            # Deleted through another node: this node, its owner, closed it as it followed.
+            log.info("amqp: queue %r deleted elsewhere forgotten", name)
+            self._forget(queue)
+            for consumer in list(queue.consumers):
+                consumer.cancelled_by_server()
+            queue.consumers.clear()
+            queue = None
         return queue if queue is not None else self._learn_queue(name)
 
     def _learn_queue(self, name: str) -> Queue | None:
@@ -667,6 +681,14 @@ class VirtualHost:
             raise self._locked(name)
         return queue
 
+    def _home_down(self, name: str, error: ShardUnavailable) -> AmqpChannelError:
+        """RabbitMQ's 404 for a queue whose owner does not answer."""
+        home = f"node {error.owner}" if error.owner is not None else f"shard {error.shard}"
+        return _not_found(
+            f"home node '{home}' of durable queue '{name}' in vhost '{self.name}' "
+            "is down or inaccessible"
+        )
+
     def _locked(self, name: str) -> AmqpChannelError:
         return AmqpChannelError(
             RESOURCE_LOCKED,
@@ -693,11 +715,7 @@ class VirtualHost:
                 # Another node's queue: its owner's counts now (a local one's are at hand).
                 stats = await self.api.refresh_queue(queue.handle)
             except ShardUnavailable as error:
-                home = f"node {error.owner}" if error.owner is not None else f"shard {error.shard}"
-                raise _not_found(
-                    f"home node '{home}' of durable queue '{name}' in vhost '{self.name}' "
-                    "is down or inaccessible"
-                ) from None
+                raise self._home_down(name, error) from None
             if stats is None:  # deleted on its owner meanwhile
                 self._forget(queue)
                 raise _not_found(f"no queue '{name}' in vhost '{self.name}'")
@@ -827,20 +845,37 @@ class VirtualHost:
         if queue.handle.message_ttl_ms is not None:
             self.expiring.add(queue)
 
-    def purge_queue(self, owner: object, name: str) -> int:
-        return self.queue(name, owner).handle.purge()
+    async def purge_queue(self, owner: object, name: str) -> int:
+        """queue.purge: the ready records dropped (another node's queue by its owner)."""
+        queue = self.queue(name, owner)
+        try:
+            purged = await self.api.purge_known_queue(queue.handle)
+        except ShardUnavailable as error:
+            raise self._home_down(name, error) from None
+        if purged is None:  # deleted on its owner meanwhile
+            self._forget(queue)
+            raise _not_found(f"no queue '{name}' in vhost '{self.name}'")
+        return purged
 
     async def delete_queue(
         self, owner: object, name: str, *, if_unused: bool, if_empty: bool
     ) -> int:
-        queue = self.queues.get(name)
+        queue = self.find_queue(name)  # (one another node declared is deleted here too)
         if queue is None:
             return 0  # RabbitMQ 3.x: deleting a missing queue is not an error
         if queue.owner is not None and queue.owner is not owner:
             raise self._locked(name)
-        if if_unused and queue.consumers:
+        try:
+            # The owner's counts now: its consumers include other nodes' (Consume streams).
+            stats = await self.api.refresh_queue(queue.handle)
+        except ShardUnavailable as error:
+            raise self._home_down(name, error) from None
+        if stats is None:  # deleted on its owner meanwhile
+            self._forget(queue)
+            return 0
+        if if_unused and (queue.consumers or stats.consumers):
             raise _precondition(f"queue '{name}' in vhost '{self.name}' in use")
-        count = queue.handle.message_count()
+        count = stats.ready
         if if_empty and count:
             raise _precondition(f"queue '{name}' in vhost '{self.name}' is not empty")
         await self.remove_queue(queue)
@@ -930,6 +965,29 @@ class VirtualHost:
         log.info("amqp: queue %r expired (x-expires %d ms unused)", queue.name, queue.expires_ms)
         self.remove_queue_soon(queue)
 
+    def _learn_owned_queues(self) -> None:
+        """In a cluster, now and then: learn the queues of this node's shards that other nodes
+        declared (:meth:`find_queue`), so their owner, here, sweeps their TTL and runs their
+        x-expires (docs/cluster.md section 8). A node alone declared all its queues itself."""
+        if self.api.this_node() == SINGLE_NODE_ID:
+            return
+        now = time.monotonic()
+        if now - self._owned_scanned_at < OWNED_QUEUES_SCAN_INTERVAL_S:
+            return
+        self._owned_scanned_at = now
+        for info in self.api.topics_with_config(CONFIG_KEY):
+            config = info.config.get(CONFIG_KEY)
+            if (
+                not isinstance(config, dict)
+                or config.get("object") != "queue"
+                or not self.owns_topic(info.name)
+                or not self.api.queue_is_local(info.name)
+            ):
+                continue
+            name = str(config.get("name", self.queue_name(info.name)))
+            if name not in self.queues:
+                self.find_queue(name)
+
     def _schedule_sweep(self) -> None:
         if self._loop is not None:
             self._sweeper = self._loop.call_later(TTL_SWEEP_INTERVAL_S, self._sweep)
@@ -937,6 +995,7 @@ class VirtualHost:
     def _sweep(self) -> None:
         """Expire (drop or dead-letter) records at the head of queues nobody drains."""
         try:
+            self._learn_owned_queues()
             for queue in list(self.expiring):
                 if queue.handle.message_count():
                     queue.handle.expire_head()

@@ -15,13 +15,20 @@ One cluster for the module; the tests run in order (the last one stops node 2).
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Iterator
 
+import aio_pika
 import pika
 import pytest
+from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
+from kafka.admin import NewTopic
+from kafka.structs import TopicPartition as KafkaTopicPartition
+from pika import BasicProperties
 from pika.adapters.blocking_connection import BlockingChannel
 from pika.exceptions import ChannelClosedByBroker
+from pika.spec import Basic
 
 from tests.cluster.cluster_fixture import Cluster
 from tests.cluster.redis_server import RedisServer
@@ -185,10 +192,291 @@ def test_x_expires_counts_consumers_of_other_nodes(cluster: Cluster) -> None:
         try:
             passive_count(cluster, 1, queue)
         except ChannelClosedByBroker as closed:
-            return closed.reply_code == 404
+            return bool(closed.reply_code == 404)
         return False
 
     eventually(gone, "the queue to expire once its remote consumer left")
+
+
+def get_one(channel: BlockingChannel, queue: str) -> tuple[Basic.GetOk, BasicProperties, bytes]:
+    """The next message of ``queue`` by basic.get, acked (asked until one comes: a remote
+    queue's get answers from a record fetched ahead)."""
+
+    def got() -> tuple[Basic.GetOk, BasicProperties, bytes] | None:
+        method, properties, body = channel.basic_get(queue, auto_ack=True)
+        return None if method is None else (method, properties, bytes(body))
+
+    result: tuple[Basic.GetOk, BasicProperties, bytes] = eventually(got, f"a message in {queue}")
+    return result
+
+
+def test_dead_letters_go_to_a_queue_of_another_node(cluster: Cluster) -> None:
+    """A queue of node 2 dead-letters (rejected, expired, over its delivery limit) through a
+    DLX to a queue of node 3; node 1 reads them with x-death as on a single node."""
+    source = cluster.name_owned_by(2, "an.dl.src", QUEUE_TOPIC)
+    limited = cluster.name_owned_by(2, "an.dl.lim", QUEUE_TOPIC)
+    expiring = cluster.name_owned_by(2, "an.dl.ttl", QUEUE_TOPIC)
+    dead = cluster.name_owned_by(3, "an.dl.dead", QUEUE_TOPIC)
+    dlx = "an.dlx"
+    connection = amqp(cluster[1])
+    try:
+        channel = connection.channel()
+        channel.confirm_delivery()
+        channel.exchange_declare(dlx, "direct", durable=True)
+        channel.queue_declare(dead, durable=True)
+        channel.queue_bind(dead, dlx, "dead")
+        dead_lettering = {"x-dead-letter-exchange": dlx, "x-dead-letter-routing-key": "dead"}
+        channel.queue_declare(source, durable=True, arguments=dead_lettering)
+        channel.queue_declare(
+            limited, durable=True, arguments={**dead_lettering, "x-delivery-limit": 1}
+        )
+        publish_confirmed(channel, "", source, b"rejected")
+        # Nothing on node 2 touches this one: its owner must learn it to expire its records.
+        channel.queue_declare(
+            expiring, durable=True, arguments={**dead_lettering, "x-message-ttl": 300}
+        )
+        publish_confirmed(channel, "", expiring, b"expired")
+        publish_confirmed(channel, "", limited, b"limited")
+    finally:
+        connection.close()
+
+    consumer = amqp(cluster[3])
+    try:
+        channel = consumer.channel()
+        method, _, body = get_one_unacked(channel, source)
+        assert body == b"rejected"
+        channel.basic_reject(method.delivery_tag, requeue=False)
+        for _ in range(2):  # delivery 1 and 2 requeued: the second is over the limit of 1
+            method, _, body = get_one_unacked(channel, limited)
+            assert body == b"limited"
+            channel.basic_nack(method.delivery_tag, requeue=True)
+    finally:
+        consumer.close()
+
+    reader = amqp(cluster[1])
+    try:
+        channel = reader.channel()
+        reasons = {}
+        for _ in range(3):
+            _, properties, body = get_one(channel, dead)
+            headers = properties.headers or {}
+            (death,) = headers["x-death"]
+            reasons[body] = (death["reason"], death["queue"], death["count"])
+            assert headers["x-first-death-reason"] == death["reason"]
+    finally:
+        reader.close()
+    assert reasons == {
+        b"rejected": ("rejected", source, 1),
+        b"expired": ("expired", expiring, 1),
+        b"limited": ("delivery_limit", limited, 1),
+    }
+    eventually(lambda: passive_count(cluster, 2, source) == 0, "node 2's queue emptied")
+
+
+def get_one_unacked(
+    channel: BlockingChannel, queue: str
+) -> tuple[Basic.GetOk, BasicProperties, bytes]:
+    """The next message of ``queue`` by basic.get, left unacked (asked until one comes)."""
+
+    def got() -> tuple[Basic.GetOk, BasicProperties, bytes] | None:
+        method, properties, body = channel.basic_get(queue, auto_ack=False)
+        return None if method is None else (method, properties, bytes(body))
+
+    result: tuple[Basic.GetOk, BasicProperties, bytes] = eventually(got, f"a message in {queue}")
+    return result
+
+
+def test_the_delayed_exchange_delivers_to_another_nodes_queue_once(cluster: Cluster) -> None:
+    """An x-delayed-message exchange declared on node 1 and its queue on node 3: each record
+    delivered once, not before its x-delay."""
+    queue = cluster.name_owned_by(3, "an.delayed.q", QUEUE_TOPIC)
+    exchange = "an.delayed"
+    delay_ms = 800
+    connection = amqp(cluster[1])
+    try:
+        channel = connection.channel()
+        channel.confirm_delivery()
+        channel.exchange_declare(
+            exchange, "x-delayed-message", durable=True, arguments={"x-delayed-type": "direct"}
+        )
+        channel.queue_declare(queue, durable=True)
+        channel.queue_bind(queue, exchange, "k")
+        started = time.monotonic()
+        for number in range(3):
+            channel.basic_publish(
+                exchange,
+                "k",
+                f"late-{number}".encode(),
+                pika.BasicProperties(delivery_mode=2, headers={"x-delay": delay_ms}),
+            )
+        channel.basic_publish(exchange, "k", b"now", pika.BasicProperties(delivery_mode=2))
+    finally:
+        connection.close()
+
+    consumer = amqp(cluster[3])
+    try:
+        channel = consumer.channel()
+        arrived: list[tuple[bytes, float]] = []
+        end = time.monotonic() + DEADLINE_S
+        for method, _, body in channel.consume(queue, auto_ack=True, inactivity_timeout=0.2):
+            if method is not None:
+                arrived.append((bytes(body), time.monotonic() - started))
+            if len(arrived) >= 4 and time.monotonic() - started > delay_ms / 1000 + 1.5:
+                break  # (a while after the delay: a second copy would have come by now)
+            if time.monotonic() > end:
+                break
+        channel.cancel()
+    finally:
+        consumer.close()
+    bodies = [body for body, _ in arrived]
+    assert sorted(bodies) == [b"late-0", b"late-1", b"late-2", b"now"]
+    for body, at in arrived:
+        if body.startswith(b"late"):
+            assert at >= delay_ms / 1000, (body, at)
+
+
+def test_requeue_by_a_remote_consumer_redelivers(cluster: Cluster) -> None:
+    """basic.nack and basic.reject with requeue from node 3 on node 2's queue: redelivered
+    with redelivered=True, through pika and aio-pika."""
+    queue = cluster.name_owned_by(2, "an.rq", QUEUE_TOPIC)
+    connection = amqp(cluster[1])
+    try:
+        channel = connection.channel()
+        channel.confirm_delivery()
+        channel.queue_declare(queue, durable=True)
+        publish_confirmed(channel, "", queue, b"again")
+    finally:
+        connection.close()
+
+    consumer = amqp(cluster[3])
+    try:
+        channel = consumer.channel()
+        channel.basic_qos(prefetch_count=1)
+        seen: list[tuple[bytes, bool]] = []
+        end = time.monotonic() + DEADLINE_S
+        for method, _, body in channel.consume(queue, inactivity_timeout=0.5):
+            if method is not None:
+                seen.append((bytes(body), bool(method.redelivered)))
+                if len(seen) == 1:
+                    channel.basic_nack(method.delivery_tag, requeue=True)
+                elif len(seen) == 2:
+                    channel.basic_reject(method.delivery_tag, requeue=True)
+                else:
+                    channel.basic_ack(method.delivery_tag)
+                    break
+            if time.monotonic() > end:
+                break
+        channel.cancel()
+    finally:
+        consumer.close()
+    assert seen == [(b"again", False), (b"again", True), (b"again", True)]
+
+    async def with_aio_pika() -> list[tuple[bytes, bool]]:
+        url = cluster[3].amqp_url
+        async with await aio_pika.connect(url) as connection:
+            channel = await connection.channel()
+            await channel.set_qos(prefetch_count=1)
+            publisher = await aio_pika.connect(cluster[1].amqp_url)
+            async with publisher:
+                confirmed = await publisher.channel(publisher_confirms=True)
+                await confirmed.default_exchange.publish(
+                    aio_pika.Message(b"aio", delivery_mode=aio_pika.DeliveryMode.PERSISTENT),
+                    routing_key=queue,
+                )
+            remote = await channel.get_queue(queue)
+            got: list[tuple[bytes, bool]] = []
+            async with asyncio.timeout(DEADLINE_S), remote.iterator() as messages:
+                async for message in messages:
+                    got.append((message.body, bool(message.redelivered)))
+                    if len(got) == 1:
+                        await message.nack(requeue=True)
+                    elif len(got) == 2:
+                        await message.reject(requeue=True)
+                    else:
+                        await message.ack()
+                        break
+            return got
+
+    assert asyncio.run(with_aio_pika()) == [(b"aio", False), (b"aio", True), (b"aio", True)]
+    eventually(lambda: passive_count(cluster, 2, queue) == 0, "both acked on node 2")
+
+
+def test_purge_and_delete_through_a_node_that_does_not_own_the_queue(cluster: Cluster) -> None:
+    """queue.purge and queue.delete through node 3 of node 2's queue act on the owner (its
+    counts in the answers, if-empty on its records); node 1 then finds the queue gone."""
+    queue = cluster.name_owned_by(2, "an.pd", QUEUE_TOPIC)
+    connection = amqp(cluster[1])
+    try:
+        channel = connection.channel()
+        channel.confirm_delivery()
+        channel.queue_declare(queue, durable=True)
+        for number in range(4):
+            publish_confirmed(channel, "", queue, f"p-{number}".encode())
+    finally:
+        connection.close()
+    eventually(lambda: passive_count(cluster, 3, queue) == 4, "node 3 counts node 2's queue")
+
+    other = amqp(cluster[3])
+    try:
+        channel = other.channel()
+        assert channel.queue_purge(queue).method.message_count == 4
+        assert passive_count(cluster, 2, queue) == 0
+        channel.confirm_delivery()
+        publish_confirmed(channel, "", queue, b"left")
+        with pytest.raises(ChannelClosedByBroker) as refused:
+            channel.queue_delete(queue, if_empty=True)
+        assert refused.value.reply_code == 406
+    finally:
+        other.close()
+    assert passive_count(cluster, 2, queue) == 1
+
+    deleter = amqp(cluster[3])
+    try:
+        assert deleter.channel().queue_delete(queue).method.message_count == 1
+    finally:
+        deleter.close()
+
+    for node_id in (1, 2, 3):
+        with pytest.raises(ChannelClosedByBroker) as missing:
+            passive_count(cluster, node_id, queue)
+        assert missing.value.reply_code == 404, node_id
+
+
+def test_a_kafka_topic_deleted_through_node_1_loses_its_records_on_every_node(
+    cluster: Cluster,
+) -> None:
+    """DeleteTopics on node 1 of a topic whose partitions nodes 2 and 3 lead drops their
+    records there: the topic created again under that name starts empty, as in Kafka."""
+    topic = "an.kafka.deleted"
+    partitions = 6
+    bootstrap = f"127.0.0.1:{cluster[1].kafka_port}"
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap)
+    try:
+        admin.create_topics([NewTopic(topic, partitions, 1)])
+        (described,) = admin.describe_topics([topic])
+        leaders = {p.get("leader", p.get("leader_id")) for p in described["partitions"]}
+        assert {2, 3} <= leaders, leaders  # (partitions placed by name over 12 shards)
+        producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all")
+        try:
+            for partition in range(partitions):
+                producer.send(topic, b"before", partition=partition).get(DEADLINE_S)
+        finally:
+            producer.close()
+        every = [KafkaTopicPartition(topic, partition) for partition in range(partitions)]
+        assert set(consumer.end_offsets(every).values()) == {1}
+
+        admin.delete_topics([topic])
+        # Created again once every node has followed the deletion (the name is free).
+        eventually(
+            lambda: admin.create_topics([NewTopic(topic, partitions, 1)]) is not None,
+            "the topic created again",
+        )
+        ends = eventually(lambda: consumer.end_offsets(every), "the new topic's end offsets")
+    finally:
+        consumer.close()
+        admin.close()
+    assert ends == {partition: 0 for partition in every}
 
 
 def test_passive_declare_of_a_stopped_owners_queue_is_404_home_node(cluster: Cluster) -> None:
