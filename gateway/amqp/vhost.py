@@ -637,14 +637,18 @@ class VirtualHost:
         declared (learned now: in a cluster any node knows every queue, as in RabbitMQ)."""
         queue = self.queues.get(name)
         if queue is not None and queue.handle.deleted and not queue.deleted:
-            # Deleted through another node: this node, its owner, closed it as it followed.
-            log.info("amqp: queue %r deleted elsewhere forgotten", name)
-            self._forget(queue)
-            for consumer in list(queue.consumers):
-                consumer.cancelled_by_server()
-            queue.consumers.clear()
+            self._deleted_elsewhere(queue)
             queue = None
         return queue if queue is not None else self._learn_queue(name)
+
+    def _deleted_elsewhere(self, queue: Queue) -> None:
+        """``queue`` was deleted through another node, and this node, its owner, closed its
+        ack queue as it followed: forget it, and cancel its consumers here (Basic.Cancel)."""
+        log.info("amqp: queue %r deleted through another node", queue.name)
+        self._forget(queue)
+        for consumer in list(queue.consumers):
+            consumer.cancelled_by_server()
+        queue.consumers.clear()
 
     def _learn_queue(self, name: str) -> Queue | None:
         topic = self.queue_topic(name)
@@ -968,13 +972,16 @@ class VirtualHost:
     def _learn_owned_queues(self) -> None:
         """In a cluster, now and then: learn the queues of this node's shards that other nodes
         declared (:meth:`find_queue`), so their owner, here, sweeps their TTL and runs their
-        x-expires (docs/cluster.md section 8). A node alone declared all its queues itself."""
+        x-expires (docs/cluster.md section 8), and forget those other nodes deleted. A node
+        alone declared and deleted all its queues itself."""
         if self.api.this_node() == SINGLE_NODE_ID:
             return
         now = time.monotonic()
         if now - self._owned_scanned_at < OWNED_QUEUES_SCAN_INTERVAL_S:
             return
         self._owned_scanned_at = now
+        for queue in [q for q in self.queues.values() if q.handle.deleted and not q.deleted]:
+            self._deleted_elsewhere(queue)
         for info in self.api.topics_with_config(CONFIG_KEY):
             config = info.config.get(CONFIG_KEY)
             if (

@@ -442,6 +442,48 @@ def test_purge_and_delete_through_a_node_that_does_not_own_the_queue(cluster: Cl
         assert missing.value.reply_code == 404, node_id
 
 
+def is_gone(cluster: Cluster, node_id: int, queue: str) -> bool:
+    """Whether a passive declare of ``queue`` on node ``node_id`` is 404."""
+    try:
+        passive_count(cluster, node_id, queue)
+    except ChannelClosedByBroker as closed:
+        return bool(closed.reply_code == 404)
+    return False
+
+
+def test_the_owner_expires_and_cancels_for_queues_other_nodes_handle(cluster: Cluster) -> None:
+    """The owner runs x-expires of a queue declared through node 1 (nothing on node 2 touches
+    it), and a queue deleted through node 3 cancels the owner's own consumer (Basic.Cancel)."""
+    expiring = cluster.name_owned_by(2, "an.exp.elsewhere", QUEUE_TOPIC)
+    consumed = cluster.name_owned_by(2, "an.cancel", QUEUE_TOPIC)
+    connection = amqp(cluster[1])
+    try:
+        channel = connection.channel()
+        channel.queue_declare(expiring, arguments={"x-expires": 500})
+        channel.queue_declare(consumed, durable=True)
+    finally:
+        connection.close()
+
+    owner = amqp(cluster[2])
+    try:
+        channel = owner.channel()
+        cancelled: list[str] = []
+        channel.add_on_cancel_callback(lambda frame: cancelled.append(frame.method.consumer_tag))
+        tag = channel.basic_consume(consumed, lambda *_: None)
+        deleter = amqp(cluster[3])
+        try:
+            deleter.channel().queue_delete(consumed)
+        finally:
+            deleter.close()
+        end = time.monotonic() + DEADLINE_S
+        while not cancelled and time.monotonic() < end:
+            owner.process_data_events(time_limit=0.1)
+        assert cancelled == [tag]
+    finally:
+        owner.close()
+    eventually(lambda: is_gone(cluster, 1, expiring), "the owner to expire the queue")
+
+
 def test_a_kafka_topic_deleted_through_node_1_loses_its_records_on_every_node(
     cluster: Cluster,
 ) -> None:
