@@ -94,6 +94,7 @@ from gateway.mqtt.session import NEVER_EXPIRES, Connection
 from gateway.mqtt.shared import SharedGroup
 from gateway.mqtt.subscriptions import Inflight, Sub, combine, record_tags
 from gateway.mqtt.sys import SYS_LEVEL, SysTopics, is_sys_topic
+from gateway.mqtt.wills import will_record
 
 __all__ = ["MqttHub", "MqttOptions"]  # MqttOptions: where the listeners and tests found it
 
@@ -215,7 +216,7 @@ class MqttHub:
         if existing is not None and existing.connection is not None:
             existing.connection.take_over()
             existing = self.sessions.get(client_id)
-        if existing is None:
+        if existing is None or existing.connection is None:
             existing = await self._session_saved_elsewhere(connection.context, client_id)
         if existing is not None and clean_start:
             await self.end_session(existing)  # [MQTT-3.1.2-4]
@@ -226,7 +227,9 @@ class MqttHub:
                 # ShardUnavailable: CONNACK 0x88, not a session that receives nothing.
                 await self.api.declare_session_queue(connection.context, existing.queue_name)
             self._cancel_timers(existing)
-            existing.pending_will = None  # back before the Will Delay [MQTT-3.1.3-9]
+            if existing.pending_will is not None:  # back before the Will Delay [MQTT-3.1.3-9]
+                existing.pending_will = None
+                self.api.hold_will(existing.context, None)
             existing.expiry_interval = expiry
             existing.disconnected_ms = None  # online: a crash now restarts its expiry clock
             self.persist(existing)
@@ -247,9 +250,19 @@ class MqttHub:
         (its state in its shard, docs/cluster.md section 8), rebuilt here; None if it has
         none (or it expired meanwhile). ShardUnavailable when its shards cannot be reached."""
         raw = await self.api.load_session_state(context, client_id)
-        if raw is None or client_id in self.sessions:
-            return self.sessions.get(client_id)
-        await self._restore(client_id, json.loads(raw), now_ms())
+        kept = self.sessions.get(client_id)
+        if raw is None or (kept is not None and kept.connection is not None):
+            return kept
+        data = json.loads(raw)
+        if kept is not None:
+            # An offline copy here (restored at start, or left by a refused CONNECT): the state
+            # in the shard is the newer one when the session was used on another node since.
+            mine = kept.to_json()
+            if all(mine[key] == data.get(key) for key in ("subs", "qos2", "released")):
+                return kept
+            self._cancel_timers(kept)
+            del self.sessions[client_id]
+        await self._restore(client_id, data, now_ms())
         session = self.sessions.get(client_id)
         if session is not None:
             log.info("mqtt %r: session resumed from its saved state", client_id)
@@ -284,6 +297,8 @@ class MqttHub:
         session.detach()
         if will is not None:
             self._schedule_will(session, will, connection.context)
+        elif connection.will is not None:  # a normal DISCONNECT: the will is dropped
+            self.api.hold_will(connection.context, None)
         if session.expiry_interval == 0 or session.ended:
             self.end_session_soon(session)
             return
@@ -352,6 +367,11 @@ class MqttHub:
 
     # -- wills -----------------------------------------------------------------------------
 
+    def hold_will(self, session: Session, will: Will) -> None:
+        """A connection of ``session`` with ``will`` is open: on a cluster node the will is
+        written down for the node that would publish it should this one die."""
+        self.api.hold_will(session.context, will_record(will, session.expiry_interval))
+
     def _schedule_will(self, session: Session, will: Will, context: ClientContext) -> None:
         delay = will.properties.will_delay_interval or 0
         if delay == 0 or session.expiry_interval == 0:
@@ -378,6 +398,7 @@ class MqttHub:
             will.properties,
         )
         self.metrics["wills_published"] += 1
+        self.api.hold_will(context, None)
         if self.api.publishing_blocked():
             self.spawn(self._publish_will_later(context, packet))
             return
@@ -831,6 +852,9 @@ class MqttHub:
         group = self.groups.get(name)
         if group is not None:
             return group
+        # On a cluster node other nodes may read the queue too: this node is written down
+        # as one with members before it declares the queue (_drop_group's check).
+        await self.api.shared_group_joined(context, name)
         # The group's tag filter is set when its queue is created (durable with it).
         await self.api.declare_session_queue(context, name, tag_filter=tag_filter)
         await self._bind(context, plan, name)
@@ -841,6 +865,8 @@ class MqttHub:
     async def _drop_group(self, context: ClientContext, group: SharedGroup) -> None:
         self.groups.pop(group.name, None)
         group.stop()
+        if not await self.api.shared_group_left(context, group.name):
+            return  # members on other nodes: the queue and its bindings stay theirs
         global_specs = sum(1 for spec in group.plan if spec.source == GLOBAL_SOURCE)
         if await self.api.discard_session_queue(context, group.name):
             self.global_bindings -= global_specs
@@ -888,6 +914,8 @@ class MqttHub:
     async def _saved_elsewhere(self, queue_name: str) -> bool:
         """Whether the session queue ``queue_name`` belongs to a session whose state another
         node's shard holds (a cluster: kept; ask again when that shard cannot be reached)."""
+        if queue_name.startswith(GROUP_QUEUE_PREFIX):
+            return await self.api.shared_group_elsewhere(self.context, queue_name)
         if not queue_name.startswith(SESSION_QUEUE_PREFIX):
             return False
         client_id = queue_name[len(SESSION_QUEUE_PREFIX) :]
