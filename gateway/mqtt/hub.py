@@ -904,7 +904,13 @@ class MqttHub:
         self.global_bindings = 0
         for key in api.session_queue_bindings(ours):
             source, kind, pattern, name = key
-            if key not in expected:
+            # (On a cluster node the bindings are the whole cluster's: those of queues of
+            # other nodes' shards, or of sessions saved in other shards, are not this hub's.)
+            if (
+                key not in expected
+                and api.queue_is_local(name)
+                and not await self._saved_elsewhere(name)
+            ):
                 await api.unbind_session_queue(context, source, kind, pattern, name)
             elif source == GLOBAL_SOURCE:
                 self.global_bindings += 1

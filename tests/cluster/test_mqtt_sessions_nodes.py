@@ -27,6 +27,7 @@ from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
+from core.cluster.placement import session_shard
 from tests.cluster.cluster_fixture import Cluster
 from tests.cluster.redis_server import RedisServer
 from tests.cluster.test_node import DEADLINE_S, eventually, redis_server
@@ -151,6 +152,19 @@ def session_owned_by(cluster: Cluster, node_id: int, prefix: str) -> str:
     return cluster.name_owned_by(node_id, prefix, "__mqtt.session.")
 
 
+def session_split(cluster: Cluster, queue_node: int, state_node: int, prefix: str) -> str:
+    """A client id whose session queue node ``queue_node`` owns and whose saved state (placed
+    by client id) node ``state_node`` owns."""
+    for number in range(10_000):
+        client_id = f"{prefix}{number}"
+        if (
+            cluster.queue_owner(f"__mqtt.session.{client_id}") == queue_node
+            and cluster.owner(session_shard(client_id, SHARDS)) == state_node
+        ):
+            return client_id
+    raise AssertionError(f"no client id with its queue on {queue_node}, state on {state_node}")
+
+
 def until_routed(subscriber: Client, publisher: Client, topic: str) -> None:
     """Publish ``topic`` through ``publisher`` until ``subscriber`` gets one: the publishing
     node has followed the subscription's binding (the probes left over are dropped later)."""
@@ -244,7 +258,7 @@ def test_a_session_whose_shard_no_node_serves_is_refused_not_hung(cluster: Clust
     existing one (queued messages waiting) of node 3's shard are refused on node 1 meanwhile;
     once node 3 is back the existing one resumes there with what was queued."""
     session_id = cluster.name_owned_by(3, "orphan-", "__mqtt.session.")
-    waiting_id = session_owned_by(cluster, 3, "waiting-")
+    waiting_id = session_split(cluster, 3, 1, "waiting-")  # state in node 1's shard
     group_filter = shared_filter_owned_by(cluster, 3)
     ok_group = shared_filter_owned_by(cluster, 1)
     publisher = Client(cluster[2].mqtt_port, "waiting-publisher").connect()
@@ -281,6 +295,13 @@ def test_a_session_whose_shard_no_node_serves_is_refused_not_hung(cluster: Clust
     try:
         assert back.session_present is True
         assert received_until(back, "waiting/end") == sent
+        # Its subscription (a binding) outlived node 3's restart, which reconciled bindings
+        # with the sessions saved in its own shards only.
+        publisher = Client(cluster[2].mqtt_port, "waiting-publisher").connect()
+        publisher.publish("waiting/after", b"after")
+        publisher.publish("waiting/end", b"end")
+        publisher.close()
+        assert received_until(back, "waiting/end") == [("waiting/after", b"after")]
     finally:
         back.close()
 
