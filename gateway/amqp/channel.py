@@ -311,10 +311,11 @@ class Channel:
         )
         self.last_queue = queue.name
         if not m.nowait:
+            # Consumers of every node, as RabbitMQ counts them: the owner's ack queue has
+            # other nodes' Consume streams, and another node's queue its owner's last count.
+            consumers = max(len(queue.consumers), queue.handle.stats().consumers)
             self.write_method(
-                commands.Queue.DeclareOk(
-                    queue.name, queue.handle.message_count(), len(queue.consumers)
-                )
+                commands.Queue.DeclareOk(queue.name, queue.handle.message_count(), consumers)
             )
 
     def queue_bind(self, m: commands.Queue.Bind) -> Awaitable[None] | None:

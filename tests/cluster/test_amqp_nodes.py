@@ -403,7 +403,8 @@ def test_requeue_by_a_remote_consumer_redelivers(cluster: Cluster) -> None:
 
 def test_purge_and_delete_through_a_node_that_does_not_own_the_queue(cluster: Cluster) -> None:
     """queue.purge and queue.delete through node 3 of node 2's queue act on the owner (its
-    counts in the answers, if-empty on its records); node 1 then finds the queue gone."""
+    counts in the answers, if-empty on its records, if-unused on its consumers, one of them
+    node 1's); nodes 1 to 3 then find the queue gone."""
     queue = cluster.name_owned_by(2, "an.pd", QUEUE_TOPIC)
     connection = amqp(cluster[1])
     try:
@@ -429,6 +430,30 @@ def test_purge_and_delete_through_a_node_that_does_not_own_the_queue(cluster: Cl
     finally:
         other.close()
     assert passive_count(cluster, 2, queue) == 1
+
+    consumer = amqp(cluster[1])  # a consumer on node 1 of node 2's queue: in use
+    try:
+        consumer.channel().basic_consume(queue, lambda *_: None)
+
+        def consumers_seen_on_node_3() -> int:
+            connection = amqp(cluster[3])
+            try:
+                declared = connection.channel().queue_declare(queue, passive=True)
+                return int(declared.method.consumer_count)
+            finally:
+                connection.close()
+
+        eventually(consumers_seen_on_node_3, "node 1's consumer counted by the owner")
+        other = amqp(cluster[3])
+        try:
+            with pytest.raises(ChannelClosedByBroker) as refused:
+                other.channel().queue_delete(queue, if_unused=True)
+            assert refused.value.reply_code == 406
+        finally:
+            other.close()
+    finally:
+        consumer.close()  # (its unacked message goes back to the queue)
+    eventually(lambda: passive_count(cluster, 2, queue) == 1, "the message back in the queue")
 
     deleter = amqp(cluster[3])
     try:
