@@ -567,6 +567,9 @@ class BraidServer:
         self.more_stores: list[tuple[int, LogStore]] = []
         self.shard_number = 0
         self._fence_task: asyncio.Task[None] | None = None
+        # Shards taken over from dead nodes (issue 23), opened and served one at a time.
+        self._taking: set[asyncio.Task[None]] = set()
+        self._take_lock = asyncio.Lock()
         # A cluster node's broker joined to the other nodes' shards (one per serving), and
         # its cluster-wide HTTP answers (registered once per process: gRPC takes each Admin
         # call once; attached to each new broker).
@@ -846,6 +849,7 @@ class BraidServer:
             secret=cluster.secret,
             max_message_size=self.settings.limits.max_message_size,
             on_fenced=self._on_fenced,
+            on_taken=self._on_taken,
         )
         if listeners.kafka_advertised_host is None:
             # Kafka clients are told the node's advertised host, as other nodes are.
@@ -895,6 +899,53 @@ class BraidServer:
         await node.copy_adopted_definitions(metadata.local)
         await self._serve(store, metadata)
 
+    def _on_taken(self, shard: int, epoch: int) -> None:
+        """Membership took ``shard`` over at ``epoch`` (issue 23): recover and serve it."""
+        if self.stopping:
+            return
+        task = asyncio.get_running_loop().create_task(
+            self._take_shard(shard, epoch), name=f"braid-take-{shard}"
+        )
+        self._taking.add(task)
+        task.add_done_callback(self._taking.discard)
+
+    async def _take_shard(self, shard: int, epoch: int) -> None:
+        """Open the taken shard (recovery in a worker thread, as at start) and add it to the
+        running broker; a standby serves from scratch."""
+        async with self._take_lock:
+            node = self.cluster_node
+            if node is None or self.stopping or self._fence_task is not None:
+                return
+            if node.owned.get(shard) != epoch:
+                return  # fenced or claimed again since
+            broker = self.broker
+            try:
+                if broker is None:
+                    await self._serve_shard(epoch)  # a standby: every shard it owns now
+                    log.warning("took over shard %d at epoch %d: serving", shard, epoch)
+                    return
+                if broker.shards.local(shard) is not None:
+                    return
+                store = await asyncio.to_thread(
+                    node.open_taken_shard, self.settings.log_config(), shard, epoch
+                )
+                if self.broker is not broker or node.owned.get(shard) != epoch or self.stopping:
+                    store.abandon()
+                    return
+                self.more_stores.append((shard, store))
+                await store.start()
+                await broker.add_shard(shard, store)
+            except Exception:
+                log.exception("serving shard %d taken over at epoch %d failed", shard, epoch)
+                return
+            log.warning(
+                "took over shard %d at epoch %d: write position %d, %d records replayed",
+                shard,
+                epoch,
+                store.commitlog.write_position,
+                store.recovery.replayed_records,
+            )
+
     def _on_fenced(self, reason: str) -> None:
         """Membership lost the lease (section 11): drop what this node serves without writing,
         then rejoin and serve again what it owns then."""
@@ -907,7 +958,8 @@ class BraidServer:
 
     async def _recover_from_fence(self) -> None:
         try:
-            await self._drop_serving(fenced=True)
+            async with self._take_lock:
+                await self._drop_serving(fenced=True)
             node = self.cluster_node
             if node is None or self.stopping:
                 return
@@ -1080,7 +1132,8 @@ class BraidServer:
         if fence_task is not None and fence_task is not asyncio.current_task():
             fence_task.cancel()
             await asyncio.gather(fence_task, return_exceptions=True)
-        await self._drop_serving(fenced=False)
+        async with self._take_lock:  # a shard being taken over is added, or abandoned, first
+            await self._drop_serving(fenced=False)
         node, self.cluster_node = self.cluster_node, None
         if node is not None:
             await node.stop()

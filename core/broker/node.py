@@ -197,6 +197,20 @@ class Node:
             if shard is not None:  # (a queue of another node's shard is opened there)
                 shard.open_ack_queue(destination, ack_queue_config_from_json(raw["config"]))
 
+    async def add_shard(self, number: int, store: LogStore) -> Shard:
+        """Serve shard ``number`` from now on, over its opened and started ``store`` (taken
+        over from a node that died, issue 23): its queues opened as at start, then started."""
+        shard = Shard(number, store, self.config, self, LocalMetadata(store))
+        for _key, value in self.metadata.items(KIND_QUEUE):
+            raw = json.loads(value)
+            destination = (raw["topic"], int(raw["queue"]))
+            if self.shards.queue_number(*destination) == number:
+                shard.open_ack_queue(destination, ack_queue_config_from_json(raw["config"]))
+        self.shards.add(shard)
+        shard.listen()
+        await shard.start()
+        return shard
+
     async def start(self) -> None:
         for shard in self.shards:
             await shard.start()

@@ -80,6 +80,15 @@ class ShardSet:
             raise ShardUnavailable(number, reason="not served by this node")
         return shard
 
+    def add(self, shard: Shard) -> None:
+        """Serve ``shard`` from now on (taken over from a node that died, issue 23). The home
+        shard stays the one the node started with: its metadata and live feed are over it."""
+        number = shard.number
+        if not 0 <= number < self.count or number in self._local:
+            raise ValueError(f"shard {number} is served already or not in 0..{self.count - 1}")
+        self._local[number] = shard
+        self._shards = tuple(sorted((*self._shards, shard), key=lambda s: s.number))
+
     def local(self, number: int) -> Shard | None:
         """The local shard ``number``, or None when another node serves it."""
         return self._local.get(number)

@@ -12,8 +12,15 @@ One :class:`Membership` per node process. :meth:`Membership.start`:
    every node;
 4. claims its shards: those recorded as its own (a restart with the same node id takes them
    back, at a new epoch) and those the plan gives it that nobody owns. A shard recorded as
-   another node's is left alone, live or not: taking over a dead node's shards is issue 23
-   (section 12); :meth:`Membership.claim` is the primitive it will use.
+   another node's is left alone at the join, live or not;
+5. takes over (issue 23, section 12; ``[cluster] takeover``, on by default): every
+   ``heartbeat_ms`` after the join it reads the ownership table and the live nodes; a shard
+   nobody owns, or whose recorded owner holds no lease (dead, or released by a clean stop), is
+   an orphan, and the plan over the live nodes (the same :func:`plan`: balanced, every node
+   computes the same) says who claims it. This node claims its orphans (a new epoch, the epoch
+   file, as any claim) and tells the node (``on_taken(shard, epoch)``), which recovers and
+   serves them. A node that comes back later finds its old shards owned by live nodes and
+   claims only orphans: nothing is stolen back (rebalancing is later work).
 
 A claim (:meth:`Membership.claim`): read the shard's epoch, ``claim_shard(expected)`` (the
 compare-and-set of claim.lua), then create the epoch file ``epochs/<epoch>`` with ``O_EXCL``
@@ -85,6 +92,7 @@ MAX_CLAIM_ATTEMPTS: Final = 8
 _REDIS_ERRORS: Final = (redis_errors.RedisError, OSError)
 
 OnOwned = Callable[[int, int], None]
+OnTaken = Callable[[int, int], None]
 OnFenced = Callable[[str], None]
 
 
@@ -152,6 +160,7 @@ class Membership:
         clock: Clock | None = None,
         on_owned: OnOwned | None = None,
         on_fenced: OnFenced | None = None,
+        on_taken: OnTaken | None = None,
         formation_wait_ms: int = FORMATION_WAIT_MS,
     ) -> None:
         if metadata.cluster_id != layout.cluster_id:
@@ -170,7 +179,12 @@ class Membership:
         self._clock = clock or LoopClock()
         self._on_owned = on_owned
         self._on_fenced = on_fenced
+        self._on_taken = on_taken
         self._incarnation: int | None = None
+        # The incarnation whose join finished (its claims made): takeover runs only then, or a
+        # node waiting for the formation would take every shard as an orphan.
+        self._joined: int | None = None
+        self._taker: asyncio.Task[None] | None = None
         self._owned: dict[int, int] = {}  # shard -> epoch, made real by its epoch file
         # When the last successful renewal was sent; None while no lease is counted (before
         # the first renewal of a join, after a fence or a stop).
@@ -274,6 +288,11 @@ class Membership:
             )
             live = await self._live_for_plan(wait=wait_for_formation)
             await self._claim_mine(live, incarnation)
+            self._joined = incarnation
+            if settings.takeover:
+                self._taker = asyncio.get_running_loop().create_task(
+                    self._take_over_forever(incarnation), name=f"braid-takeover-{self.node_id}"
+                )
         except BaseException as error:
             if self._incarnation == incarnation and not self._fenced:
                 await self._leave(incarnation, error)
@@ -417,6 +436,81 @@ class Membership:
         if self._incarnation != incarnation or self._fenced or self._stopped:
             raise NotMember(f"node {self.node_id} was fenced while claiming shard {shard}")
 
+    # -- taking over (issue 23) -------------------------------------------------------------
+
+    async def _take_over_forever(self, incarnation: int) -> None:
+        """Every heartbeat: claim this node's share of the orphaned shards (module docstring,
+        step 5). A failed reading of Redis is tried again at the next heartbeat."""
+        while self._active(incarnation):
+            await self._sleep_ms(self.settings.heartbeat_ms)
+            if not self._active(incarnation) or not self.holds_lease():
+                return
+            try:
+                await self.take_over(incarnation)
+            except _REDIS_ERRORS as error:
+                log.warning("node %s: looking for orphaned shards failed: %s", self.node_id, error)
+
+    def _active(self, incarnation: int) -> bool:
+        return (
+            self._joined == incarnation
+            and self._incarnation == incarnation
+            and not self._fenced
+            and not self._stopped
+        )
+
+    async def orphans(self) -> tuple[list[int], list[str]]:
+        """The shards nobody serves (no owner, or an owner without a lease) and the live node
+        ids, as Redis has them now."""
+        live = sorted(await self.metadata.live_nodes(), key=node_order)
+        records = await self.metadata.shard_owners()
+        orphaned: list[int] = []
+        for shard in range(self.layout.shards):
+            record = records.get(shard)
+            owner = record.owner if record is not None else None
+            if owner is None or owner not in live:
+                orphaned.append(shard)
+        return orphaned, live
+
+    async def take_over(self, incarnation: int) -> dict[int, int]:
+        """Claim the orphaned shards the plan over the live nodes gives this node; returns
+        those claimed with their epochs (each also told to ``on_taken``)."""
+        orphaned, live = await self.orphans()
+        if not orphaned or self.node_id not in live:
+            return {}
+        planned = plan(live, self.layout.shards)
+        mine = [shard for shard in orphaned if planned[shard] == self.node_id]
+        if not mine:
+            return {}
+        log.warning(
+            "node %s: taking over shards %s (orphaned: %s; live nodes: %s)",
+            self.node_id,
+            mine,
+            orphaned,
+            ", ".join(live),
+        )
+        records = await self.metadata.shard_owners()
+        taken: dict[int, int] = {}
+        for shard in mine:
+            if not self._active(incarnation):
+                break
+            try:
+                epoch = await self._claim(shard, records.get(shard), incarnation)
+            except NotMember:
+                break
+            except ClaimRefused as refused:
+                if refused.reason == REFUSED_LEASE:
+                    break  # _claim fenced the node
+                # Another node's claim won (its plan saw other live nodes): it serves it.
+                log.info("node %s: shard %d not taken over: %s", self.node_id, shard, refused)
+                continue
+            taken[shard] = epoch
+            if self._on_taken is not None:
+                try:
+                    self._on_taken(shard, epoch)
+                except Exception:
+                    log.exception("on_taken(%d, %d) failed", shard, epoch)
+        return taken
+
     # -- the lease -------------------------------------------------------------------------
 
     async def _renew_forever(self, incarnation: int) -> None:
@@ -482,9 +576,9 @@ class Membership:
         self._last_ok_ms = None
         self._disarm_lease_timer()
         dropped, self._owned = self._owned, {}
-        renewer = self._renewer
-        if renewer is not None and renewer is not asyncio.current_task():
-            renewer.cancel()
+        for task in (self._renewer, self._taker):
+            if task is not None and task is not asyncio.current_task():
+                task.cancel()
         log.warning(
             "node %s: fenced (incarnation %s): %s; dropped shards %s",
             self.node_id,
@@ -529,6 +623,11 @@ class Membership:
         if self._stopped:
             return
         incarnation = self._incarnation
+        taker, self._taker = self._taker, None
+        if taker is not None:  # no claim may start while the owned shards are closed
+            taker.cancel()
+            # Bounded: a Redis call stuck past its cancellation must not keep the node up.
+            await asyncio.wait({taker}, timeout=self.settings.heartbeat_ms / 1000)
         for shard, epoch in sorted(self._owned.items()):
             if not self.holds_lease():  # fenced meanwhile: the shards are not ours to close
                 break

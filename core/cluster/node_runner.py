@@ -15,7 +15,9 @@ any number of the root's (section 6); the others are other nodes', reached throu
 2. starts the gRPC server on ``cluster_port`` (0: any free port) with the shared secret;
 3. starts :class:`~core.cluster.membership.Membership` with its addresses (advertised host, gRPC
    and Kafka ports): lease, the plan, the claims. It answers the epoch at which this node owns
-   its lowest shard, or None: then it is a standby that owns nothing (takeover is issue 23).
+   its lowest shard, or None: then it is a standby that owns nothing until it takes over a
+   dead node's shards (``on_taken(shard, epoch)``, issue 23: the caller opens each with
+   :meth:`ClusterNode.open_taken_shard` and serves it).
 
 The owner then opens its shards (:meth:`ClusterNode.open_shards`): each ``ROOT/shards/NNNN`` as
 a :class:`~core.log.LogStore` with the storage fence of its epoch (``epochs/<e+1>`` checked at
@@ -83,6 +85,8 @@ from core.cluster.metadata import (
 from core.cluster.mqtt_cluster import NodeMqttCluster, RetainedAdminCalls, RetainedOverRpc
 from core.cluster.mqtt_routes import RouteTable
 from core.cluster.mqtt_sessions import SessionRegistry
+from core.cluster.mqtt_shares import ShareMembers
+from core.cluster.mqtt_wills import WillBook
 from core.cluster.owners import ServedShards, ViewOwners
 from core.cluster.redis_metadata import LeaseHeld, RedisMetadata, connect
 from core.cluster.redis_metadata import _client as redis_client
@@ -194,6 +198,7 @@ class ClusterNode:
         secret: str | None = None,
         max_message_size: int | None = None,
         on_fenced: Callable[[str], None] | None = None,
+        on_taken: Callable[[int, int], None] | None = None,
     ) -> None:
         self.layout = root
         self.url = url
@@ -205,6 +210,7 @@ class ClusterNode:
         self._secret = secret
         self._max_message_size = max_message_size
         self._on_fenced = on_fenced
+        self._on_taken = on_taken
         self.metadata: RedisMetadata | None = None
         self.membership: Membership | None = None
         self._rpc: RpcServer | None = None
@@ -266,6 +272,7 @@ class ClusterNode:
             addresses,
             settings,
             on_fenced=self._fenced,
+            on_taken=self._taken,
         )
         owned = await membership.start()
         self.service.incarnation = membership.incarnation or 0
@@ -275,7 +282,7 @@ class ClusterNode:
         """The epoch of the lowest owned shard, None for a standby (it owns none)."""
         if not owned:
             log.info(
-                "node %d owns no shard: standby, no listeners (taking shards over is issue 23)",
+                "node %d owns no shard: standby, no listeners until it takes shards over",
                 self.node_id,
             )
             return None
@@ -287,6 +294,10 @@ class ClusterNode:
                 self.layout.shards,
             )
         return owned[min(owned)]
+
+    def _taken(self, shard: int, epoch: int) -> None:
+        if self._on_taken is not None:
+            self._on_taken(shard, epoch)
 
     def _fenced(self, reason: str) -> None:
         if self._on_fenced is not None:
@@ -356,6 +367,11 @@ class ClusterNode:
                 store.abandon()
             raise
         return stores, SplitMetadata(metadata, local)
+
+    def open_taken_shard(self, log_config: LogConfig, shard: int, epoch: int) -> LogStore:
+        """Open a shard taken over at ``epoch`` (issue 23): recovered as after a crash, a new
+        segment, the storage fence of its epoch, exactly as a shard owned at start."""
+        return self._open_store(log_config, shard, epoch)
 
     def _open_store(self, log_config: LogConfig, shard: int, epoch: int) -> LogStore:
         shard_dir = self.layout.shard_dir(shard)
@@ -549,6 +565,8 @@ class ClusterServing:
             registry,
             takeover,
             owners=self.owners,
+            shares=ShareMembers(redis, cluster_id, node_id),
+            wills=WillBook(redis, cluster_id, node_id),
         )
         self.mqtt.attach(self._service)
 

@@ -26,6 +26,8 @@ from dataclasses import dataclass, fields
 # | cluster_port                | 0       | any free port, registered in Redis                     |
 # | kafka_worker_port_base      | 19092   | issue 22: worker i advertises base + i                 |
 # | kafka_worker_tls_port_base  | 19192   | issue 22: the TLS twin                                 |
+# | takeover                    | true    | issue 23: live nodes take a dead node's shards over    |
+# |                             |         | (Kafka KRaft moves leadership off a fenced broker)     |
 
 LEASE_MS = 9000
 HEARTBEAT_MS = 2000
@@ -38,6 +40,7 @@ FORWARD_BATCH_BYTES = 1048576
 CLUSTER_PORT = 0
 KAFKA_WORKER_PORT_BASE = 19092
 KAFKA_WORKER_TLS_PORT_BASE = 19192
+TAKEOVER = True
 MAX_PORT = 65535
 
 
@@ -58,9 +61,16 @@ class ClusterSettings:
     cluster_port: int = CLUSTER_PORT
     kafka_worker_port_base: int = KAFKA_WORKER_PORT_BASE
     kafka_worker_tls_port_base: int = KAFKA_WORKER_TLS_PORT_BASE
+    # Whether this node takes over the shards of nodes whose lease is gone (issue 23); off: a
+    # dead node's shards wait for it to come back (issue 22's behaviour).
+    takeover: bool = TAKEOVER
 
     def __post_init__(self) -> None:
+        if not isinstance(self.takeover, bool):
+            raise ValueError(f"[cluster] takeover must be true or false, not {self.takeover!r}")
         for setting in fields(self):
+            if setting.name == "takeover":
+                continue
             value = getattr(self, setting.name)
             if not isinstance(value, int) or isinstance(value, bool):
                 raise ValueError(f"[cluster] {setting.name} must be an integer, not {value!r}")

@@ -28,23 +28,35 @@ UNAVAILABLE_WAIT_MS = 2000
 _SHARDS = re.compile(r"\bshards=([0-9,]+|none)\b")
 
 
-def cluster_config(nodes: int, extra: str = "") -> str:
-    """The nodes' ``[cluster]``: short leases, ``expect_nodes`` and ``unavailable_wait_ms``."""
+def cluster_config(nodes: int, extra: str = "", *, takeover: bool = False) -> str:
+    """The nodes' ``[cluster]``: short leases, ``expect_nodes``, ``unavailable_wait_ms`` and
+    ``takeover`` (off by default here: the issue-22 tests expect a stopped node's shards to
+    wait for it)."""
     return (
         f"[cluster]\nlease_ms = {LEASE_MS}\nheartbeat_ms = 500\nexpect_nodes = {nodes}\n"
-        f"unavailable_wait_ms = {UNAVAILABLE_WAIT_MS}\n{extra}"
+        f"unavailable_wait_ms = {UNAVAILABLE_WAIT_MS}\n"
+        f"takeover = {'true' if takeover else 'false'}\n{extra}"
     )
 
 
 class Cluster:
     """``nodes`` nodes (ids 1..N) over a root of ``shards`` shards (module docstring)."""
 
-    def __init__(self, tmp_path: Path, redis_url: str, *, nodes: int = 3, shards: int = 12) -> None:
+    def __init__(
+        self,
+        tmp_path: Path,
+        redis_url: str,
+        *,
+        nodes: int = 3,
+        shards: int = 12,
+        takeover: bool = False,
+    ) -> None:
+        """``takeover``: the nodes take a dead node's shards over (issue 23)."""
         self.shards = shards
         self.url = redis_url
         self.root = make_root(tmp_path / "root", shards=shards)
         config = tmp_path / "braid.toml"
-        config.write_text(cluster_config(nodes))
+        config.write_text(cluster_config(nodes, takeover=takeover))
         self.nodes: dict[int, BraidProcess] = {}
         for node_id in range(1, nodes + 1):
             directory = tmp_path / f"n{node_id}"

@@ -41,8 +41,10 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 DEADLINE_S = 15.0  # waits only: nothing below asserts how fast something happened
 SHARDS = 8
 # Short enough to wait out once (the SIGSTOP test), long enough that a busy 2-core machine does
-# not stall a renewal past it (section 14 runs its cluster tests with 3000/500).
-STEADY = ClusterSettings(lease_ms=3000, heartbeat_ms=300, expect_nodes=3)
+# not stall a renewal past it (section 14 runs its cluster tests with 3000/500). Takeover off:
+# these tests show a node's own shards waiting for it (issue 22); TAKING turns it on.
+STEADY = ClusterSettings(lease_ms=3000, heartbeat_ms=300, expect_nodes=3, takeover=False)
+TAKING = ClusterSettings(lease_ms=3000, heartbeat_ms=300, expect_nodes=3)
 
 
 @pytest.fixture
@@ -182,6 +184,9 @@ def test_settings_defaults_and_checks() -> None:
     defaults = ClusterSettings()
     assert (defaults.lease_ms, defaults.heartbeat_ms, defaults.expect_nodes) == (9000, 2000, 1)
     assert (defaults.kafka_worker_port_base, defaults.kafka_worker_tls_port_base) == (19092, 19192)
+    assert defaults.takeover is True
+    with pytest.raises(ValueError, match="takeover must be true or false"):
+        ClusterSettings(takeover=1)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="below lease_ms"):
         ClusterSettings(lease_ms=1000, heartbeat_ms=1000)
     with pytest.raises(ValueError, match="expect_nodes must be positive"):
@@ -277,6 +282,42 @@ async def test_clean_stop_marks_closed_and_the_same_node_claims_back(nodes: Node
     assert three.owned == {2: 1, 5: 1}
 
 
+async def test_survivors_take_over_a_stopped_node_and_it_comes_back_owning_none(
+    nodes: Nodes,
+) -> None:
+    """Issue 23: the plan over the live nodes divides a stopped node's shards (balanced, the
+    same on each), each claimed at a new epoch with its epoch file; the node started again finds
+    them owned and takes none back. Fails with takeover off (the shards wait, as above)."""
+    taken: dict[str, list[tuple[int, int]]] = {"1": [], "3": []}
+    one, two, three = [
+        await nodes.make(node_id, TAKING, on_taken=lambda s, e, n=node_id: taken[n].append((s, e)))
+        if node_id != "2"
+        else await nodes.make(node_id, TAKING)
+        for node_id in ("1", "2", "3")
+    ]
+    await asyncio.wait_for(asyncio.gather(*(m.start() for m in (one, two, three))), DEADLINE_S)
+    assert two.owned == {1: 1, 4: 1, 7: 1}
+    await asyncio.sleep(3 * TAKING.heartbeat_ms / 1000)  # formed: nothing is an orphan
+    assert taken == {"1": [], "3": []}
+    await two.stop()
+    # plan(["1", "3"], 8): shard n -> ["1", "3"][n % 2]
+    await eventually(lambda: 1 in three.owned and 7 in three.owned, "node 3 takes 1 and 7")
+    await eventually(lambda: 4 in one.owned, "node 1 takes 4")
+    assert one.owned == {0: 1, 3: 1, 4: 2, 6: 1}
+    assert three.owned == {1: 2, 2: 1, 5: 1, 7: 2}
+    assert sorted(taken["1"]) == [(4, 2)]
+    assert sorted(taken["3"]) == [(1, 2), (7, 2)]
+    assert_on_disk(nodes.layout, 4, 2, one)
+    assert_on_disk(nodes.layout, 1, 2, three)
+
+    again = await nodes.make("2", TAKING)  # the same node id, a new process
+    await asyncio.wait_for(again.start(), DEADLINE_S)
+    await asyncio.sleep(3 * TAKING.heartbeat_ms / 1000)
+    assert again.owned == {}  # nothing stolen back (rebalancing is later work)
+    assert 4 in one.owned
+    assert {1, 7} <= set(three.owned)
+
+
 async def test_formation_waits_for_expect_nodes_then_gives_up(
     nodes: Nodes, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -321,7 +362,7 @@ async def child_main(url: str, root: str, node_id: str) -> None:
         layout,
         node_id,
         addresses(node_id),
-        ClusterSettings(lease_ms=1000, heartbeat_ms=200),
+        ClusterSettings(lease_ms=1000, heartbeat_ms=200, takeover=False),
         on_fenced=fenced,
     )
     owned = await member.start()
@@ -372,7 +413,9 @@ async def test_a_paused_node_is_fenced_and_its_shard_claimed_past_it(
 
         # Node 8 joins later: every shard is recorded as node 7's, so it claims none (no
         # takeover in issue 22) until node 7 stops renewing.
-        other = await nodes.make("8", ClusterSettings(lease_ms=3000, heartbeat_ms=300))
+        other = await nodes.make(
+            "8", ClusterSettings(lease_ms=3000, heartbeat_ms=300, takeover=False)
+        )
         assert await asyncio.wait_for(other.start(), DEADLINE_S) == {}
         store = nodes.stores[-1]
 
@@ -416,7 +459,7 @@ async def manual_member(nodes: Nodes, clock: ManualClock, node_id: str = "1") ->
     """One node on a manual clock: its renewals happen only when the test advances time. The
     Redis lease is real (9 s, the default), far longer than any of these tests runs."""
     member = await nodes.make(
-        node_id, ClusterSettings(lease_ms=9000, heartbeat_ms=2000), clock=clock
+        node_id, ClusterSettings(lease_ms=9000, heartbeat_ms=2000, takeover=False), clock=clock
     )
     await asyncio.wait_for(member.start(), DEADLINE_S)
     assert member.owned == dict.fromkeys(range(SHARDS), 1)
@@ -491,7 +534,7 @@ async def test_a_late_renewal_fences_even_when_redis_says_ok(
 
 
 async def test_an_epoch_already_on_disk_moves_redis_past_it(nodes: Nodes) -> None:
-    member = await nodes.make("1", ClusterSettings(lease_ms=3000, heartbeat_ms=300))
+    member = await nodes.make("1", ClusterSettings(lease_ms=3000, heartbeat_ms=300, takeover=False))
     await asyncio.wait_for(member.start(), DEADLINE_S)
     assert member.owned[0] == 1
     shard_dir = nodes.layout.shard_dir(0)

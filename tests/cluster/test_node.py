@@ -38,7 +38,8 @@ from tests.cluster.redis_server import RedisProcesses, RedisServer, until
 # predecessor's lease, and a paused one is fenced after lease_ms; long enough that a loaded
 # 2-core box does not fence a node by a slow loop turn.
 LEASE_MS = 3000
-CLUSTER_CONFIG = f"[cluster]\nlease_ms = {LEASE_MS}\nheartbeat_ms = 500\n"
+# Takeover off: these tests expect a stopped node's shard to wait for it (issue 22).
+CLUSTER_CONFIG = f"[cluster]\nlease_ms = {LEASE_MS}\nheartbeat_ms = 500\ntakeover = false\n"
 DEADLINE_S = 30.0
 COMMAND_TIMEOUT_S = 60
 

@@ -1,0 +1,254 @@
+"""Takeover of a dead node's shards (issue 23; docs/cluster.md sections 5, 11 and 12): three
+real ``braid serve --cluster`` nodes on a root of 12 shards with ``[cluster] takeover`` on and a
+short lease (tests/cluster/cluster_fixture.py: lease_ms 3000, heartbeat_ms 500).
+
+An idempotent acks=all confluent-kafka producer writes to a topic whose 12 partitions have
+leaders on all three nodes, and a confirming pika publisher to a queue in a shard of node 3.
+Node 3 is killed with SIGKILL. Nodes 1 and 2 see its lease gone, divide its shards by the plan
+over the live nodes, claim them at new epochs, recover them and serve them: Kafka Metadata names
+them as leaders, the producer's records and AMQP publishes to the former shards of node 3 are
+acknowledged again. Every record acknowledged before and after is read exactly once (Kafka: in
+order per partition), and every confirmed AMQP message is on the queue's new owner. The printed
+takeover times are a measurement, not asserted.
+
+``BRAID_LONG=1`` writes more records per round.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+
+import pika
+import pytest
+from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+from pika.exceptions import AMQPError
+
+from core.cluster.membership import plan
+from core.cluster.placement import partition_shard
+from tests.cluster.cluster_fixture import Cluster
+from tests.cluster.redis_server import RedisServer
+from tests.cluster.test_node import DEADLINE_S, amqp, eventually, redis_server
+
+__all__ = ["redis_server"]  # the module's Redis fixture (tests/cluster/test_node.py)
+
+SHARDS = 12
+PARTITIONS = 12
+TOPIC = "to.events"
+QUEUE_TOPIC = "amq.queue."
+VICTIM = 3
+SURVIVORS = (1, 2)
+LONG = os.environ.get("BRAID_LONG") == "1"
+PER_PARTITION = 200 if LONG else 10  # records per partition and round
+AMQP_MESSAGES = 500 if LONG else 20  # confirmed messages per round
+
+
+@pytest.fixture(scope="module")
+def cluster(
+    tmp_path_factory: pytest.TempPathFactory, redis_server: RedisServer
+) -> Iterator[Cluster]:
+    with Cluster(
+        tmp_path_factory.mktemp("takeover"), redis_server.url, shards=SHARDS, takeover=True
+    ) as started:
+        yield started
+
+
+def bootstrap(cluster: Cluster) -> str:
+    return ",".join(cluster[node].kafka_bootstrap for node in SURVIVORS)
+
+
+def leaders(admin: AdminClient) -> dict[int, int]:
+    topic = admin.list_topics(TOPIC, timeout=5).topics[TOPIC]
+    return {number: part.leader for number, part in topic.partitions.items()}
+
+
+class Acked:
+    """The confluent producer's acknowledged records, by partition, in acknowledgement order."""
+
+    def __init__(self) -> None:
+        self.by_partition: dict[int, list[bytes]] = {}
+        self.errors: list[str] = []
+
+    def __call__(self, error: KafkaError | None, message: object) -> None:
+        if error is not None:
+            self.errors.append(str(error))
+            return
+        value = message.value()  # type: ignore[attr-defined]
+        self.by_partition.setdefault(message.partition(), []).append(value)  # type: ignore[attr-defined]
+
+
+def produce_round(producer: Producer, acked: Acked, tag: str) -> None:
+    for number in range(PER_PARTITION):
+        for partition in range(PARTITIONS):
+            producer.produce(
+                TOPIC,
+                value=f"{tag}:{partition}:{number}".encode(),
+                partition=partition,
+                on_delivery=acked,
+            )
+            producer.poll(0)
+    left = producer.flush(DEADLINE_S * 2)
+    assert left == 0, f"{left} records unacknowledged"
+    assert not acked.errors, acked.errors[:5]
+
+
+def publish_confirmed(port: int, queue: str, bodies: list[bytes]) -> list[bytes]:
+    """Publish ``bodies`` with confirms through the node on ``port``; those confirmed."""
+    confirmed: list[bytes] = []
+    connection = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port, heartbeat=0))
+    try:
+        channel = connection.channel()
+        channel.confirm_delivery()
+        for body in bodies:
+            try:
+                channel.basic_publish(
+                    "", queue, body, pika.BasicProperties(delivery_mode=2), mandatory=False
+                )
+            except AMQPError:  # nacked (the owner is down): not confirmed
+                break
+            confirmed.append(body)
+    finally:
+        if connection.is_open:
+            connection.close()
+    return confirmed
+
+
+def consume_all(port: int, queue: str, expected: set[bytes]) -> list[bytes]:
+    """Consume ``queue`` (acking) until every body of ``expected`` arrived, then a moment
+    longer (a duplicate would come then); the bodies in delivery order."""
+    connection = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port, heartbeat=0))
+    bodies: list[bytes] = []
+    try:
+        channel = connection.channel()
+        channel.basic_qos(prefetch_count=100)
+        end = time.monotonic() + DEADLINE_S
+        quiet_until: float | None = None
+        for method, _, body in channel.consume(queue, inactivity_timeout=0.2):
+            now = time.monotonic()
+            if method is not None:
+                bodies.append(body)
+                channel.basic_ack(method.delivery_tag)
+            if quiet_until is None and expected <= set(bodies):
+                quiet_until = now + 1.0
+            if now > end or (quiet_until is not None and now > quiet_until):
+                break
+        channel.cancel()
+    finally:
+        connection.close()
+    return bodies
+
+
+def read_partitions(cluster: Cluster, expected: dict[int, int]) -> dict[int, list[bytes]]:
+    """Every record of each partition from offset 0, until ``expected[p]`` were read."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap(cluster),
+            "group.id": "to.reader",
+            "enable.auto.commit": False,
+        }
+    )
+    got: dict[int, list[bytes]] = {p: [] for p in range(PARTITIONS)}
+    try:
+        consumer.assign([TopicPartition(TOPIC, p, 0) for p in range(PARTITIONS)])
+        end = time.monotonic() + DEADLINE_S * 2
+        while time.monotonic() < end and any(
+            len(got[p]) < expected.get(p, 0) for p in range(PARTITIONS)
+        ):
+            for message in consumer.consume(500, timeout=0.5):
+                if message.error() is None:
+                    got[message.partition()].append(message.value())
+        # A little longer: a duplicate would arrive after the expected count.
+        for message in consumer.consume(500, timeout=1.0):
+            if message.error() is None:
+                got[message.partition()].append(message.value())
+    finally:
+        consumer.close()
+    return got
+
+
+def test_survivors_take_over_a_killed_node(cluster: Cluster) -> None:
+    admin = AdminClient({"bootstrap.servers": bootstrap(cluster)})
+    for future in admin.create_topics(
+        [NewTopic(TOPIC, num_partitions=PARTITIONS, replication_factor=1)]
+    ).values():
+        future.result(timeout=DEADLINE_S)
+    before = eventually(
+        lambda: (found := leaders(admin)) and len(found) == PARTITIONS and found,
+        "leaders of every partition",
+    )
+    victim_partitions = sorted(p for p, leader in before.items() if leader == VICTIM)
+    assert victim_partitions, before
+    assert set(before.values()) == {1, 2, 3}
+
+    queue = cluster.name_owned_by(VICTIM, "to.q", QUEUE_TOPIC)
+    queue_shard = partition_shard(QUEUE_TOPIC + queue, 0, SHARDS)
+    new_queue_owner = int(plan([str(n) for n in SURVIVORS], SHARDS)[queue_shard])
+    connection = amqp(cluster[1])
+    connection.channel().queue_declare(queue, durable=True)
+    connection.close()
+
+    acked = Acked()
+    producer = Producer(
+        {
+            "bootstrap.servers": bootstrap(cluster),
+            "enable.idempotence": True,
+            "acks": "all",
+            "message.timeout.ms": int(DEADLINE_S * 2000),
+            "linger.ms": 5,
+        }
+    )
+    produce_round(producer, acked, "before")
+    sent_before = [f"before:{n}".encode() for n in range(AMQP_MESSAGES)]
+    confirmed = publish_confirmed(cluster[1].amqp_port, queue, sent_before)
+    assert confirmed == sent_before
+
+    cluster[VICTIM].kill9()
+    killed = time.monotonic()
+
+    def new_leaders() -> dict[int, int] | None:
+        found = leaders(admin)
+        if len(found) == PARTITIONS and all(found[p] in SURVIVORS for p in found):
+            return found
+        return None
+
+    after = eventually(new_leaders, "Metadata naming new leaders for the victim's partitions")
+    metadata_s = time.monotonic() - killed
+    produce_round(producer, acked, "after")
+    kafka_s = time.monotonic() - killed
+
+    def publish_once() -> list[bytes]:
+        return publish_confirmed(cluster[1].amqp_port, queue, [b"after:probe"])
+
+    probe = eventually(publish_once, "a confirmed publish to the victim's queue")
+    amqp_s = time.monotonic() - killed
+    sent_after = [f"after:{n}".encode() for n in range(AMQP_MESSAGES)]
+    confirmed += probe + publish_confirmed(cluster[1].amqp_port, queue, sent_after)
+    print(
+        f"\ntakeover of node {VICTIM} (partitions {victim_partitions}): Metadata names new "
+        f"leaders after {metadata_s:.2f} s, a round to every partition acknowledged after "
+        f"{kafka_s:.2f} s, the first AMQP publish to its queue confirmed after {amqp_s:.2f} s"
+    )
+    producer.flush(DEADLINE_S)
+
+    # The plan over the survivors: the victim's shards balanced between them.
+    taken = [after[p] for p in victim_partitions]
+    assert set(taken) == set(SURVIVORS), after
+
+    expected = {p: len(values) for p, values in acked.by_partition.items()}
+    got = read_partitions(cluster, expected)
+    for partition in range(PARTITIONS):
+        assert got[partition] == acked.by_partition[partition], partition
+
+    bodies = consume_all(cluster[new_queue_owner].amqp_port, queue, set(confirmed))
+    assert len(bodies) == len(set(bodies)), "a confirmed message twice"
+    assert set(confirmed) <= set(bodies)
+    assert len(confirmed) == 2 * AMQP_MESSAGES + 1
+
+    # The survivors stop cleanly with the taken shards (closed markers, leases released).
+    for node in SURVIVORS:
+        started = time.monotonic()
+        code = cluster[node].stop()
+        print(f"node {node} stopped in {time.monotonic() - started:.2f} s")
+        assert code == 0, cluster[node].stderr()[-3000:]
