@@ -321,6 +321,34 @@ class SessionCalls(BrokerCalls):
         for node in sorted(nodes):
             cluster.send(node, mqtt_topic, fields, qos)
 
+    # $share groups with members on several nodes, and wills (docs/cluster.md section 8): on a
+    # cluster node, through the MqttCluster; a node alone has nothing to tell.
+
+    async def shared_group_joined(self, context: ClientContext, name: str) -> None:
+        """This node has members of the ``$share`` group whose queue is ``name``."""
+        cluster = self._mqtt_cluster
+        if cluster is not None:
+            await cluster.share_joined(name)
+
+    async def shared_group_left(self, context: ClientContext, name: str) -> bool:
+        """This node's last member of the group left: True when no node has members (the
+        caller deletes the group's queue); always True on a node alone."""
+        cluster = self._mqtt_cluster
+        return True if cluster is None else await cluster.share_left(name)
+
+    async def shared_group_elsewhere(self, context: ClientContext, name: str) -> bool:
+        """Whether another node has members of the group (a restart keeps its queue)."""
+        cluster = self._mqtt_cluster
+        return False if cluster is None else await cluster.share_elsewhere(name)
+
+    def hold_will(self, context: ClientContext, will: bytes | None) -> None:
+        """Keep the will of ``context``'s connection (the gateway's encoding) where another
+        node finds it should this one die; None: it was published, or the connection ended
+        normally. In the background, in order; nothing on a node alone."""
+        cluster = self._mqtt_cluster
+        if cluster is not None:
+            cluster.hold_will(context.client_id, will)
+
     def has_live_subscriptions(self) -> bool:
         feed = self._live
         return feed is not None and feed.router.count > 0
@@ -452,6 +480,11 @@ class SessionCalls(BrokerCalls):
         self, hook: Callable[[str, str, bytes | None, int, str], list[Destination]]
     ) -> None:
         self._node.remove_route_hook(hook)
+
+    def has_bindings_from(self, context: ClientContext, source: str) -> bool:
+        """Whether any binding has ``source`` (cheap: a publish path's check). On a cluster
+        node the bindings are the whole cluster's, other nodes' sessions' too."""
+        return self._node.bindings.has_source(source)
 
     def bound_destinations(self, source: str, subject: str) -> set[Destination]:
         """The destinations bound on ``source`` matching ``subject`` directly (one lookup, no

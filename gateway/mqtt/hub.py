@@ -605,7 +605,14 @@ class MqttHub:
 
     def _may_route(self, topic: str) -> bool:
         """Whether :meth:`_route_hook` can return anything for a record of ``topic``."""
-        return topic[:2] != "__" and (self.global_bindings > 0 or bool(self.amqp_exchange))
+        return topic[:2] != "__" and (
+            self.global_bindings > 0 or bool(self.amqp_exchange) or self._others_global()
+        )
+
+    def _others_global(self) -> bool:
+        """Whether other nodes' sessions have filters with a wildcard first level (bindings on
+        GLOBAL_SOURCE this hub did not make: a cluster's bindings are everyone's)."""
+        return self.api.has_bindings_from(self.context, GLOBAL_SOURCE)
 
     def _route_hook(
         self, topic: str, subject: str, key: bytes | None, protocol: int, address: str
@@ -630,7 +637,7 @@ class MqttHub:
                 found.extend(api.routed_destinations(log_address.topic, log_address.subject))
         else:
             name = mqtt_topic_of(topic, subject, key)
-        if self.global_bindings:
+        if self.global_bindings or self._others_global():
             found.extend(api.bound_destinations(GLOBAL_SOURCE, name))
         return found
 

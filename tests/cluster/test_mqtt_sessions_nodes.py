@@ -180,13 +180,15 @@ def until_routed(subscriber: Client, publisher: Client, topic: str) -> None:
 
 
 def received_until(client: Client, end_topic: str) -> list[tuple[str, bytes]]:
-    """What ``client`` receives (probes left out) up to and without ``end_topic``."""
+    """What ``client`` receives of ``end_topic``'s first level (probes left out) up to and
+    without ``end_topic``."""
     got: list[tuple[str, bytes]] = []
+    first_level = end_topic.split("/")[0] + "/"
     while True:
         topic, body, _ = client.messages.get(timeout=DEADLINE_S)
         if topic == end_topic:
             return got
-        if body != b"probe":
+        if body != b"probe" and topic.startswith(first_level):
             got.append((topic, body))
 
 
@@ -195,12 +197,15 @@ def test_a_persistent_session_resumes_on_another_node(cluster: Cluster, qos: int
     """Queue in node 2's shard; connected to node 1, then offline while node 3 takes the
     publishes, then back on node 3: session present, everything delivered, once."""
     client_id = session_owned_by(cluster, 2, f"roamer{qos}-")
-    base = f"roam{qos}"
+    base = f"roam{qos}" if qos == 1 else "roam2/m2"
     publisher = Client(cluster[3].mqtt_port, f"roam-publisher{qos}").connect()
     first = Client(cluster[1].mqtt_port, client_id, clean=False).connect()
     try:
         assert first.session_present is False
-        assert first.subscribe(f"{base}/#", qos=qos) == [qos]
+        # QoS 2: a filter with a wildcard first level (bound on the global source, which
+        # node 3 routes by though the binding is node 1's).
+        topic_filter = f"{base}/#" if qos == 1 else "+/m2/#"
+        assert first.subscribe(topic_filter, qos=qos) == [qos]
         until_routed(first, publisher, f"{base}/probe")
     finally:
         first.close()
