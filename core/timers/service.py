@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import heapq
 import logging
 import struct
@@ -179,6 +180,9 @@ class TimerService:
         self._stopped = False
         self._checkpoint_task: asyncio.Task[None] | None = None
         self._checkpoint_lock = asyncio.Lock()
+        # The last image written, its write time zeroed: an idle shard's periodic checkpoint
+        # would write the same again (a capture, an fsync'd file and a rename every interval).
+        self._last_written: TimerCheckpoint | None = None
         self._wake: asyncio.Future[None] | None = None
         self._lateness: deque[int] = deque(maxlen=LATENESS_SAMPLES)
         self.metrics: dict[str, int] = {
@@ -300,16 +304,21 @@ class TimerService:
             "lateness_max_ms": lateness["max"],
         }
 
-    async def checkpoint(self) -> None:
-        """Write a checkpoint: durable log first, then timer log, then the wheel image."""
+    async def checkpoint(self, *, if_changed: bool = False) -> None:
+        """Write a checkpoint: durable log first, then timer log, then the wheel image.
+        ``if_changed``: not when the image is the one written last (the periodic ones)."""
         async with self._checkpoint_lock:
             image = self._capture()
+            unchanged = dataclasses.replace(image, written_ms=0)
+            if if_changed and unchanged == self._last_written:
+                return
             log_end = self.store.commitlog.write_position
             fds = self._schedule.timerlog.take_dirty_fds()
             if not self.store.closed:
                 await self.store.wait_durable(log_end)
             await asyncio.to_thread(TimerLog.sync_fds, fds)
             await asyncio.to_thread(write_checkpoint, self.directory, image)
+            self._last_written = unchanged
             self.metrics["checkpoints"] += 1
             self.metrics["timerlog_files_deleted"] += self._schedule.timerlog.delete_before(
                 image.timerlog_start
@@ -738,7 +747,7 @@ class TimerService:
 
     async def _checkpoint_logged(self) -> None:
         try:
-            await self.checkpoint()
+            await self.checkpoint(if_changed=True)
         except Exception:
             log.exception("timer checkpoint failed")
 

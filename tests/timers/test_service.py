@@ -380,3 +380,22 @@ async def test_a_delayed_link_with_several_targets(tmp_path: Path):
     assert timers.metrics["split_fires"] == 1
     await timers.stop()
     store.close()
+
+
+async def test_an_idle_service_writes_no_checkpoint_again(tmp_path: Path):
+    """The periodic checkpoint is skipped while the image is the one written last (an idle
+    shard wrote, fsynced and renamed the same file every interval), and written once new
+    timers change it."""
+    data = tmp_path / "data"
+    store = open_store(data)
+    # Slots of 10 s: the wheel does not move on to a new slot (a change) while the test runs.
+    timers = open_timers(store, checkpoint_interval_ms=20, slot_ms=10_000)
+    await store.start()
+    await timers.start()
+    await wait_until(lambda: timers.metrics["checkpoints"] >= 1, 5, "the first checkpoint")
+    await asyncio.sleep(0.3)  # 15 intervals with nothing to record
+    assert timers.metrics["checkpoints"] == 1
+    schedule(store, 3, 50, 100, random.Random(1))
+    await wait_until(lambda: timers.metrics["checkpoints"] >= 2, 5, "a checkpoint of them")
+    await timers.stop()
+    await store.aclose()
