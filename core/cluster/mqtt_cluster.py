@@ -11,7 +11,10 @@ their own:
   (:meth:`NodeMqttCluster.others_want` says which topics it reads back for other nodes);
 - the session registry and ``TakeOverSession`` (core/cluster/mqtt_sessions.py,
   core/cluster/rpc/takeover.py): a CONNECT registers its client id and has the connection on
-  another node closed by that node's gateway.
+  another node closed by that node's gateway;
+- the nodes with members of each ``$share`` group (core/cluster/mqtt_shares.py), so the last
+  member's node deletes the group's queue only when no other node has members;
+- the wills of this node's connections in ``mqtt:wills:<node>`` (core/cluster/mqtt_wills.py).
 
 The process that assembles a cluster node builds one per node, plugs :meth:`attach` into the
 node's gRPC service and hands it to ``BrokerAPI.set_mqtt_cluster``.
@@ -38,6 +41,8 @@ from core.broker.node import Node
 from core.broker.remote import FanoutDispatch, SessionCloser, ShardOwners
 from core.cluster.mqtt_routes import RouteTable
 from core.cluster.mqtt_sessions import SessionAdminCalls, SessionRegistry, SessionsOverRpc
+from core.cluster.mqtt_shares import ShareMembers
+from core.cluster.mqtt_wills import WillBook
 from core.cluster.placement import PLACE_RETAINED
 from core.cluster.rpc.client import RpcClient
 from core.cluster.rpc.fanout import FanoutReceiver, FanoutSender
@@ -60,7 +65,9 @@ TakeoverFactory = Callable[[SessionCloser], SessionTakeover]
 
 class NodeMqttCluster:
     """One node's MQTT cluster side (see the module docstring). ``owners``: the shard
-    ownership table (the forwarder's), None on a node that owns every shard."""
+    ownership table (the forwarder's), None on a node that owns every shard. Without
+    ``shares`` this node's groups are its own (their queues go with its last member); without
+    ``wills`` wills are not written down."""
 
     def __init__(
         self,
@@ -70,8 +77,13 @@ class NodeMqttCluster:
         registry: SessionRegistry,
         takeover: TakeoverFactory,
         owners: ShardOwners | None = None,
+        *,
+        shares: ShareMembers | None = None,
+        wills: WillBook | None = None,
     ) -> None:
         self._node = node
+        self.shares = shares
+        self.wills = wills
         self.routes = routes
         self.sender = sender
         self.registry = registry
@@ -143,6 +155,39 @@ class NodeMqttCluster:
     def release(self, client_id: str, gen: int) -> None:
         self._spawn(self.registry.release(client_id, gen), f"release of {client_id!r}")
 
+    # -- $share groups and wills ---------------------------------------------------------
+
+    # (Redis failures are logged: a group's queue is then kept, never deleted under others.)
+
+    async def share_joined(self, name: str) -> None:
+        if self.shares is not None:
+            try:
+                await self.shares.joined(name)
+            except Exception as error:
+                log.warning("mqtt cluster: members of %r not written: %s", name, error)
+
+    async def share_left(self, name: str) -> bool:
+        if self.shares is None:
+            return True
+        try:
+            return await self.shares.left(name)
+        except Exception as error:
+            log.warning("mqtt cluster: %r kept, members unknown: %s", name, error)
+            return False
+
+    async def share_elsewhere(self, name: str) -> bool:
+        if self.shares is None:
+            return False
+        try:
+            return await self.shares.elsewhere(name)
+        except Exception as error:
+            log.warning("mqtt cluster: %r kept, members unknown: %s", name, error)
+            return True
+
+    def hold_will(self, client_id: str, will: bytes | None) -> None:
+        if self.wills is not None:
+            self.wills.hold(client_id, will)
+
     async def _close_session(self, client_id: str, gen: int, new_node: int) -> bool:
         close = self._close_to
         if close is None:
@@ -171,6 +216,8 @@ class NodeMqttCluster:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+        if self.wills is not None:
+            await self.wills.aclose()
         await self.sender.aclose(grace_s=1.0)
 
 

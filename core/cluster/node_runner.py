@@ -85,6 +85,8 @@ from core.cluster.metadata import (
 from core.cluster.mqtt_cluster import NodeMqttCluster, RetainedAdminCalls, RetainedOverRpc
 from core.cluster.mqtt_routes import RouteTable
 from core.cluster.mqtt_sessions import SessionRegistry
+from core.cluster.mqtt_shares import ShareMembers
+from core.cluster.mqtt_wills import WillBook
 from core.cluster.owners import ServedShards, ViewOwners
 from core.cluster.redis_metadata import LeaseHeld, RedisMetadata, connect
 from core.cluster.redis_metadata import _client as redis_client
@@ -563,6 +565,8 @@ class ClusterServing:
             registry,
             takeover,
             owners=self.owners,
+            shares=ShareMembers(redis, cluster_id, node_id),
+            wills=WillBook(redis, cluster_id, node_id),
         )
         self.mqtt.attach(self._service)
 

@@ -504,6 +504,8 @@ class Connection:
             return
         self.session = session
         self.state = State.CONNECTED
+        if will is not None:
+            hub.hold_will(session, will)
         connack_props = NO_PROPERTIES
         if v5:
             connack_props = Properties(

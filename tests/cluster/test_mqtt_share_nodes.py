@@ -12,6 +12,7 @@ One cluster for the module.
 
 from __future__ import annotations
 
+import json
 import queue
 import socket
 import threading
@@ -22,6 +23,7 @@ from typing import Any
 
 import paho.mqtt.client as mqtt
 import pytest
+import redis
 from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
@@ -133,6 +135,7 @@ class Client:
         assert isinstance(sock, socket.socket)
         sock.shutdown(socket.SHUT_RDWR)
         self.paho.loop_stop()
+        self.disconnected.set()  # (nothing to close any more)
 
     def close(self) -> None:
         self.paho.disconnect()
@@ -193,4 +196,130 @@ def test_a_committed_half_message_reaches_another_nodes_subscriber_once(
         assert subscriber.nothing_more() == []
     finally:
         for client in (subscriber, publisher, decider):
+            client.close()
+
+
+# -- wills --------------------------------------------------------------------------------------
+
+
+def wills_held(redis_server: RedisServer, node_id: int) -> dict[str, dict[str, Any]]:
+    """Node ``node_id``'s ``mqtt:wills:<node>`` hash (of the module's one cluster)."""
+    client = redis.Redis.from_url(redis_server.url)
+    try:
+        keys = list(client.scan_iter(match=f"braid:*:mqtt:wills:{node_id}"))
+        held: dict[str, dict[str, Any]] = {}
+        for key in keys:
+            for client_id, will in client.hgetall(key).items():
+                name = client_id.decode() if isinstance(client_id, bytes) else client_id
+                held[name] = json.loads(will)
+        return held
+    finally:
+        client.close()
+
+
+def test_a_will_reaches_clean_and_persistent_subscribers_on_other_nodes(
+    cluster: Cluster, redis_server: RedisServer
+) -> None:
+    topic = topic_owned_by(cluster, 2, "will")
+    clean = Client(cluster[2].mqtt_port, "will-clean").connect()
+    keeper_id = cluster.name_owned_by(3, "will-keeper-", "__mqtt.session.")
+    keeper = Client(cluster[3].mqtt_port, keeper_id, clean=False).connect(expiry_s=300)
+    clients = [clean, keeper]
+    try:
+        clean.subscribe(f"{topic}/#")
+        keeper.subscribe(f"{topic}/#")
+        keeper.close()  # offline: what comes waits in its session queue
+
+        dying = Client(cluster[1].mqtt_port, "will-dying").will(f"{topic}/gone", b"bye")
+        clients.append(dying.connect())
+        held = eventually(lambda: wills_held(redis_server, 1).get("will-dying"), "the will held")
+        assert (held["topic"], held["qos"], held["payload"]) == (f"{topic}/gone", 1, "Ynll")
+        dying.kill()
+        assert clean.take(1) == [(f"{topic}/gone", b"bye")]
+        eventually(lambda: "will-dying" not in wills_held(redis_server, 1), "the will dropped")
+        back = Client(cluster[3].mqtt_port, keeper_id, clean=False).connect(expiry_s=300)
+        clients.append(back)
+        assert back.take(1) == [(f"{topic}/gone", b"bye")]
+
+        # A will delay (the session outlives the connection by more): published after it.
+        late = Client(cluster[1].mqtt_port, "will-late").will(f"{topic}/late", b"l", delay_s=1)
+        clients.append(late.connect(expiry_s=60))
+        eventually(lambda: "will-late" in wills_held(redis_server, 1), "the delayed will held")
+        late.kill()
+        assert clean.take(1) == [(f"{topic}/late", b"l")]
+        assert back.take(1) == [(f"{topic}/late", b"l")]
+        eventually(lambda: "will-late" not in wills_held(redis_server, 1), "the will dropped")
+
+        # A normal DISCONNECT: the will is dropped, never published.
+        polite = Client(cluster[1].mqtt_port, "will-polite").will(f"{topic}/polite", b"no")
+        polite.connect()
+        eventually(lambda: "will-polite" in wills_held(redis_server, 1), "the will held")
+        polite.close()
+        eventually(lambda: "will-polite" not in wills_held(redis_server, 1), "the will dropped")
+        assert clean.nothing_more() == []
+        assert back.nothing_more() == []
+    finally:
+        for client in clients:
+            if not client.disconnected.is_set():
+                client.close()
+
+
+# -- $share groups with members on several nodes ---------------------------------------------
+
+
+def group_owned_by(cluster: Cluster, node_id: int, topic_filter: str) -> str:
+    """A share name whose group queue (``__mqtt.share.<share>/<filter>``) node ``node_id``
+    owns."""
+    for number in range(10_000):
+        share = f"g{uuid.uuid4().hex[:4]}{number}"
+        if cluster.queue_owner(f"__mqtt.share.{share}/{topic_filter}") == node_id:
+            return share
+    raise AssertionError(f"no group lands on node {node_id}")
+
+
+def collect(clients: list[Client], total: int) -> list[list[bytes]]:
+    """The payloads each client got, once ``total`` arrived among them (then a quiet wait for
+    more: a duplicate would come)."""
+    got: list[list[bytes]] = [[] for _ in clients]
+
+    def arrived() -> bool:
+        for index, client in enumerate(clients):
+            while not client.messages.empty():
+                got[index].append(client.messages.get_nowait()[1])
+        return sum(map(len, got)) >= total
+
+    eventually(arrived, f"{total} messages among the members")
+    for index, client in enumerate(clients):
+        got[index] += [payload for _, payload in client.nothing_more()]
+    return got
+
+
+def test_a_shared_group_with_members_on_two_nodes(cluster: Cluster) -> None:
+    topic_filter = f"{topic_owned_by(cluster, 3, 'shared')}/x"
+    share = group_owned_by(cluster, 2, topic_filter)
+    members = [
+        Client(cluster[1].mqtt_port, "member-1").connect(),
+        Client(cluster[3].mqtt_port, "member-3").connect(),
+    ]
+    publisher = Client(cluster[2].mqtt_port, "share-pub").connect()
+    try:
+        for member in members:
+            member.subscribe(f"$share/{share}/{topic_filter}")
+        sent = [b"m%d" % number for number in range(20)]
+        for payload in sent:
+            publisher.publish(topic_filter, payload)  # QoS 1: PUBACK waited for
+        got = collect(members, len(sent))
+        # Each message to exactly one member, both members get some (round robin).
+        assert sorted(got[0] + got[1]) == sorted(sent)
+        assert got[0], got
+        assert got[1], got
+
+        # A member leaves: the other one gets everything after.
+        members[1].unsubscribe(f"$share/{share}/{topic_filter}")
+        more = [b"n%d" % number for number in range(10)]
+        for payload in more:
+            publisher.publish(topic_filter, payload)
+        assert collect(members, len(more)) == [more, []]
+    finally:
+        for client in (*members, publisher):
             client.close()

@@ -1,0 +1,58 @@
+"""Which nodes have members of each MQTT ``$share`` group (docs/cluster.md section 8, MQTT):
+the group's durable queue lives in one shard and every node with members attaches its own
+consumer, so a node whose last member leaves may delete the queue only when no other node has
+members (else it would take the queue from under them).
+
+Keys (one cluster's, beside ``mqtt:routes:<node>``):
+
+  ``mqtt:share:<group queue name>``  set: the nodes with at least one member of that group.
+
+A node adds itself when its first member joins (before it reads the queue) and removes itself
+when its last one leaves; the removal answers, in one script, whether any node is left. A
+node that dies keeps its entry (its members' group then outlives them until issue 23 cleans a
+dead node's entries).
+
+Not thread-safe: one event loop.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from redis.asyncio import Redis
+
+from core.cluster.redis_metadata import _Keys
+
+# KEYS[1] mqtt:share:<name>; ARGV[1] the node -> how many nodes are left with members.
+LEAVE: Final = """
+redis.call('SREM', KEYS[1], ARGV[1])
+return redis.call('SCARD', KEYS[1])
+"""
+
+
+class ShareMembers:
+    """This node's entries in the cluster's ``mqtt:share:<name>`` sets (module docstring).
+    ``redis`` is a client the caller owns."""
+
+    def __init__(self, redis: Redis, cluster_id: str, node: int) -> None:
+        self._redis = redis
+        self._prefix = _Keys(cluster_id).prefix + "mqtt:share:"
+        self._node = str(node)
+        self._leave = redis.register_script(LEAVE)
+
+    async def joined(self, name: str) -> None:
+        """This node has members of the group whose queue is ``name``."""
+        await self._redis.sadd(self._prefix + name, self._node)  # type: ignore[misc]
+
+    async def left(self, name: str) -> bool:
+        """This node has no member of the group left; True when no node has any (the caller
+        deletes the group's queue)."""
+        remaining = await self._leave(keys=[self._prefix + name], args=[self._node])
+        return int(remaining) == 0
+
+    async def elsewhere(self, name: str) -> bool:
+        """Whether another node has members of the group (a restarting node keeps the group's
+        queue of its shard for them)."""
+        nodes = await self._redis.smembers(self._prefix + name)  # type: ignore[misc]
+        mine = {self._node, self._node.encode()}  # (a client may decode responses or not)
+        return any(node not in mine for node in nodes)

@@ -1,0 +1,70 @@
+"""The wills of this node's MQTT connections in Redis (docs/cluster.md section 4,
+``mqtt:wills:<node>``): a hash of client id -> the will (the gateway's encoding), written at
+CONNECT with a will and removed when the connection ends normally or the will is published,
+so that when this node dies another can publish them (issue 23). The will itself is published
+by this node like any publish (the fan-out takes it to other nodes' subscribers).
+
+Writes are background work done one at a time in the order asked, so a removal and a new
+CONNECT's write of one client id end in the right state. A failed write is logged.
+
+Not thread-safe: one event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from redis.asyncio import Redis
+
+from core.cluster.redis_metadata import _Keys
+
+log = logging.getLogger(__name__)
+
+
+class WillBook:
+    """``mqtt:wills:<node>`` of this node. ``redis`` is a client the caller owns."""
+
+    def __init__(self, redis: Redis, cluster_id: str, node: int) -> None:
+        self._redis = redis
+        self.key = _Keys(cluster_id).prefix + f"mqtt:wills:{node}"
+        self._writes: asyncio.Queue[tuple[str, bytes | None]] = asyncio.Queue()
+        self._writer: asyncio.Task[None] | None = None
+
+    def hold(self, client_id: str, will: bytes | None) -> None:
+        """Keep ``will`` for ``client_id`` (None: remove it), in the background."""
+        self._writes.put_nowait((client_id, will))
+        if self._writer is None:
+            self._writer = asyncio.get_running_loop().create_task(
+                self._write(), name="braid-mqtt-cluster wills"
+            )
+
+    async def _write(self) -> None:
+        while True:
+            client_id, will = await self._writes.get()
+            try:
+                if will is None:
+                    await self._redis.hdel(self.key, client_id)  # type: ignore[misc]
+                else:
+                    await self._redis.hset(self.key, client_id, will)  # type: ignore[misc]
+            except Exception as error:  # logged: the will itself is still published here
+                log.warning("mqtt cluster: will of %r not written: %s", client_id, error)
+            finally:
+                self._writes.task_done()
+
+    async def written(self) -> None:
+        """Returns once every write asked for so far is done (or failed)."""
+        await self._writes.join()
+
+    async def aclose(self) -> None:
+        """Stop the writer once the writes asked for are done (bounded)."""
+        writer, self._writer = self._writer, None
+        if writer is None:
+            return
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(2.0):
+                await self._writes.join()
+        writer.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await writer
