@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from typing import Final
 
 from core.deadletter.policy import DEAD_LETTER_TOPIC_HEADER
 from core.delivery.message import Message, messages_of
@@ -43,6 +44,8 @@ from core.routing.live import LiveRouter
 log = logging.getLogger(__name__)
 
 LiveReader = Callable[[Message], None]
+# A frame's protocol byte: right after its flags (core/log/record.py's HEADER).
+_PROTOCOL_OFFSET: Final = rec.FLAGS_OFFSET + rec.FLAGS.size
 _Entry = tuple[LogStore, str, int, int]  # (its store, topic, queue, offset) of an index entry
 IndexListener = Callable[[str, int, int], None]
 
@@ -148,9 +151,17 @@ class LiveFeed:
             for queued in found:
                 if queued.offset > offset:
                     continue
+                if self._only_for_others(topic) and _is_mqtt_publish(queued):
+                    continue
                 if self._held_back(store, queued):
                     continue
                 self._deliver(queued, topic, offset)
+
+    def _only_for_others(self, topic: str) -> bool:
+        """Whether a record of ``topic`` was read back only for other nodes' subscribers (no
+        live subscription here may match it)."""
+        router = self.router
+        return self.others_want is not None and not (router.count and router.wants(topic))
 
     def _deliver(self, queued: QueueRecord, topic: str, offset: int) -> None:
         for message in messages_of(queued):
@@ -192,6 +203,14 @@ class LiveFeed:
                     if committed.offset == offset:
                         self._deliver(committed, topic, offset)
         return True
+
+
+def _is_mqtt_publish(queued: QueueRecord) -> bool:
+    """Whether the entry's record is an MQTT publish, read from its frame's header (nothing
+    decoded). Another node's MQTT publish forwarded here was sent to the other nodes' subscribers
+    by its publisher (core/api/sessions.py ``_fan_out``): read back only for them, it is skipped
+    before it is decoded (``fan_out_live_record`` would drop it after)."""
+    return bool(queued.frame[_PROTOCOL_OFFSET] == rec.PROTOCOL_MQTT)
 
 
 def is_dead_letter_in(message: Message, topic: str) -> bool:

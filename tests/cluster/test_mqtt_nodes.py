@@ -25,7 +25,7 @@ import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 from redis.asyncio import Redis
 
-from core.api import PROTOCOL_AMQP, BrokerAPI, ClientContext
+from core.api import PROTOCOL_AMQP, PROTOCOL_MQTT, BrokerAPI, ClientContext
 from core.broker import Node
 from core.cluster.mqtt_cluster import NodeMqttCluster
 from core.cluster.mqtt_routes import RouteTable
@@ -411,3 +411,31 @@ async def test_records_in_any_local_shard_reach_live_subscribers(tmp_path: Path)
         await broker.close()
         for _, store in stores:
             await store.aclose()
+
+
+async def test_an_mqtt_publish_read_back_only_for_other_nodes_is_skipped(tmp_path: Path) -> None:
+    """A shard's owner reads back records other nodes' routes may want (to fan out AMQP and
+    Kafka records); an MQTT publish among them was sent to those nodes by its publisher, so
+    with no subscriber here it is skipped before it is decoded: the hub taps only the AMQP one."""
+    store = LogStore(LogConfig(tmp_path / "s0", durability="async"))
+    await store.start()
+    broker = Node(store)
+    await broker.start()
+    api = BrokerAPI(broker)
+    server = MQTTServer(api)
+    await server.start("127.0.0.1", 0)
+    # As set_mqtt_cluster does on a node whose route table says another node wants the topic.
+    api._live_feed().others_want = lambda topic: topic == "plant"
+    try:
+        await api.create_topic(ClientContext(PROTOCOL_AMQP, connection_id="a"), "plant", 1)
+        mqtt_context = ClientContext(PROTOCOL_MQTT, connection_id="m", client_id="pub")
+        amqp_context = ClientContext(PROTOCOL_AMQP, connection_id="a")
+        await api.publish(mqtt_context, "plant", b"from mqtt", subject="a")
+        await api.publish(amqp_context, "plant", b"from amqp", subject="a")
+        await eventually(lambda: server.metrics["tapped_records"] >= 1, "the AMQP record")
+        await asyncio.sleep(0.1)  # a second read-back would come by now
+        assert server.metrics["tapped_records"] == 1
+    finally:
+        await server.close()
+        await broker.close()
+        await store.aclose()
