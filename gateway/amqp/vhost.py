@@ -993,7 +993,11 @@ class VirtualHost:
                 continue
             name = str(config.get("name", self.queue_name(info.name)))
             if name not in self.queues:
-                self.find_queue(name)
+                learned = self.find_queue(name)
+                if learned is not None:
+                    # Publishes with an expiration reach it through other nodes, unseen here
+                    # (a node alone adds a queue when such a publish goes there): swept.
+                    self.expiring.add(learned)
 
     def _schedule_sweep(self) -> None:
         if self._loop is not None:

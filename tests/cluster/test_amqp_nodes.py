@@ -211,11 +211,13 @@ def get_one(channel: BlockingChannel, queue: str) -> tuple[Basic.GetOk, BasicPro
 
 
 def test_dead_letters_go_to_a_queue_of_another_node(cluster: Cluster) -> None:
-    """A queue of node 2 dead-letters (rejected, expired, over its delivery limit) through a
-    DLX to a queue of node 3; node 1 reads them with x-death as on a single node."""
+    """Queues of node 2 dead-letter (rejected, expired by x-message-ttl or by a publish's
+    expiration, over the delivery limit) through a DLX to a queue of node 3; node 1 reads them
+    with x-death as on a single node."""
     source = cluster.name_owned_by(2, "an.dl.src", QUEUE_TOPIC)
     limited = cluster.name_owned_by(2, "an.dl.lim", QUEUE_TOPIC)
     expiring = cluster.name_owned_by(2, "an.dl.ttl", QUEUE_TOPIC)
+    per_message = cluster.name_owned_by(2, "an.dl.exp", QUEUE_TOPIC)
     dead = cluster.name_owned_by(3, "an.dl.dead", QUEUE_TOPIC)
     dlx = "an.dlx"
     connection = amqp(cluster[1])
@@ -236,6 +238,14 @@ def test_dead_letters_go_to_a_queue_of_another_node(cluster: Cluster) -> None:
             expiring, durable=True, arguments={**dead_lettering, "x-message-ttl": 300}
         )
         publish_confirmed(channel, "", expiring, b"expired")
+        channel.queue_declare(per_message, durable=True, arguments=dead_lettering)
+        channel.basic_publish(
+            "",
+            per_message,
+            b"expiration",
+            pika.BasicProperties(delivery_mode=2, expiration="300"),
+            mandatory=True,
+        )
         publish_confirmed(channel, "", limited, b"limited")
     finally:
         connection.close()
@@ -257,7 +267,7 @@ def test_dead_letters_go_to_a_queue_of_another_node(cluster: Cluster) -> None:
     try:
         channel = reader.channel()
         reasons = {}
-        for _ in range(3):
+        for _ in range(4):
             _, properties, body = get_one(channel, dead)
             headers = properties.headers or {}
             (death,) = headers["x-death"]
@@ -268,6 +278,7 @@ def test_dead_letters_go_to_a_queue_of_another_node(cluster: Cluster) -> None:
     assert reasons == {
         b"rejected": ("rejected", source, 1),
         b"expired": ("expired", expiring, 1),
+        b"expiration": ("expired", per_message, 1),
         b"limited": ("delivery_limit", limited, 1),
     }
     eventually(lambda: passive_count(cluster, 2, source) == 0, "node 2's queue emptied")
