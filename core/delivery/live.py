@@ -206,10 +206,15 @@ class LiveFeed:
 
 
 def _is_mqtt_publish(queued: QueueRecord) -> bool:
-    """Whether the entry's record is an MQTT publish, read from its frame's header (nothing
-    decoded). Another node's MQTT publish forwarded here was sent to the other nodes' subscribers
-    by its publisher (core/api/sessions.py ``_fan_out``): read back only for them, it is skipped
-    before it is decoded (``fan_out_live_record`` would drop it after)."""
+    """Whether the entry's record is an MQTT publish visible since it was stored, read from its
+    frame's header (nothing decoded). Another node's MQTT publish forwarded here was sent to the
+    other nodes' subscribers by its publisher (core/api/sessions.py ``_fan_out``): read back
+    only for them, it is skipped before it is decoded (``fan_out_live_record`` would drop it
+    after). A delayed record come due or a committed half message became visible here, later:
+    its publisher sent it to nobody, so it is read (``fan_out_live_record`` sends it)."""
+    (flags,) = rec.FLAGS.unpack_from(queued.frame, rec.FLAGS_OFFSET)
+    if flags & (rec.FLAG_DELAYED | rec.FLAG_HALF):
+        return False
     return bool(queued.frame[_PROTOCOL_OFFSET] == rec.PROTOCOL_MQTT)
 
 
