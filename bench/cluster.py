@@ -97,6 +97,12 @@ CROSS_ROUNDS: Final = 2
 ROUTE_PROBE_S: Final = 0.1
 ROUTE_TIMEOUT_S: Final = 30.0
 IDLE_SETTLE_S: Final = 1.0  # after start, before the broker's idle CPU is read
+# Then, until a half second's broker CPU stays below this share of a core (bounded): start-up
+# work in the background (each process resolves its ~130 Kafka request schemas in a thread,
+# ~0.5 s of CPU) read as idle CPU, or inside the first point, was neither.
+SETTLE_WINDOW_S: Final = 0.5
+SETTLED_RATE: Final = 0.1
+SETTLE_TIMEOUT_S: Final = 30.0
 IDLE_S: Final = 3.0  # how long the idle CPU is read (10 ms ticks: +-0.3% of a core)
 QUICK_IDLE_S: Final = 1.0
 # Connections opened, at most, until a worker owning shards holds one (SO_REUSEPORT spreads them
@@ -1163,8 +1169,15 @@ def busy_text(busy: float | None) -> str:
 
 def idle_cpu_rate(broker: Broker, seconds: float) -> float:
     """The broker's CPU seconds per second with no client: after a settling second, over
-    ``seconds``."""
+    ``seconds``, once its start-up work is done (its CPU rate below :data:`SETTLED_RATE`)."""
     time.sleep(IDLE_SETTLE_S)
+    deadline = time.monotonic() + SETTLE_TIMEOUT_S
+    while time.monotonic() < deadline:
+        cpu = broker.cpu_seconds()
+        started = time.perf_counter()
+        time.sleep(SETTLE_WINDOW_S)
+        if (broker.cpu_seconds() - cpu) / (time.perf_counter() - started) < SETTLED_RATE:
+            break
     cpu = broker.cpu_seconds()
     started = time.perf_counter()
     time.sleep(seconds)
