@@ -625,8 +625,10 @@ class LandingLoadRun(mqtt_bench.LoadRun):
             port = int(peer.transport.get_extra_info("sockname")[1])
             node = await asyncio.to_thread(self.broker.node_of, port, self.broker.mqtt_port)
             ends.append(str(node))
-        # Where the topic's messages are stored (its partition 0's shard) matters as much.
-        shard = placement.partition_shard(self.topic, 0, self.broker.shards)
+        # Where the topic's messages are stored matters as much: MQTT stores a topic name under
+        # its first level's log topic (gateway/mqtt/addresses.py), in its partition 0's shard.
+        log_topic = self.topic.split("/", 1)[0]
+        shard = placement.partition_shard(log_topic, 0, self.broker.shards)
         self.landed = (
             f"pub->sub on worker {ends[0]}->{ends[1]}, topic on worker "
             f"{self.broker.owner_of(shard)}"
