@@ -33,6 +33,12 @@ Differences from Kafka: the consumer offsets of a transaction are committed righ
 markers, not with them (a crash in between leaves the data committed and the offsets not: the
 input is consumed again); a transaction cut by a restart is aborted, not resumed.
 
+On a cluster (docs/cluster.md sections 8, 10) the coordinator is the node the transactional id
+is placed on; partitions other nodes lead get their markers through ``WriteTxnMarkers``. Their
+list is in the record (``remote``, written durably by AddPartitionsToTxn and kept through
+PrepareCommit), so a restarted coordinator still ends the transaction there; a restarted leader
+settles only the transactions its own coordinator knows and leaves the others' open for them.
+
 Transitions (``TxnState``; anything else is INVALID_TXN_STATE, as TransactionCoordinator):
 EMPTY/COMPLETE_* --AddPartitions/AddOffsets/Produce--> ONGOING --EndTxn--> PREPARE_* --(durable)-->
 COMPLETE_*. A request during PREPARE_* gets CONCURRENT_TRANSACTIONS (the client retries).

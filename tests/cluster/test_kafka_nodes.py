@@ -15,6 +15,12 @@ confluent-kafka producer writes to every partition of a topic led by all three n
 transaction, straight to each partition's leader, and commits: its coordinator ends it on the
 other leaders with ``WriteTxnMarkers``, and a read_committed consumer sees every record. A
 second transaction, aborted the same way, is seen by read_uncommitted consumers only.
+
+Across a restart (SIGKILL; these tests come last, they restart nodes): the leader of one
+partition of a cross-node transaction restarted before the commit keeps the transaction open
+for its coordinator, so the commit shows every record once; the coordinator restarted before
+the commit aborts it on the other node too, so a new producer instance finds it ended and the
+other partition's last stable offset moves on.
 """
 
 from __future__ import annotations
