@@ -200,6 +200,18 @@ class SessionCalls(BrokerCalls):
             return 0
         return await cluster.connect(context.client_id)
 
+    async def client_id_held_elsewhere(self, context: ClientContext, client_id: str) -> bool:
+        """On a cluster node, whether the session registry names another node for
+        ``client_id`` (its session is connected there, or lives there offline: a copy here is
+        stale); False on a node alone."""
+        cluster = self._mqtt_cluster
+        registry = getattr(cluster, "registry", None)
+        owner = getattr(registry, "owner", None)
+        if cluster is None or not callable(owner):
+            return False
+        held = await owner(client_id)
+        return held is not None and int(held.node) != cluster.node
+
     def release_client_id(self, context: ClientContext, gen: int) -> None:
         """The connection ``gen`` (from :meth:`claim_client_id`) of ``context.client_id``
         ended; nothing on a single node (gen 0)."""

@@ -101,6 +101,8 @@ __all__ = ["MqttHub", "MqttOptions"]  # MqttOptions: where the listeners and tes
 log = logging.getLogger(__name__)
 
 ASSIGNED_CLIENT_ID_PREFIX: Final = "braid-"
+# Seconds before an expiry that could not ask the session registry is tried again.
+EXPIRY_RETRY_S: Final = 5.0
 SESSION_RECORD_VERSION: Final = 1
 
 Outcome = tuple[int, int, str]  # (reason code, end position to wait durable for, log topic)
@@ -362,8 +364,29 @@ class MqttHub:
     def _expire(self, session: Session) -> None:
         session.expiry_timer = None
         if session.connection is None and not session.ended:
-            self.metrics["sessions_expired"] += 1
-            self.end_session_soon(session)
+            start_eagerly(self._expire_unless_moved(session), self.spawn)
+
+    async def _expire_unless_moved(self, session: Session) -> None:
+        """End an expired session, unless (a cluster node) its client id is registered to
+        another node: the session lives there and this copy (restored at start) is stale: it
+        is dropped, not ended, as a takeover drops one."""
+        client_id = session.client_id
+        try:
+            moved = await self.api.client_id_held_elsewhere(self.context, client_id)
+        except Exception as error:  # Redis unreachable: ask again later
+            log.warning("mqtt: expiry of session %r postponed: %s", client_id, error)
+            session.expiry_timer = self._loop.call_later(EXPIRY_RETRY_S, self._expire, session)
+            return
+        if session.connection is not None or session.ended:
+            return
+        if moved:
+            log.info("mqtt: session %r lives on another node: copy here dropped", client_id)
+            self._cancel_timers(session)
+            if self.sessions.get(client_id) is session:
+                del self.sessions[client_id]
+            return
+        self.metrics["sessions_expired"] += 1
+        await self.end_session(session)
 
     # -- wills -----------------------------------------------------------------------------
 
