@@ -344,9 +344,29 @@ class Forwarder:
     def _rehome(self, target: _Target) -> None:
         """``target`` cannot be reached: the owners of the shards it has records of are read
         again (an owner killed and restarted listens on a new address; nothing else tells the
-        cached owner apart), and the records go to whoever owns them now."""
-        for number in {pending.shard for pending in target.unanswered.values()}:
-            self._hold(self._shards[number], None)
+        cached owner apart), and the records of a shard owned elsewhere now go there. Those of
+        a shard the table still gives to ``target`` stay on it with their seqs, so that an
+        owner back at the same address drops the ones it stored already."""
+        shards = {pending.shard for pending in target.unanswered.values()}
+        if not shards:
+            return
+        task = asyncio.get_running_loop().create_task(self._rehome_shards(target.address, shards))
+        self._recoveries.add(task)
+        task.add_done_callback(self._recoveries.discard)
+
+    async def _rehome_shards(self, address: str, shards: set[int]) -> None:
+        for number in sorted(shards):
+            state = self._shards[number]
+            if state.held or state.owner is None or state.owner.rpc_address != address:
+                continue  # moved or held since
+            was = state.owner
+            owner = await self._refresh(number)
+            if self._closed:
+                return
+            if owner is None or state.held or state.owner is not was:
+                continue  # no owner known now (tried again at the next failure), or moved
+            if (owner.rpc_address, owner.epoch) != (was.rpc_address, was.epoch):
+                self._hold(state, None)
 
     def _restart(self, target: _Target) -> None:
         """End ``target``'s stream gracefully (its answers still come); the next one resends
