@@ -8,8 +8,9 @@ Node 3 is killed with SIGKILL. Nodes 1 and 2 see its lease gone, divide its shar
 over the live nodes, claim them at new epochs, recover them and serve them: Kafka Metadata names
 them as leaders, the producer's records and AMQP publishes to the former shards of node 3 are
 acknowledged again. Every record acknowledged before and after is read exactly once (Kafka: in
-order per partition), and every confirmed AMQP message is on the queue's new owner. The printed
-takeover times are a measurement, not asserted.
+order per partition), every confirmed AMQP message is on the queue's new owner, and the offsets
+committed to a consumer group coordinated in a shard of node 3 are answered by its new
+coordinator. The printed takeover times are a measurement, not asserted.
 
 ``BRAID_LONG=1`` writes more records per round.
 """
@@ -27,7 +28,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from pika.exceptions import AMQPError
 
 from core.cluster.membership import plan
-from core.cluster.placement import partition_shard
+from core.cluster.placement import group_shard, partition_shard
 from tests.cluster.cluster_fixture import Cluster
 from tests.cluster.redis_server import RedisServer
 from tests.cluster.test_node import DEADLINE_S, amqp, eventually, redis_server
@@ -140,6 +141,26 @@ def consume_all(port: int, queue: str, expected: set[bytes]) -> list[bytes]:
     return bodies
 
 
+def group_of_victim(cluster: Cluster) -> str:
+    """A consumer group whose coordinator (its offsets' shard) is the victim's."""
+    victim_shards = cluster.served(VICTIM)
+    for number in range(10_000):
+        group = f"to.group{number}"
+        if group_shard(group, SHARDS) in victim_shards:
+            return group
+    raise AssertionError("no group lands on the victim")
+
+
+def group_consumer(cluster: Cluster, group: str) -> Consumer:
+    return Consumer(
+        {
+            "bootstrap.servers": bootstrap(cluster),
+            "group.id": group,
+            "enable.auto.commit": False,
+        }
+    )
+
+
 def read_partitions(cluster: Cluster, expected: dict[int, int]) -> dict[int, list[bytes]]:
     """Every record of each partition from offset 0, until ``expected[p]`` were read."""
     consumer = Consumer(
@@ -204,6 +225,15 @@ def test_survivors_take_over_a_killed_node(cluster: Cluster) -> None:
     confirmed = publish_confirmed(cluster[1].amqp_port, queue, sent_before)
     assert confirmed == sent_before
 
+    # Offsets committed to a group coordinated in one of the victim's shards.
+    group = group_of_victim(cluster)
+    committed = [TopicPartition(TOPIC, p, p + 1) for p in range(PARTITIONS)]
+    committer = group_consumer(cluster, group)
+    try:
+        committer.commit(offsets=committed, asynchronous=False)
+    finally:
+        committer.close()
+
     cluster[VICTIM].kill9()
     killed = time.monotonic()
 
@@ -235,6 +265,21 @@ def test_survivors_take_over_a_killed_node(cluster: Cluster) -> None:
     # The plan over the survivors: the victim's shards balanced between them.
     taken = [after[p] for p in victim_partitions]
     assert set(taken) == set(SURVIVORS), after
+
+    # The group's offsets moved with its shard: its new coordinator answers them.
+    reader = group_consumer(cluster, group)
+    try:
+        found = eventually(
+            lambda: reader.committed(
+                [TopicPartition(TOPIC, p) for p in range(PARTITIONS)], timeout=5
+            ),
+            "the group's committed offsets from its new coordinator",
+        )
+    finally:
+        reader.close()
+    assert {(tp.partition, tp.offset) for tp in found} == {
+        (tp.partition, tp.offset) for tp in committed
+    }
 
     expected = {p: len(values) for p, values in acked.by_partition.items()}
     got = read_partitions(cluster, expected)
