@@ -938,6 +938,11 @@ class BraidServer:
             except Exception:
                 log.exception("serving shard %d taken over at epoch %d failed", shard, epoch)
                 return
+            serving = self.serving
+            if serving is not None:
+                # Kafka Metadata names this node leader now, not at the view's next heartbeat.
+                with contextlib.suppress(Exception):
+                    await serving.view.refresh()
             log.warning(
                 "took over shard %d at epoch %d: write position %d, %d records replayed",
                 shard,
