@@ -29,10 +29,25 @@ from paho.mqtt.properties import Properties
 
 from core.cluster.placement import session_shard
 from tests.cluster.cluster_fixture import Cluster
+from tests.cluster.mqtt_share_checks import (
+    test_a_committed_half_message_reaches_another_nodes_subscriber_once,
+    test_a_delayed_record_reaches_another_nodes_subscriber_once,
+    test_a_shared_group_with_members_on_two_nodes,
+    test_a_will_reaches_clean_and_persistent_subscribers_on_other_nodes,
+)
 from tests.cluster.redis_server import RedisServer
 from tests.cluster.test_node import DEADLINE_S, eventually, redis_server
 
-__all__ = ["redis_server"]  # the module's Redis fixture (tests/cluster/test_node.py)
+# The module's Redis fixture (tests/cluster/test_node.py), and the checks of $share groups,
+# wills, delayed and half records across nodes run on this module's cluster (one start fewer;
+# imported first, they run before the last test stops node 3).
+__all__ = [
+    "redis_server",
+    "test_a_committed_half_message_reaches_another_nodes_subscriber_once",
+    "test_a_delayed_record_reaches_another_nodes_subscriber_once",
+    "test_a_shared_group_with_members_on_two_nodes",
+    "test_a_will_reaches_clean_and_persistent_subscribers_on_other_nodes",
+]
 
 SHARDS = 12
 

@@ -1,13 +1,20 @@
-"""MQTT records that reach subscribers on other nodes by other paths than a plain publish, on a
-real three-node cluster (docs/cluster.md section 8, MQTT; tests/cluster/cluster_fixture.py),
-with paho, the subscriber and the owner of the topic's shard on different nodes:
+"""Checks of MQTT across the nodes of a real three-node cluster of 12 shards (docs/cluster.md
+section 8, MQTT), with paho, run on tests/cluster/test_mqtt_sessions_nodes.py's cluster (that
+module imports them: one cluster start fewer; its ``cluster`` and ``redis_server`` fixtures):
 
 - a delayed record (``$delayed/<s>/<topic>``, published on a third node) and a committed half
   message (``$half/<group>/<txn>/<topic>``, then ``braid.txn/<txn>`` ``commit``) become
   visible on the topic's owner later; they reach a clean-session subscriber on another node
-  once (core/api/sessions.py ``fan_out_live_record``).
+  once (core/api/sessions.py ``fan_out_live_record``, core/delivery/live.py);
+- a will (QoS 1) of a client whose socket dies on node 1 reaches a clean subscriber on node 2
+  and a persistent one of node 3 (offline, on its return), also after a will delay;
+  ``mqtt:wills:<node>`` holds each will while its client is connected, not after it is
+  published nor after a normal DISCONNECT (core/cluster/mqtt_wills.py);
+- a ``$share`` group with members on nodes 1 and 3, the publisher on node 2: each message to
+  one member, both get some, and when one leaves the other gets the rest (its node leaves the
+  group's queue to the other: core/cluster/mqtt_shares.py).
 
-One cluster for the module.
+Not a test module of its own (no ``test_`` file name): collected where imported.
 """
 
 from __future__ import annotations
@@ -18,11 +25,9 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import paho.mqtt.client as mqtt
-import pytest
 import redis
 from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.packettypes import PacketTypes
@@ -31,20 +36,9 @@ from paho.mqtt.properties import Properties
 from core.cluster.placement import partition_shard, transaction_shard
 from tests.cluster.cluster_fixture import Cluster
 from tests.cluster.redis_server import RedisServer
-from tests.cluster.test_node import DEADLINE_S, eventually, redis_server
+from tests.cluster.test_node import DEADLINE_S, eventually
 
-__all__ = ["redis_server"]  # the module's Redis fixture (tests/cluster/test_node.py)
-
-SHARDS = 12
-QUIET_S = 1.0  # how long "nothing more arrives" is watched
-
-
-@pytest.fixture(scope="module")
-def cluster(
-    tmp_path_factory: pytest.TempPathFactory, redis_server: RedisServer
-) -> Iterator[Cluster]:
-    with Cluster(tmp_path_factory.mktemp("mqttshare"), redis_server.url, shards=SHARDS) as c:
-        yield c
+QUIET_S = 0.5  # how long "nothing more arrives" is watched
 
 
 class Client:
@@ -149,13 +143,13 @@ def topic_owned_by(cluster: Cluster, node_id: int, prefix: str) -> str:
     return cluster.name_owned_by(node_id, f"{prefix}{uuid.uuid4().hex[:6]}-")
 
 
-def txn_in_shard_of(topic: str) -> str:
+def txn_in_shard_of(cluster: Cluster, topic: str) -> str:
     """A transaction id kept in the shard of ``topic``'s queue 0: a half message's transaction
     and its destinations must share a shard (core/broker/node.py ``_half_shard``)."""
-    wanted = partition_shard(topic, 0, SHARDS)
+    wanted = partition_shard(topic, 0, cluster.shards)
     for number in range(10_000):
         txn = f"txn-{topic}-{number}"
-        if transaction_shard(txn, SHARDS) == wanted:
+        if transaction_shard(txn, cluster.shards) == wanted:
             return txn
     raise AssertionError(f"no transaction id lands in shard {wanted}")
 
@@ -181,7 +175,7 @@ def test_a_committed_half_message_reaches_another_nodes_subscriber_once(
     cluster: Cluster,
 ) -> None:
     topic = topic_owned_by(cluster, 3, "half")
-    txn = txn_in_shard_of(topic)
+    txn = txn_in_shard_of(cluster, topic)
     subscriber = Client(cluster[1].mqtt_port, "half-sub").connect()
     # Both on the shard's owner: a half or a decision published on another node is not
     # forwarded yet (core/broker/node.py: the transaction's shard must be local).
