@@ -16,11 +16,11 @@ One :class:`Membership` per node process. :meth:`Membership.start`:
 5. takes over (issue 23, section 12; ``[cluster] takeover``, on by default): a few times
    each ``heartbeat_ms`` after the join it reads the ownership table and the live nodes; a shard
    nobody owns, or whose recorded owner holds no lease (dead, or released by a clean stop), is
-   an orphan, and the plan over the live nodes (the same :func:`plan`: balanced, every node
-   computes the same) says who claims it. This node claims its orphans (a new epoch, the epoch
-   file, as any claim) and tells the node (``on_taken(shard, epoch)``), which recovers and
-   serves them. A node that comes back later finds its old shards owned by live nodes and
-   claims only orphans: nothing is stolen back (rebalancing is later work).
+   an orphan, and :func:`takeover_plan` over the live nodes (balanced by the shards each node
+   owns, the same on every node) says who claims it. This node claims its orphans (a new
+   epoch, the epoch file, as any claim) and tells the node (``on_taken(shard, epoch)``), which
+   recovers and serves them. A node that comes back later finds its old shards owned by live
+   nodes and claims only orphans: nothing is stolen back (rebalancing is later work).
 
 A claim (:meth:`Membership.claim`): read the shard's epoch, ``claim_shard(expected)`` (the
 compare-and-set of claim.lua), then create the epoch file ``epochs/<epoch>`` with ``O_EXCL``
@@ -53,7 +53,7 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Final
 
@@ -149,6 +149,30 @@ def plan(live: Iterable[str], shards: int) -> list[str]:
     if not ordered:
         raise ValueError("a plan needs at least one live node")
     return [ordered[shard % len(ordered)] for shard in range(shards)]
+
+
+def takeover_plan(
+    live: Iterable[str], owners: Mapping[int, str | None], orphans: Iterable[int]
+) -> dict[int, str]:
+    """Who takes each orphaned shard (issue 23): in shard order, the live node owning the
+    fewest shards then (``owners``: the recorded owner of each shard; ties go by
+    :func:`node_order`). Every node computes the same from the same reading, and claims made as
+    planned leave the rest of the plan unchanged (each claimed shard moves one to the node the
+    plan counted it for), so nodes reading between each other's claims still agree. It balances
+    the totals: a node that came back owning nothing gets the next orphans first."""
+    ordered = sorted(set(live), key=node_order)
+    if not ordered:
+        raise ValueError("a plan needs at least one live node")
+    load = dict.fromkeys(ordered, 0)
+    for owner in owners.values():
+        if owner in load:
+            load[owner] += 1
+    taken: dict[int, str] = {}
+    for shard in sorted(orphans):
+        node = min(ordered, key=lambda candidate: (load[candidate], node_order(candidate)))
+        taken[shard] = node
+        load[node] += 1
+    return taken
 
 
 class Membership:
@@ -464,26 +488,21 @@ class Membership:
             and not self._stopped
         )
 
-    async def orphans(self) -> tuple[list[int], list[str]]:
-        """The shards nobody serves (no owner, or an owner without a lease) and the live node
-        ids, as Redis has them now."""
+    async def take_over(self, incarnation: int) -> dict[int, int]:
+        """Claim the orphaned shards (no owner, or an owner without a lease) that
+        :func:`takeover_plan` over the live nodes gives this node; returns those claimed with
+        their epochs (each also told to ``on_taken``)."""
         live = sorted(await self.metadata.live_nodes(), key=node_order)
         records = await self.metadata.shard_owners()
-        orphaned: list[int] = []
-        for shard in range(self.layout.shards):
-            record = records.get(shard)
-            owner = record.owner if record is not None else None
-            if owner is None or owner not in live:
-                orphaned.append(shard)
-        return orphaned, live
-
-    async def take_over(self, incarnation: int) -> dict[int, int]:
-        """Claim the orphaned shards the plan over the live nodes gives this node; returns
-        those claimed with their epochs (each also told to ``on_taken``)."""
-        orphaned, live = await self.orphans()
+        owners = {shard: record.owner for shard, record in records.items()}
+        orphaned = [
+            shard
+            for shard in range(self.layout.shards)
+            if owners.get(shard) is None or owners.get(shard) not in live
+        ]
         if not orphaned or self.node_id not in live:
             return {}
-        planned = plan(live, self.layout.shards)
+        planned = takeover_plan(live, owners, orphaned)
         mine = [shard for shard in orphaned if planned[shard] == self.node_id]
         if not mine:
             return {}
@@ -494,7 +513,6 @@ class Membership:
             orphaned,
             ", ".join(live),
         )
-        records = await self.metadata.shard_owners()
         taken: dict[int, int] = {}
         for shard in mine:
             if not self._active(incarnation):

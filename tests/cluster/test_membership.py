@@ -32,6 +32,7 @@ from core.cluster.membership import (
     NodeAddresses,
     node_order,
     plan,
+    takeover_plan,
 )
 from core.cluster.redis_metadata import RedisMetadata, connect
 from core.cluster.settings import ClusterSettings
@@ -178,6 +179,21 @@ def test_plan_sorts_integer_ids_numerically() -> None:
     assert sorted(["b", "10", "a", "9"], key=node_order) == ["9", "10", "a", "b"]
     with pytest.raises(ValueError, match="at least one"):
         plan([], 3)
+
+
+def test_takeover_plan_balances_and_agrees_between_claims() -> None:
+    owners = {0: "1", 1: "2", 2: "3", 3: "1", 4: "2", 5: "3", 6: "1", 7: "2", 8: "3"}
+    orphans = [2, 5, 8]  # node 3's
+    full = takeover_plan(["1", "2"], owners, orphans)
+    assert full == {2: "1", 5: "2", 8: "1"}
+    # Node 1 claimed shard 2 as planned before node 2 read: node 2 computes the same rest.
+    assert takeover_plan(["1", "2"], {**owners, 2: "1"}, [5, 8]) == {5: "2", 8: "1"}
+    # Node 3 came back owning nothing when node 4 dies: it takes node 4's first (not plan()'s
+    # n % count over the live nodes, which ignores what each one owns).
+    owners = {0: "1", 1: "2", 2: "1", 3: "2", 4: "4", 5: "4"}
+    assert takeover_plan(["1", "2", "3"], owners, [4, 5]) == {4: "3", 5: "3"}
+    with pytest.raises(ValueError, match="at least one"):
+        takeover_plan([], owners, orphans)
 
 
 def test_settings_defaults_and_checks() -> None:

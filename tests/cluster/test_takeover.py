@@ -27,7 +27,7 @@ from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from pika.exceptions import AMQPError
 
-from core.cluster.membership import plan
+from core.cluster.membership import takeover_plan
 from core.cluster.placement import group_shard, partition_shard
 from tests.cluster.cluster_fixture import Cluster
 from tests.cluster.redis_server import RedisServer
@@ -205,7 +205,11 @@ def test_survivors_take_over_a_killed_node(cluster: Cluster) -> None:
 
     queue = cluster.name_owned_by(VICTIM, "to.q", QUEUE_TOPIC)
     queue_shard = partition_shard(QUEUE_TOPIC + queue, 0, SHARDS)
-    new_queue_owner = int(plan([str(n) for n in SURVIVORS], SHARDS)[queue_shard])
+    # Who takes each of the victim's shards: the plan every node computes (core/cluster/
+    # membership.py takeover_plan), from who owns what now.
+    owners = {shard: str(n) for n in (1, 2, VICTIM) for shard in cluster.served(n)}
+    planned = takeover_plan([str(n) for n in SURVIVORS], owners, sorted(cluster.served(VICTIM)))
+    new_queue_owner = int(planned[queue_shard])
     connection = amqp(cluster[1])
     connection.channel().queue_declare(queue, durable=True)
     connection.close()
@@ -262,9 +266,10 @@ def test_survivors_take_over_a_killed_node(cluster: Cluster) -> None:
     )
     producer.flush(DEADLINE_S)
 
-    # The plan over the survivors: the victim's shards balanced between them.
-    taken = [after[p] for p in victim_partitions]
-    assert set(taken) == set(SURVIVORS), after
+    # The plan: the victim's shards balanced between the survivors.
+    for partition in victim_partitions:
+        assert after[partition] == int(planned[partition_shard(TOPIC, partition, SHARDS)])
+    assert {after[p] for p in victim_partitions} == set(SURVIVORS), after
 
     # The group's offsets moved with its shard: its new coordinator answers them.
     reader = group_consumer(cluster, group)
