@@ -120,6 +120,18 @@ async def test_messages_reach_each_target_in_order_batched_per_turn(
     assert peers[2].receiver.received == len(sent[2])
 
 
+async def test_one_turn_of_messages_is_one_grpc_message(
+    sender: FanoutSender, peers: dict[int, Receiving]
+) -> None:
+    for i in range(200):  # one loop turn
+        sender.send(2, *message(i))
+    await eventually(lambda: len(peers[2].received) == 200, "the 200 messages")
+    assert peers[2].received == [message(i) for i in range(200)]
+    # One FanoutBatch read by the receiver, not one message per publish.
+    assert peers[2].receiver.batches == 1
+    assert sender.batches(2) == 1
+
+
 async def test_a_dispatch_that_raises_does_not_end_the_stream(
     sender: FanoutSender, peers: dict[int, Receiving]
 ) -> None:

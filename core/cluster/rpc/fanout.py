@@ -215,6 +215,7 @@ class FanoutReceiver:
     def __init__(self, dispatch: Dispatch) -> None:
         self._dispatch = dispatch
         self.received = 0
+        self.batches = 0  # gRPC messages read: one per sender's burst
         self.failed = 0  # dispatches that raised
 
     async def deliver(
@@ -223,6 +224,7 @@ class FanoutReceiver:
         origin: pb.Origin | None = None
         dispatch = self._dispatch
         async for batch in requests:
+            self.batches += 1
             if origin is None and batch.HasField("origin"):
                 origin = batch.origin
             for fanout in batch.messages:
