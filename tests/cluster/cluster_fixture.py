@@ -55,27 +55,37 @@ class Cluster:
         self.shards = shards
         self.url = redis_url
         self.root = make_root(tmp_path / "root", shards=shards)
-        config = tmp_path / "braid.toml"
-        config.write_text(cluster_config(nodes, takeover=takeover))
+        self._tmp_path = tmp_path
+        self._config = tmp_path / "braid.toml"
+        self._config.write_text(cluster_config(nodes, takeover=takeover))
         self.nodes: dict[int, BraidProcess] = {}
         for node_id in range(1, nodes + 1):
-            directory = tmp_path / f"n{node_id}"
-            directory.mkdir(exist_ok=True)
-            self.nodes[node_id] = BraidProcess(
-                directory,
-                listeners=("amqp", "mqtt", "kafka", "http"),
-                data_dir=self.root,
-                extra_args=(
-                    "--config",
-                    str(config),
-                    "--cluster",
-                    redis_url,
-                    "--node-id",
-                    str(node_id),
-                    "--advertised-host",
-                    "127.0.0.1",
-                ),
-            )
+            self.nodes[node_id] = self._node(node_id)
+
+    def _node(self, node_id: int) -> BraidProcess:
+        directory = self._tmp_path / f"n{node_id}"
+        directory.mkdir(exist_ok=True)
+        return BraidProcess(
+            directory,
+            listeners=("amqp", "mqtt", "kafka", "http"),
+            data_dir=self.root,
+            extra_args=(
+                "--config",
+                str(self._config),
+                "--cluster",
+                self.url,
+                "--node-id",
+                str(node_id),
+                "--advertised-host",
+                "127.0.0.1",
+            ),
+        )
+
+    def add_node(self, node_id: int) -> BraidProcess:
+        """Start one more node (after the others formed: it claims only shards nobody owns, so
+        often none, a standby); stopped with the others."""
+        process = self.nodes[node_id] = self._node(node_id)
+        return process.start()
 
     def __getitem__(self, node_id: int) -> BraidProcess:
         return self.nodes[node_id]

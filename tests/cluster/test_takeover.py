@@ -296,9 +296,89 @@ def test_survivors_take_over_a_killed_node(cluster: Cluster) -> None:
     assert set(confirmed) <= set(bodies)
     assert len(confirmed) == 2 * AMQP_MESSAGES + 1
 
-    # The survivors stop cleanly with the taken shards (closed markers, leases released).
-    for node in SURVIVORS:
-        started = time.monotonic()
+
+def test_a_standby_takes_over_and_starts_serving(cluster: Cluster) -> None:
+    """A node that joined owning nothing (a standby, no listeners) owns the fewest shards when
+    node 2 is killed: it takes all of node 2's shards and starts serving (its listeners open,
+    Metadata names it leader, produces to them acknowledged and read back once, in order)."""
+    standby = cluster.add_node(4)
+    assert "shards=none" in standby.ready_line
+    bootstrap_one = cluster[1].kafka_bootstrap
+    admin = AdminClient({"bootstrap.servers": bootstrap_one})
+    if TOPIC not in admin.list_topics(timeout=5).topics:  # (this test run alone)
+        for future in admin.create_topics(
+            [NewTopic(TOPIC, num_partitions=PARTITIONS, replication_factor=1)]
+        ).values():
+            future.result(timeout=DEADLINE_S)
+    before = eventually(
+        lambda: (found := leaders(admin)) and len(found) == PARTITIONS and found,
+        "leaders of every partition",
+    )
+    second = sorted(p for p, leader in before.items() if leader == 2)
+    assert second, before
+
+    acked = Acked()
+    producer = Producer(
+        {
+            "bootstrap.servers": bootstrap_one,
+            "enable.idempotence": True,
+            "acks": "all",
+            "message.timeout.ms": int(DEADLINE_S * 2000),
+            "linger.ms": 5,
+        }
+    )
+
+    def produce(tag: str) -> None:
+        for number in range(PER_PARTITION):
+            for partition in second:
+                producer.produce(
+                    TOPIC,
+                    value=f"{tag}:{partition}:{number}".encode(),
+                    partition=partition,
+                    on_delivery=acked,
+                )
+        assert producer.flush(DEADLINE_S * 2) == 0
+        assert not acked.errors, acked.errors[:5]
+
+    produce("standby-before")
+    cluster[2].kill9()
+    killed = time.monotonic()
+    after = eventually(
+        lambda: (found := leaders(admin)) and all(found.get(p) == 4 for p in second) and found,
+        "Metadata naming the standby leader of node 2's partitions",
+    )
+    metadata_s = time.monotonic() - killed
+    produce("standby-after")
+    print(
+        f"\nstandby node 4 took node 2's partitions {second}: Metadata after {metadata_s:.2f} s, "
+        f"a round acknowledged after {time.monotonic() - killed:.2f} s"
+    )
+    assert {after[p] for p in second} == {4}
+
+    consumer = Consumer(
+        {"bootstrap.servers": bootstrap_one, "group.id": "to.standby", "enable.auto.commit": False}
+    )
+    got: dict[int, list[bytes]] = {p: [] for p in second}
+    try:
+        consumer.assign([TopicPartition(TOPIC, p, 0) for p in second])
+        end = time.monotonic() + DEADLINE_S * 2
+        while time.monotonic() < end and any(
+            len([v for v in got[p] if v.startswith(b"standby-")]) < len(acked.by_partition[p])
+            for p in second
+        ):
+            for message in consumer.consume(500, timeout=0.5):
+                if message.error() is None:
+                    got[message.partition()].append(message.value())
+        for message in consumer.consume(500, timeout=1.0):
+            if message.error() is None:
+                got[message.partition()].append(message.value())
+    finally:
+        consumer.close()
+    for partition in second:
+        mine = [v for v in got[partition] if v.startswith(b"standby-")]
+        assert mine == acked.by_partition[partition], partition
+
+    # The nodes left stop cleanly with the shards they took (closed markers, leases released).
+    for node in (1, 4):
         code = cluster[node].stop()
-        print(f"node {node} stopped in {time.monotonic() - started:.2f} s")
         assert code == 0, cluster[node].stderr()[-3000:]
