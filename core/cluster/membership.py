@@ -13,8 +13,12 @@ One :class:`Membership` per node process. :meth:`Membership.start`:
 4. claims its shards: those recorded as its own (a restart with the same node id takes them
    back, at a new epoch) and those the plan gives it that nobody owns. A shard recorded as
    another node's is left alone at the join, live or not;
-5. takes over (issue 23, section 12; ``[cluster] takeover``, on by default): a few times
-   each ``heartbeat_ms`` after the join it reads the ownership table and the live nodes; a shard
+5. takes over (issue 23, section 12; ``[cluster] takeover``, on by default): after the join it
+   reads the live nodes when the first of the others' leases read last can expire (each
+   reading gives their PTTLs; a node dead right after it expires then, not sooner), at least
+   once a ``heartbeat_ms`` (a lease released by a clean stop), and the ownership table when
+   the live nodes (ids, incarnations) differ from those of the last reading that found no
+   orphan (only a claim, by a live node, moves a shard otherwise); a shard
    nobody owns, or whose recorded owner holds no lease (dead, or released by a clean stop), is
    an orphan, and :func:`takeover_plan` over the live nodes (balanced by the shards each node
    owns, the same on every node) says who claims it. This node claims its orphans (a new
@@ -87,11 +91,12 @@ LEASE_WAIT_LEASES: Final = 2
 # Claim attempts per shard: each retry follows a lost compare-and-set (another claimer moved
 # the epoch) or an epoch file already on disk; more than a few means something else is racing.
 MAX_CLAIM_ATTEMPTS: Final = 8
-# How often per heartbeat a node looks for orphaned shards (issue 23). A dead node's lease
-# expires lease_ms after its last renewal, up to heartbeat_ms after its death; looking once a
-# heartbeat would add up to another heartbeat_ms (9 + 2 + 2 s by default, past the issue's
-# 10 s target); four times adds at most a quarter (one SCAN and one pipeline of HGETALLs).
-TAKEOVER_CHECKS_PER_HEARTBEAT: Final = 4
+# How long after the first of the other nodes' leases read last can expire (their PTTL) a
+# node looks for orphaned shards again (issue 23): Redis has expired it by then, and a dead
+# node's shards are taken within this of its lease's expiry, not a fixed poll's period later
+# (four readings of the live nodes and the ownership table a heartbeat cost an idle cluster
+# ~1-2% of a core per node). At most heartbeat_ms apart, for a lease released by a clean stop.
+TAKEOVER_AFTER_EXPIRY_MS: Final = 5
 # What a Redis that cannot be reached raises; a renewal that fails so is retried at the next
 # heartbeat, and the lease timer fences the node if none succeeds within lease_ms.
 _REDIS_ERRORS: Final = (redis_errors.RedisError, OSError)
@@ -214,6 +219,11 @@ class Membership:
         # node waiting for the formation would take every shard as an orphan.
         self._joined: int | None = None
         self._taker: asyncio.Task[None] | None = None
+        # The live nodes (id, incarnation) of the last reading that found no orphan: while
+        # they are the same, no shard can be one (take_over skips the ownership table).
+        self._quiet_live: frozenset[tuple[str, int]] | None = None
+        # When the first of the other nodes' leases read last can expire (the clock's ms).
+        self._next_expiry_ms: float | None = None
         self._owned: dict[int, int] = {}  # shard -> epoch, made real by its epoch file
         # When the last successful renewal was sent; None while no lease is counted (before
         # the first renewal of a join, after a fence or a stop).
@@ -468,11 +478,15 @@ class Membership:
     # -- taking over (issue 23) -------------------------------------------------------------
 
     async def _take_over_forever(self, incarnation: int) -> None:
-        """Claim this node's share of the orphaned shards, :data:`TAKEOVER_CHECKS_PER_HEARTBEAT`
-        times a heartbeat (module docstring, step 5); a failed reading of Redis is tried again
-        at the next check."""
+        """Claim this node's share of the orphaned shards (module docstring, step 5): at the
+        first expiry of a lease read last (plus :data:`TAKEOVER_AFTER_EXPIRY_MS`), at most
+        ``heartbeat_ms`` apart; a failed reading of Redis is tried again at the next check."""
         while self._active(incarnation):
-            await self._sleep_ms(self.settings.heartbeat_ms / TAKEOVER_CHECKS_PER_HEARTBEAT)
+            delay_ms: float = self.settings.heartbeat_ms
+            if self._next_expiry_ms is not None:
+                due_ms = self._next_expiry_ms + TAKEOVER_AFTER_EXPIRY_MS - self._clock.now_ms()
+                delay_ms = max(min(delay_ms, due_ms), TAKEOVER_AFTER_EXPIRY_MS)
+            await self._sleep_ms(delay_ms)
             if not self._active(incarnation) or not self.holds_lease():
                 return
             try:
@@ -492,7 +506,18 @@ class Membership:
         """Claim the orphaned shards (no owner, or an owner without a lease) that
         :func:`takeover_plan` over the live nodes gives this node; returns those claimed with
         their epochs (each also told to ``on_taken``)."""
-        live = sorted(await self.metadata.live_nodes(), key=node_order)
+        nodes = await self.metadata.live_nodes()
+        read_ms = self._clock.now_ms()  # after the PTTLs were read: the expiries not before
+        left = [
+            info.lease_left_ms
+            for info in nodes.values()
+            if info.node_id != self.node_id and info.lease_left_ms is not None
+        ]
+        self._next_expiry_ms = read_ms + min(left) if left else None
+        live = sorted(nodes, key=node_order)
+        holders = frozenset((info.node_id, info.incarnation) for info in nodes.values())
+        if holders == self._quiet_live:
+            return {}  # nobody came, left or restarted since a reading found no orphan
         records = await self.metadata.shard_owners()
         owners = {shard: record.owner for shard, record in records.items()}
         orphaned = [
@@ -500,6 +525,7 @@ class Membership:
             for shard in range(self.layout.shards)
             if owners.get(shard) is None or owners.get(shard) not in live
         ]
+        self._quiet_live = holders if not orphaned and self.node_id in live else None
         if not orphaned or self.node_id not in live:
             return {}
         planned = takeover_plan(live, owners, orphaned)
