@@ -10,8 +10,8 @@ deliveries with its :class:`Settlements`: a remote delivery's ``queue`` is a sta
 (:class:`_SettledRemotely`) that sends the settle to the owner instead. What cannot wait for
 the owner in a gateway's synchronous call is answered from what this node knows: the counts are
 the owner's last answer (asked again in the background when older than
-:data:`STATS_MAX_AGE_S`), and basic.get hands out a record taken from the owner ahead
-(:meth:`RemoteQueueHandle.take`).
+:data:`STATS_MAX_AGE_S`). basic.get waits for the owner (:meth:`QueueCalls.fetch_message`: one
+``Get`` round trip), so it answers get-empty only when the owner has no ready record.
 """
 
 from __future__ import annotations
@@ -61,11 +61,6 @@ log = logging.getLogger(__name__)
 
 # A remote queue's counts older than this are asked for again (in the background) when read.
 STATS_MAX_AGE_S: Final = 1.0
-# A record basic.get took ahead from a remote queue goes back to it (redelivered) when no
-# basic.get took it within this.
-GET_AHEAD_HOLD_S: Final = 2.0
-# Who holds the records basic.get takes ahead (the owner's ConsumeService.release_gets name).
-GET_HOLDER: Final = "amqp-basic-get"
 
 
 class _SettledRemotely:
@@ -166,9 +161,6 @@ class RemoteQueueHandle(QueueHandle):
     TTL, max-length and overflow are the owner's: here none apply."""
 
     __slots__ = (
-        "_ahead",
-        "_ahead_timer",
-        "_fetching",
         "_remote",
         "_shard",
         "_stats",
@@ -187,9 +179,6 @@ class RemoteQueueHandle(QueueHandle):
         self._stats = stats or QueueStats(0, 0, 0)
         self._stats_at = time.monotonic() if stats is not None else float("-inf")
         self._tasks: set[asyncio.Task[None]] = set()
-        self._ahead: RemoteQueueDelivery | None = None
-        self._ahead_timer: asyncio.TimerHandle | None = None
-        self._fetching = False
 
     @property
     def shard(self) -> int:
@@ -252,20 +241,13 @@ class RemoteQueueHandle(QueueHandle):
         )
 
     async def purge_on_owner(self) -> int | None:
-        """queue.purge on the owner: the ready records it dropped, plus the one fetched ahead
-        here for basic.get (acked: it would come back when its hold ends); None when the
-        owner has no such queue (:class:`ShardUnavailable` when it does not answer)."""
-        ahead, self._ahead = self._ahead, None
-        if self._ahead_timer is not None:
-            self._ahead_timer.cancel()
-            self._ahead_timer = None
-        if ahead is not None:
-            self._remote.settle_gets(self._shard, [ahead.tag], ack=True, requeue=False)
+        """queue.purge on the owner: the ready records it dropped; None when the owner has no
+        such queue (:class:`ShardUnavailable` when it does not answer)."""
         purged = await self._remote.purge(self._shard, self._topic)
         if purged is None:
             return None
         self._stats = dataclasses.replace(self._stats, ready=0)
-        return purged + (ahead is not None)
+        return purged
 
     # -- consumers ---------------------------------------------------------------------------
 
@@ -323,18 +305,17 @@ class RemoteQueueHandle(QueueHandle):
 
     # -- basic.get ---------------------------------------------------------------------------
 
-    def take(self, *, no_ack: bool) -> Delivery | None:
-        """basic.get: a gateway asks synchronously, so it is answered with the record taken
-        from the owner ahead, if one arrived, and the next is taken ahead now. The first
-        basic.get (or one right after another) may so answer none while the owner has some:
-        a client asks again. A record taken ahead and not asked for within
-        :data:`GET_AHEAD_HOLD_S` goes back to the owner's queue (redelivered)."""
-        ahead, self._ahead = self._ahead, None
-        if self._ahead_timer is not None:
-            self._ahead_timer.cancel()
-            self._ahead_timer = None
-        self._fetch_ahead()
-        if ahead is None:
+    async def get(self, *, no_ack: bool, holder: str) -> Delivery | None:
+        """basic.get, one ``Get`` round trip to the owner: its next ready record (held there
+        for ``holder`` until settled, unless ``no_ack``) or None when it has none; the owner's
+        count of ready records left becomes :meth:`message_count` (get-ok's count).
+        :class:`ShardUnavailable` when the owner does not answer."""
+        delivery, ready = await self._remote.get(
+            self._shard, self._topic, no_ack=no_ack, client_id=holder
+        )
+        self._stats = dataclasses.replace(self._stats, ready=ready)
+        self._stats_at = time.monotonic()
+        if delivery is None:
             return None
         remote, shard = self._remote, self._shard
         stand_in = _SettledRemotely(
@@ -342,45 +323,14 @@ class RemoteQueueHandle(QueueHandle):
             lambda tag: remote.settle_gets(shard, [tag], ack=True, requeue=False),
             lambda tag, requeue: remote.settle_gets(shard, [tag], ack=False, requeue=requeue),
         )
-        if no_ack:
-            stand_in.ack(ahead.tag)
         return Delivery(
             _as_queue(stand_in),
-            ahead.tag,
-            ahead.message,
-            ahead.redelivered,
-            ahead.delivery_count,
+            delivery.tag,
+            delivery.message,
+            delivery.redelivered,
+            delivery.delivery_count,
             None,
         )
-
-    def _fetch_ahead(self) -> None:
-        if not self._fetching:
-            self._fetching = True
-            self._run_soon(self._fetch())
-
-    async def _fetch(self) -> None:
-        try:
-            delivery = await self._remote.get(
-                self._shard, self._topic, no_ack=False, client_id=GET_HOLDER
-            )
-        except ShardUnavailable as error:
-            log.info("remote queue %s: basic.get: %s", self._topic, error)
-            return
-        finally:
-            self._fetching = False
-        if delivery is None:
-            return
-        self._ahead = delivery
-        self._ahead_timer = asyncio.get_running_loop().call_later(
-            GET_AHEAD_HOLD_S, self._give_back_ahead
-        )
-        self._run_soon(self._refresh_stats())
-
-    def _give_back_ahead(self) -> None:
-        self._ahead_timer = None
-        ahead, self._ahead = self._ahead, None
-        if ahead is not None:
-            self._remote.settle_gets(self._shard, [ahead.tag], ack=False, requeue=True)
 
     def _run_soon(self, work: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(work)
@@ -658,14 +608,17 @@ class QueueCalls(BrokerCalls):
             )
         return attach(queue, tag, prefetch, deliver, no_ack=no_ack)
 
-    def get_message(
+    async def fetch_message(
         self, context: ClientContext, queue: QueueHandle, *, no_ack: bool
     ) -> Delivery | None:
         """AMQP's basic.get: the next ready record of ``queue``, held by no consumer (settled
-        with a :class:`Settlements` unless ``no_ack``), or None when there is none. A queue
-        of another node answers from a record taken ahead (:meth:`RemoteQueueHandle.take`)."""
+        with a :class:`Settlements` unless ``no_ack``), or None when there is none. A local
+        queue answers without waiting; a queue of another node asks its owner (one ``Get``
+        round trip; the owner holds the record for this connection until it is settled) and
+        its ``message_count()`` is then the owner's; :class:`ShardUnavailable` when the owner
+        does not answer."""
         if isinstance(queue, RemoteQueueHandle):
-            return queue.take(no_ack=no_ack)
+            return await queue.get(no_ack=no_ack, holder=context.connection_id)
         return take_one(queue, no_ack=no_ack)
 
     # Durability and flow control.

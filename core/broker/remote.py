@@ -228,9 +228,10 @@ class RemoteQueues(Protocol):
 
     def get(
         self, shard: int, topic: str, *, no_ack: bool, client_id: str
-    ) -> Awaitable[RemoteQueueDelivery | None]:
-        """basic.get: the next ready record, or None; held by the owner for this node until
-        :meth:`settle_gets` settles it, unless ``no_ack``."""
+    ) -> Awaitable[tuple[RemoteQueueDelivery | None, int]]:
+        """basic.get: the next ready record, or None, and the ready records the owner has left;
+        the record is held by the owner for ``client_id`` until :meth:`settle_gets` settles
+        it, unless ``no_ack``."""
         ...
 
     def settle_gets(self, shard: int, tags: Sequence[int], *, ack: bool, requeue: bool) -> None:

@@ -33,7 +33,7 @@ from core.cluster.rpc import cluster_pb2 as pb
 from core.cluster.rpc.client import PeerUnavailable, RpcClient
 from core.cluster.rpc.consume import ConsumeService
 from core.cluster.rpc.options import JsonObject
-from core.cluster.rpc.remote_queue import RemoteConsumer, remote_get, settle_gets
+from core.cluster.rpc.remote_queue import RemoteConsumer, remote_get_counted, settle_gets
 from core.cluster.rpc.server import NodeService
 from core.delivery.ackqueue import AckQueueConfig
 from core.delivery.handles import QueueStats
@@ -294,10 +294,10 @@ class RemoteQueuesOverRpc:
 
     async def get(
         self, shard: int, topic: str, *, no_ack: bool, client_id: str
-    ) -> RemoteQueueDelivery | None:
+    ) -> tuple[RemoteQueueDelivery | None, int]:
         owner = await self.owner(shard)
         try:
-            return await remote_get(
+            return await remote_get_counted(
                 self.client, owner.rpc_address, topic, no_ack=no_ack, client_id=client_id
             )
         except PeerUnavailable as error:

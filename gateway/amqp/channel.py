@@ -40,6 +40,7 @@ from core.api import (
     Publication,
     PublishOutcome,
     RestOfCoroutine,
+    ShardUnavailable,
     TopicError,
     TransactionError,
     now_ms,
@@ -507,12 +508,23 @@ class Channel:
 
     # -- basic.get / ack / nack / reject / recover ------------------------------------------
 
-    def basic_get(self, m: commands.Basic.Get) -> None:
+    def basic_get(self, m: commands.Basic.Get) -> Awaitable[None] | None:
+        # A queue of another node waits for its owner's answer (the frames after it park).
+        return _now_or_later(self._basic_get(m))
+
+    async def _basic_get(self, m: commands.Basic.Get) -> None:
         name = self._queue_name(m.queue)
         self._require("amqp basic.get", QUEUE, name)
         queue = self.vhost.queue(name, self.owner)
         self.vhost.queue_used(queue)
-        delivery = self.api.get_message(self.context, queue.handle, no_ack=m.no_ack)
+        try:
+            delivery = await self.api.fetch_message(self.context, queue.handle, no_ack=m.no_ack)
+        except ShardUnavailable as error:
+            raise self.vhost.home_down(name, error) from None
+        if self.closed:  # while the owner answered: what it holds for this get goes back
+            if delivery is not None and not m.no_ack:
+                delivery.queue.nack(delivery.offset, requeue=True)
+            return
         if delivery is None:
             self.write_method(commands.Basic.GetEmpty())
             return

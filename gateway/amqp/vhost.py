@@ -685,7 +685,7 @@ class VirtualHost:
             raise self._locked(name)
         return queue
 
-    def _home_down(self, name: str, error: ShardUnavailable) -> AmqpChannelError:
+    def home_down(self, name: str, error: ShardUnavailable) -> AmqpChannelError:
         """RabbitMQ's 404 for a queue whose owner does not answer."""
         home = f"node {error.owner}" if error.owner is not None else f"shard {error.shard}"
         return _not_found(
@@ -719,7 +719,7 @@ class VirtualHost:
                 # Another node's queue: its owner's counts now (a local one's are at hand).
                 stats = await self.api.refresh_queue(queue.handle)
             except ShardUnavailable as error:
-                raise self._home_down(name, error) from None
+                raise self.home_down(name, error) from None
             if stats is None:  # deleted on its owner meanwhile
                 self._forget(queue)
                 raise _not_found(f"no queue '{name}' in vhost '{self.name}'")
@@ -855,7 +855,7 @@ class VirtualHost:
         try:
             purged = await self.api.purge_known_queue(queue.handle)
         except ShardUnavailable as error:
-            raise self._home_down(name, error) from None
+            raise self.home_down(name, error) from None
         if purged is None:  # deleted on its owner meanwhile
             self._forget(queue)
             raise _not_found(f"no queue '{name}' in vhost '{self.name}'")
@@ -873,7 +873,7 @@ class VirtualHost:
             # The owner's counts now: its consumers include other nodes' (Consume streams).
             stats = await self.api.refresh_queue(queue.handle)
         except ShardUnavailable as error:
-            raise self._home_down(name, error) from None
+            raise self.home_down(name, error) from None
         if stats is None:  # deleted on its owner meanwhile
             self._forget(queue)
             return 0

@@ -124,6 +124,50 @@ def test_a_queue_declared_on_node_1_is_used_through_node_3(cluster: Cluster) -> 
     eventually(lambda: passive_count(cluster, 2, queue) == 0, "node 2's queue drained")
 
 
+def test_basic_get_through_a_node_that_does_not_own_the_queue_asks_the_owner(
+    cluster: Cluster,
+) -> None:
+    """basic.get on node 3 of node 2's queue is answered from the owner, as RabbitMQ answers:
+    get-ok while it holds messages (the first get included), with the owner's count left;
+    a get not acked when its channel closes comes back redelivered; get-empty once none is
+    left."""
+    queue = cluster.name_owned_by(2, "an.get", QUEUE_TOPIC)
+    connection = amqp(cluster[1])
+    try:
+        channel = connection.channel()
+        channel.confirm_delivery()
+        channel.queue_declare(queue, durable=True)
+        for number in range(3):
+            publish_confirmed(channel, "", queue, f"g-{number}".encode())
+    finally:
+        connection.close()
+    eventually(lambda: passive_count(cluster, 3, queue) == 3, "node 3 counts node 2's queue")
+
+    connection = amqp(cluster[3])
+    try:
+        channel = connection.channel()
+        method, _, body = channel.basic_get(queue, auto_ack=False)  # the first get
+        assert method is not None, "get-empty while the owner holds 3"
+        assert (bytes(body), method.message_count, method.redelivered) == (b"g-0", 2, False)
+        method, _, body = channel.basic_get(queue, auto_ack=True)
+        assert method is not None
+        assert (bytes(body), method.message_count, method.redelivered) == (b"g-1", 1, False)
+        channel.close()  # g-0 unacked: back to the owner's queue, redelivered
+
+        channel = connection.channel()
+        got = []
+        for _ in range(2):
+            method, _, body = channel.basic_get(queue, auto_ack=False)
+            assert method is not None
+            got.append((bytes(body), method.message_count, method.redelivered))
+            channel.basic_ack(method.delivery_tag)
+        assert got == [(b"g-0", 1, True), (b"g-2", 0, False)]
+        assert channel.basic_get(queue, auto_ack=False) == (None, None, None)
+    finally:
+        connection.close()
+    eventually(lambda: passive_count(cluster, 2, queue) == 0, "every get acked on node 2")
+
+
 def test_a_transient_queue_of_node_2_survives_node_3s_restart(cluster: Cluster) -> None:
     queue = cluster.name_owned_by(2, "an.t", QUEUE_TOPIC)
     connection = amqp(cluster[2])

@@ -372,15 +372,19 @@ Global___Delivery: _TypeAlias = Delivery  # noqa: Y015
 
 @_typing.final
 class DeliveryBatch(_message.Message):
-    """cancelled: the owner ended this consumer (queue deleted, shard moved); reason says why."""
+    """cancelled: the owner ended this consumer (queue deleted, shard moved); reason says why.
+    message_count: a Get's answer only, the queue's ready records left after it (get-ok's count).
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 
     DELIVERIES_FIELD_NUMBER: _builtins.int
     CANCELLED_FIELD_NUMBER: _builtins.int
     REASON_FIELD_NUMBER: _builtins.int
+    MESSAGE_COUNT_FIELD_NUMBER: _builtins.int
     cancelled: _builtins.bool
     reason: _builtins.str
+    message_count: _builtins.int
     @_builtins.property
     def deliveries(self) -> _containers.RepeatedCompositeFieldContainer[Global___Delivery]: ...
     def __init__(
@@ -389,10 +393,11 @@ class DeliveryBatch(_message.Message):
         deliveries: _abc.Iterable[Global___Delivery] | None = ...,
         cancelled: _builtins.bool = ...,
         reason: _builtins.str = ...,
+        message_count: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cancelled", b"cancelled", "deliveries", b"deliveries", "reason", b"reason"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cancelled", b"cancelled", "deliveries", b"deliveries", "message_count", b"message_count", "reason", b"reason"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

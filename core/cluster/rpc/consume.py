@@ -28,7 +28,8 @@ consumer's side is :mod:`core.cluster.rpc.remote_queue`.
   the shard moves), the owner sends ``cancelled`` with a reason and ends the stream.
 
 **Get** (AMQP ``basic.get``): ``Get(ConsumeControl{attach})`` takes the next ready record
-(``attach.queue``, ``no_ack``): a batch of one delivery, or an empty batch when none is ready.
+(``attach.queue``, ``no_ack``): a batch of one delivery, or an empty batch when none is ready;
+``message_count`` is the queue's ready records left (AMQP get-ok's count).
 A delivery taken without ``no_ack`` is held by the owner, under a tag unique on this node, until
 ``Get(ConsumeControl{settle})`` settles it by its tags (listed: ``multiple`` is refused, since
 tags of one node's gets are not one holder's), or :meth:`ConsumeService.release_gets` returns
@@ -395,11 +396,13 @@ class ConsumeService:
         queue = self._queue(attach.queue)
         delivery = queue.get(no_ack=attach.no_ack)
         if delivery is None:
-            return pb.DeliveryBatch()
+            return pb.DeliveryBatch(message_count=queue.message_count())
         tag = next(self._get_tags)
         if not attach.no_ack:
             self._held[tag] = (attach.client_id, delivery)
-        return pb.DeliveryBatch(deliveries=[encode_delivery(delivery, tag)])
+        return pb.DeliveryBatch(
+            deliveries=[encode_delivery(delivery, tag)], message_count=queue.message_count()
+        )
 
     def _settle_gets(self, settle: pb.Settle) -> None:
         if settle.multiple:

@@ -12,7 +12,8 @@ and credit goes back to the owner as they are settled (a consumer with a prefetc
 ``prefetch``, ``pause``, ``resume``, ``detach``), so the node can put it behind that handle;
 ``on_cancel`` is section 6's ``Subscription.on_cancel`` (the owner cancelled it, or went away).
 
-:func:`remote_get` is basic.get on such a queue, :func:`settle_gets` settles what it took.
+:func:`remote_get` is basic.get on such a queue (:func:`remote_get_counted` with the owner's
+count left), :func:`settle_gets` settles what it took.
 
 The settling calls are synchronous, as a gateway makes them from its read: they queue the
 request, and one writer task sends the stream's requests in order. Not thread-safe: one loop.
@@ -436,9 +437,21 @@ async def remote_get(
     when none is. Unless ``no_ack``, the owner holds it (for ``client_id``) until
     :func:`settle_gets` settles it by its tag. NOT_FOUND as ``grpc.aio.AioRpcError`` when the
     owner has no such queue."""
+    delivery, _ready = await remote_get_counted(
+        client, address, queue, no_ack=no_ack, client_id=client_id
+    )
+    return delivery
+
+
+async def remote_get_counted(
+    client: RpcClient, address: str, queue: str, *, no_ack: bool, client_id: str = ""
+) -> tuple[RemoteDelivery | None, int]:
+    """:func:`remote_get`, with the ready records the owner has left after it (get-ok's
+    message count)."""
     request = pb.ConsumeControl(attach=pb.Attach(queue=queue, no_ack=no_ack, client_id=client_id))
     batch = await client.unary(address, lambda stub: stub.Get(request))
-    return _delivery(batch.deliveries[0]) if batch.deliveries else None
+    delivery = _delivery(batch.deliveries[0]) if batch.deliveries else None
+    return delivery, batch.message_count
 
 
 async def settle_gets(
