@@ -66,12 +66,17 @@ async def publish_across(
     groups = by_shard(node, destinations)
     home = shards.queue_number(topic, queue)
     remote = node.remote
-    if remote is None:
-        for number in groups:
-            if shards.local(number) is None:
+    forwards = 0
+    for number in groups:
+        if shards.local(number) is None:
+            if remote is None:
                 raise ShardUnavailable(number, reason="not served by this node")
+            forwards += 1
     mark = node.marks.next()
-    forwards: list[asyncio.Future[ForwardResult]] = []
+    # Counted before the first send: a forward may settle at once (a stopping forwarder).
+    # What the other shards refused (reject-publish) is added to ``refused`` as they answer:
+    # a gateway reads the outcome after awaiting its publication (section 6).
+    settled = node.marks.forwarded(mark, forwards, refused) if forwards else None
     stored: list[tuple[Shard, list[Destination]]] = []
     appended: Appended | None = None
     for number, group in groups.items():
@@ -79,21 +84,19 @@ async def publish_across(
         shard = shards.local(number)
         if shard is None:
             assert remote is not None  # checked above
-            forwards.append(
-                asyncio.ensure_future(
-                    remote.forward(
-                        number,
-                        topic,
-                        queue,
-                        body,
-                        destinations=group,
-                        copy=copy,
-                        deliver_at_ms=deliver_at_ms,
-                        fields=fields,
-                        record_count=record_count,
-                        flags=flags,
-                    )
-                )
+            assert settled is not None  # counted above
+            remote.send(
+                number,
+                topic,
+                queue,
+                body,
+                destinations=group,
+                copy=copy,
+                deliver_at_ms=deliver_at_ms,
+                fields=fields,
+                settled=settled,
+                record_count=record_count,
+                flags=flags,
             )
             continue
         written = shard.store.append(
@@ -119,17 +122,6 @@ async def publish_across(
             ack_queue = shard.ack_queues.get(destination)
             if ack_queue is not None and ack_queue.config.max_length is not None:
                 ack_queue.enforce_max_length()
-    if forwards:
-
-        def add_refused(done: asyncio.Future[ForwardResult]) -> None:
-            # What the other shards refused (reject-publish) is known once they answer: a
-            # gateway reads the outcome after awaiting its publication (section 6).
-            if not done.cancelled() and done.exception() is None:
-                result.refused.extend(done.result().refused)
-
-        for future in forwards:
-            future.add_done_callback(add_refused)
-        node.marks.add_forwards(mark, forwards)
     if wait_durable:
         await node.marks.wait(mark, topic)
     return result

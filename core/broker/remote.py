@@ -15,6 +15,7 @@ from typing import NamedTuple, Protocol
 from core.delivery.ackqueue import AckQueueConfig
 from core.delivery.handles import QueueStats
 from core.delivery.message import Message
+from core.errors import ShardUnavailable
 from core.transactions.service import RecordFields
 
 Destination = tuple[str, int]
@@ -50,6 +51,11 @@ class ForwardResult(NamedTuple):
     refused: list[Destination]
 
 
+# Called once for a record forwarded with :meth:`RemoteAppend.send`: its result, or the
+# :class:`core.errors.ShardUnavailable` it failed with (the other None).
+ForwardSettled = Callable[[ForwardResult | None, ShardUnavailable | None], None]
+
+
 class RemoteAppend(Protocol):
     def forward(
         self,
@@ -74,6 +80,42 @@ class RemoteAppend(Protocol):
         awaitable resolves once the record is durable there, or raises
         :class:`core.errors.ShardUnavailable` (no live owner, or it did not answer within
         ``unavailable_wait_ms``)."""
+        ...
+
+    def send(
+        self,
+        shard: int,
+        topic: str,
+        queue: int,
+        body: bytes | memoryview | None,
+        *,
+        destinations: Sequence[Destination],
+        copy: bool,
+        deliver_at_ms: int,
+        fields: RecordFields,
+        settled: ForwardSettled,
+        record_count: int = 1,
+        flags: int = 0,
+    ) -> None:
+        """:meth:`forward` without a future (a publish's hot path): ``settled`` is called once
+        with the outcome, as its answer is read (maybe before this returns, when it fails at
+        once)."""
+        ...
+
+
+class RemoteTransactions(Protocol):
+    def publish(
+        self,
+        shard: int,
+        topic: str,
+        queue: int,
+        body: bytes | memoryview | None,
+        fields: RecordFields,
+    ) -> Awaitable[ForwardResult]:
+        """Publish a half message, or a ``braid.txn`` decision, on the owner of ``shard``, the
+        shard of its transaction (a half is kept, and a decision applied, only there): the
+        owner routes and stores it as a publish made there. Resolves once it is durable there
+        (``offset``: -1 for a half), or raises :class:`core.errors.ShardUnavailable`."""
         ...
 
 

@@ -13,6 +13,7 @@ import pytest
 from grpc import aio
 
 from core.broker.remote import Destination, ForwardResult, OwnerAddress, RemoteAppend
+from core.broker.shards import DurableMarks
 from core.cluster.rpc import NodeService, RpcClient, RpcServer, RpcSettings
 from core.cluster.rpc import cluster_pb2 as pb
 from core.cluster.rpc.append import AppendReceiver, ShardLog
@@ -503,5 +504,61 @@ async def test_an_owner_that_does_not_answer_fails_after_the_wait(
         assert failed.value.owner == owner.node_id
         assert "no answer" in str(failed.value)
         assert time.monotonic() - started >= WAIT_MS / 1000
+    finally:
+        await origin.close()
+
+
+async def test_durable_marks_wait_for_the_forwards_up_to_theirs_and_fail_their_own(
+    nodes: Callable[[int], Awaitable[Node]], rpc: RpcSettings
+) -> None:
+    """The publish path's use (core/broker/cross_shard.py): each forward sent with
+    ``Forwarder.send`` settles its publish's mark in ``DurableMarks``. A wait for a mark ends
+    once every forward of the marks up to it is durable on its owner, not before and without
+    waiting for later marks; a failed forward fails the wait of its own mark only, and
+    ``failed`` names it for a gateway that waited for a later mark."""
+    owner = await nodes(2)
+    gated = GatedLog(owner.open_store("s3"))
+    owner.shards.owned[SHARD] = (gated, 1)
+    origin = Origin(rpc, unavailable_wait_ms=WAIT_MS)
+    marks = DurableMarks([])  # no local shard: the forwards alone
+    fields: RecordFields = {"key": b"k"}
+
+    def publish(shard: int, body: bytes, refused: list[Destination]) -> int:
+        mark = marks.next()
+        settle = marks.forwarded(mark, 1, refused)
+        origin.forwarder.send(
+            shard, TOPIC, 0, body, destinations=[(TOPIC, 0)], copy=False, deliver_at_ms=0,
+            fields=fields, settled=settle,
+        )  # fmt: skip
+        return mark
+
+    try:
+        origin.owners.set(SHARD, owner.owner(1))
+        refused: list[Destination] = []
+        first = publish(SHARD, b"first", refused)
+        local = marks.next()  # a publish stored in local shards only, after the forward
+        waits = [asyncio.ensure_future(marks.wait(mark)) for mark in (first, local)]
+        await until(lambda: owner.receiver.stored == 1)
+        await asyncio.sleep(0.05)  # room for a wrong early end
+        assert not any(wait.done() for wait in waits)
+        assert not marks.is_durable(local)
+        gated.gate.set()
+        async with asyncio.timeout(DEADLINE_S):
+            await asyncio.gather(*waits)
+        assert marks.is_durable(local)
+        assert refused == []
+        # A forward to a shard without an owner fails after unavailable_wait_ms: its mark's
+        # wait raises; a later mark's wait does not wait for it nor raise.
+        lost = publish(SHARD + 1, b"lost", [])
+        later = marks.next()
+        stuck = asyncio.ensure_future(marks.wait(later))
+        await asyncio.sleep(0.05)
+        assert not stuck.done()  # a forward up to it is unanswered
+        with pytest.raises(ShardUnavailable):
+            await asyncio.wait_for(marks.wait(lost), DEADLINE_S)
+        await asyncio.wait_for(stuck, DEADLINE_S)
+        assert not marks.is_durable(lost)
+        assert marks.is_durable(later)
+        assert set(marks.failed([first, lost, later])) == {lost}
     finally:
         await origin.close()

@@ -30,7 +30,13 @@ from typing import Final
 
 from grpc import aio
 
-from core.broker.remote import Destination, ForwardResult, OwnerAddress, ShardOwners
+from core.broker.remote import (
+    Destination,
+    ForwardResult,
+    ForwardSettled,
+    OwnerAddress,
+    ShardOwners,
+)
 from core.cluster.rpc import cluster_pb2 as pb
 from core.cluster.rpc.append import FORWARDED_FLAGS
 from core.cluster.rpc.client import PeerUnavailable, RpcClient, peer_errors
@@ -63,7 +69,10 @@ class _Pending:
     deliver_at_ms: int
     size: int
     deadline: float  # loop time after which it fails with ShardUnavailable
-    future: asyncio.Future[ForwardResult]
+    # What its outcome resolves: a future (forward) or a function (send), called once.
+    future: asyncio.Future[ForwardResult] | None
+    settled: ForwardSettled | None
+    done: bool = False
     target: _Target | None = None  # None: held, not sent to anyone now
     seq: int = 0
     epoch: int = 0
@@ -130,6 +139,25 @@ def encode_fields(
     )
 
 
+def _resolve(
+    pending: _Pending, result: ForwardResult | None, error: ShardUnavailable | None
+) -> None:
+    """``pending``'s outcome to its future or settle function, once."""
+    if pending.done:
+        return
+    pending.done = True
+    if pending.settled is not None:
+        pending.settled(result, error)
+        return
+    future = pending.future
+    if future is None or future.done():
+        return
+    if error is not None:
+        future.set_exception(error)
+    elif result is not None:
+        future.set_result(result)
+
+
 async def _stream(requests: asyncio.Queue[pb.AppendBatch | None]) -> AsyncIterator[pb.AppendBatch]:
     """An ``Append`` call's requests: the batches put in ``requests`` until None (half-close)."""
     while (batch := await requests.get()) is not None:
@@ -193,11 +221,7 @@ class Forwarder:
         flags: int = 0,
     ) -> asyncio.Future[ForwardResult]:
         """See :meth:`core.broker.remote.RemoteAppend.forward`."""
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[ForwardResult] = loop.create_future()
-        if self._closed:
-            future.set_exception(ShardUnavailable(shard, reason="this node is stopping"))
-            return future
+        future: asyncio.Future[ForwardResult] = asyncio.get_running_loop().create_future()
         if txn:
             future.set_exception(
                 ShardUnavailable(
@@ -205,12 +229,59 @@ class Forwarder:
                 )
             )
             return future
+        self._enqueue(
+            shard, topic, queue, body, destinations, copy, deliver_at_ms, fields,
+            record_count, flags, future, None,
+        )  # fmt: skip
+        return future
+
+    def send(
+        self,
+        shard: int,
+        topic: str,
+        queue: int,
+        body: bytes | memoryview | None,
+        *,
+        destinations: Sequence[Destination],
+        copy: bool,
+        deliver_at_ms: int,
+        fields: RecordFields,
+        settled: ForwardSettled,
+        record_count: int = 1,
+        flags: int = 0,
+    ) -> None:
+        """See :meth:`core.broker.remote.RemoteAppend.send`."""
+        self._enqueue(
+            shard, topic, queue, body, destinations, copy, deliver_at_ms, fields,
+            record_count, flags, None, settled,
+        )  # fmt: skip
+
+    def _enqueue(
+        self,
+        shard: int,
+        topic: str,
+        queue: int,
+        body: bytes | memoryview | None,
+        destinations: Sequence[Destination],
+        copy: bool,
+        deliver_at_ms: int,
+        fields: RecordFields,
+        record_count: int,
+        flags: int,
+        future: asyncio.Future[ForwardResult] | None,
+        settled: ForwardSettled | None,
+    ) -> None:
+        loop = asyncio.get_running_loop()
         frame = encode_fields(topic, queue, body, fields, record_count=record_count, flags=flags)
         dests = [pb.Dest(topic=t, queue=q) for t, q in destinations]
         size = len(frame) + RECORD_OVERHEAD + sum(len(t) + 8 for t, _ in destinations)
         pending = _Pending(
-            shard, dests, frame, copy, deliver_at_ms, size, loop.time() + self._wait_s, future
-        )
+            shard, dests, frame, copy, deliver_at_ms, size, loop.time() + self._wait_s, future,
+            settled,
+        )  # fmt: skip
+        if self._closed:
+            _resolve(pending, None, ShardUnavailable(shard, reason="this node is stopping"))
+            return
         state = self._shards.get(shard)
         if state is None:
             state = self._shards[shard] = _Shard(shard)
@@ -227,7 +298,6 @@ class Forwarder:
                 self._assign(pending, owner)
         if self._sweep_handle is None:
             self._sweep_handle = loop.call_later(self._sweep_s, self._sweep)
-        return future
 
     def _target(self, address: str) -> _Target:
         target = self._targets.get(address)
@@ -413,8 +483,7 @@ class Forwarder:
         else:
             queue.remove(pending)
         state.retries = 0
-        if not pending.future.done():
-            pending.future.set_result(ForwardResult(offset, refused))
+        _resolve(pending, ForwardResult(offset, refused), None)
 
     # -- a shard without a (willing) owner -------------------------------------------------
 
@@ -486,7 +555,7 @@ class Forwarder:
         if pending.target is not None:
             pending.target.unanswered.pop(pending.seq, None)
             pending.target = None
-        if pending.future.done():
+        if pending.done:
             return
         if self._closed:
             reason = "this node is stopping"
@@ -495,7 +564,7 @@ class Forwarder:
         else:
             reason = f"no answer within unavailable_wait_ms ({self._wait_ms})"
         owner = state.owner.node if state.owner is not None else None
-        pending.future.set_exception(ShardUnavailable(state.number, owner, reason))
+        _resolve(pending, None, ShardUnavailable(state.number, owner, reason))
 
     async def aclose(self) -> None:
         """Stop the streams and fail every unanswered record with ShardUnavailable."""
