@@ -2,8 +2,9 @@
 told about the cluster (docs/cluster.md section 8), read from the membership and the ownership
 table in Redis (section 4) and answered from memory.
 
-What it reads, at :meth:`MembershipView.start`, every ``heartbeat_ms`` after (a task) and when
-asked (:meth:`MembershipView.refresh`):
+What it reads, at :meth:`MembershipView.start` and when asked (:meth:`MembershipView.refresh`),
+and every ``heartbeat_ms`` in a task, which reads the ownership table only when it may have
+changed (:meth:`MembershipView.refresh_if_changed`):
 
 - ``RedisMetadata.live_nodes()``: the nodes holding a lease, with what they registered
   (``core/cluster/membership.py:NodeAddresses``: ``kafka`` and ``kafka_tls`` as ``host:port``,
@@ -18,6 +19,14 @@ A partition's shard is its recorded placement (``place:partition`` in the metada
 then the node's :class:`~core.cluster.placement.Placements`), else the rule
 ``(h(topic) + q) % S``; a group's and a transactional id's likewise (``h(id) % S``). Leader =
 the shard's live owner, leader epoch = the shard's epoch (it only grows, as Kafka requires).
+
+Only a claim moves a shard, and every claim (a join, a rejoin, a takeover) is of a shard without
+a live owner or by a node whose incarnation is new: so while the live nodes (ids, incarnations)
+are those of the last reading and that reading found a live owner for every shard, the task
+answers from the owners read then (a node gone since leads nothing at once: the live nodes are
+read each time). An idle node's view reads one SCAN and a GET, HGETALL and PTTL per node a
+heartbeat, not also an HGETALL per shard; every :data:`FULL_READ_EVERY` heartbeats it reads the
+table anyway.
 
 Metadata requests never wait for Redis: a failed refresh keeps the last answers (logged), and
 each successful one starts a new :class:`~core.api.cluster.LeaderTable`, so a request sees one
@@ -41,7 +50,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Final
 
 from redis import exceptions as redis_errors
@@ -71,6 +80,10 @@ _COORDINATOR_PLACEMENTS: Final = {COORDINATOR_GROUP: PLACE_GROUP, COORDINATOR_TX
 _REDIS_ERRORS: Final = (redis_errors.RedisError, OSError)
 # Kafka broker ids are int32.
 _MAX_NODE_ID: Final = 2**31 - 1
+# The periodic refresh reads the ownership table at least once in this many heartbeats, even
+# when nothing says it changed (a safety net: a claim of a shard a live node owns, which no
+# node makes today, would otherwise go unseen until a node comes or goes).
+FULL_READ_EVERY: Final = 10
 
 
 def parse_address(text: str) -> tuple[str, int] | None:
@@ -157,11 +170,25 @@ class MembershipView:
         self._table = LeaderTable(self._lookup_leader)
         self._task: asyncio.Task[None] | None = None
         self._refreshes = 0
+        # Told each refresh's live nodes (id -> the incarnation holding its lease): what the
+        # node lets go of for nodes that died or restarted (remote_queues.py's held gets).
+        self.on_refresh: Callable[[Mapping[str, int]], object] | None = None
+        self._owner_readings = 0
+        # The last reading of the ownership table, the live nodes (id, incarnation) it was read
+        # with, and how many refreshes since have used it.
+        self._read_owners: Mapping[int, ShardOwner] = {}
+        self._read_with: frozenset[tuple[str, int]] | None = None
+        self._reused = 0
 
     @property
     def refreshes(self) -> int:
         """How many refreshes have succeeded (each one a new leader table)."""
         return self._refreshes
+
+    @property
+    def owner_readings(self) -> int:
+        """How many times the ownership table was read (one HGETALL per shard)."""
+        return self._owner_readings
 
     # -- ClusterView ---------------------------------------------------------------------------
 
@@ -209,7 +236,32 @@ class MembershipView:
     async def refresh(self) -> None:
         """Read the live nodes and the shard owners now, and answer from them."""
         live = await self._metadata.live_nodes()
+        self._answer_from(live, await self._read_owners_now(live))
+
+    async def refresh_if_changed(self) -> None:
+        """Read the live nodes now, and the shard owners only when they may have changed since
+        the last reading (module docstring); answer from them."""
+        live = await self._metadata.live_nodes()
+        holders = frozenset((info.node_id, info.incarnation) for info in live.values())
+        if (
+            holders == self._read_with
+            and self._reused + 1 < FULL_READ_EVERY
+            and len(live_leaders(live, self._read_owners)) == self._metadata.shards
+        ):
+            self._reused += 1
+            self._answer_from(live, self._read_owners)
+            return
+        self._answer_from(live, await self._read_owners_now(live))
+
+    async def _read_owners_now(self, live: Mapping[str, NodeInfo]) -> Mapping[int, ShardOwner]:
         owners = await self._metadata.shard_owners()
+        self._read_owners = owners
+        self._read_with = frozenset((info.node_id, info.incarnation) for info in live.values())
+        self._reused = 0
+        self._owner_readings += 1
+        return owners
+
+    def _answer_from(self, live: Mapping[str, NodeInfo], owners: Mapping[int, ShardOwner]) -> None:
         leaders = live_leaders(live, owners)
         # A standby (it owns no shard) has no listeners: it is no broker to a client.
         serving = {leader.node_id for leader in leaders.values()}
@@ -223,12 +275,14 @@ class MembershipView:
         self._owners = owner_addresses(live, owners, leaders)
         self._table = LeaderTable(self._lookup_leader)
         self._refreshes += 1
+        if self.on_refresh is not None:
+            self.on_refresh({node_id: info.incarnation for node_id, info in live.items()})
 
     async def _refresh_forever(self) -> None:
         while True:
             await asyncio.sleep(self._refresh_s)
             try:
-                await self.refresh()
+                await self.refresh_if_changed()
             except _REDIS_ERRORS as error:
                 log.warning(
                     "node %d: the Kafka view was not refreshed (%s); answering from the last one",

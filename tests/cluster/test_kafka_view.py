@@ -25,7 +25,7 @@ from kio.index import load_request_schema
 from kio.schema.errors import ErrorCode
 
 from core.api import INTERNAL_CONTEXT, BrokerAPI, BrokerNode, PartitionLeader
-from core.cluster.kafka_view import MembershipView, parse_address
+from core.cluster.kafka_view import FULL_READ_EVERY, MembershipView, parse_address
 from core.cluster.membership import NodeAddresses
 from core.cluster.placement import group_shard, partition_shard, transaction_shard
 from core.cluster.redis_metadata import RedisMetadata, connect
@@ -443,6 +443,40 @@ async def test_a_restarted_owner_leads_again_only_once_it_has_claimed_back(
     assert view.partition_leader(TOPIC, 1) == PartitionLeader(2, 2)
     assert view.coordinator("group", cluster.group_on(1)) == 2
     assert [broker.node_id for broker in view.brokers()] == [1, 2]
+
+
+async def test_the_heartbeat_refresh_reads_the_owner_table_only_when_it_may_have_changed(
+    cluster: Cluster,
+) -> None:
+    metadata, view = cluster.metadata, cluster.view
+    assert await cluster.claim(cluster.shards[2], "1") == 2  # node 3's shard, taken over
+    assert await cluster.claim(cluster.shards[3], "1") == 1  # every shard has a live owner
+    await view.refresh()
+    read = view.owner_readings
+    for _ in range(3):  # nobody came or went, every shard led: the table is not read
+        await view.refresh_if_changed()
+    assert view.owner_readings == read
+    assert view.partition_leader(TOPIC, 3) == PartitionLeader(1, 1)
+
+    assert await metadata.release_lease("2", cluster.incarnations["2"])  # node 2 left
+    await view.refresh_if_changed()
+    assert view.partition_leader(TOPIC, 1) is None
+    assert view.owner_readings == read + 1
+    fields = NodeAddresses(host=HOST, kafka=f"{HOST}:{cluster.dead_port}").fields()
+    cluster.incarnations["2"] = await metadata.register_node("2", fields)
+    await metadata.acquire_lease("2", cluster.incarnations["2"], LEASE_MS, wait_ms=0)
+    await view.refresh_if_changed()  # a new incarnation: read; shard 1 still has no live owner
+    await view.refresh_if_changed()  # so read again, until a claim gives it one
+    assert view.owner_readings == read + 3
+    assert await cluster.claim(cluster.shards[1], "2") == 2
+    await view.refresh_if_changed()
+    assert view.partition_leader(TOPIC, 1) == PartitionLeader(2, 2)
+    await view.refresh_if_changed()
+    assert view.owner_readings == read + 4
+
+    for _ in range(FULL_READ_EVERY):  # the safety net: read once in FULL_READ_EVERY anyway
+        await view.refresh_if_changed()
+    assert view.owner_readings == read + 5
 
 
 # -- pieces ------------------------------------------------------------------------------------
