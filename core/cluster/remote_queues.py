@@ -5,6 +5,9 @@
   queue's counts), :data:`ADMIN_QUEUE_DECLARE` (make sure the queue exists, then its counts)
   and :data:`ADMIN_QUEUE_PURGE` (queue.purge through a node that does not own the queue).
   :func:`serve_remote_queues` plugs both into a :class:`NodeService` at once.
+- The owner lets go of the gets of a node that died or restarted:
+  :func:`release_gets_of_gone_nodes`, told each refresh of the node's view (a consumer's
+  deliveries go back when its stream breaks; a get has no stream).
 - The consumer's side, :class:`RemoteQueuesOverRpc`: ``core.broker.remote.RemoteQueues`` over an
   :class:`RpcClient` and the ownership table (:class:`ShardOwners`), which ``BrokerAPI`` is given
   with ``set_remote_queues`` and puts behind its ``QueueHandle`` and ``Subscription``.
@@ -20,7 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from contextlib import suppress
 from typing import Any, Final
 
@@ -120,6 +123,32 @@ def serve_remote_queues(service: NodeService, node: Node) -> ConsumeService:
     calls.register(service)
     calls.attach(node)
     return consume
+
+
+def getter_holder(node_id: str, incarnation: int) -> str:
+    """What a node's basic.gets are held under on an owner (before the connection's id): its
+    id and the incarnation of its lease, so the owner can tell when that process is gone
+    (:func:`release_gets_of_gone_nodes`)."""
+    return f"{node_id}:{incarnation}/"
+
+
+def release_gets_of_gone_nodes(consume: ConsumeService, live: Mapping[str, int]) -> int:
+    """Put back (redelivered) the gets ``consume`` holds for nodes that no longer hold a lease,
+    or hold it as another incarnation (restarted), as a consumer's unsettled deliveries go
+    back when its stream breaks. ``live``: node id -> the incarnation holding its lease (a
+    refresh of the node's view). Holders not named by :func:`getter_holder` stay. How many."""
+
+    def gone(holder: str) -> bool:
+        node, colon, rest = holder.partition(":")
+        incarnation, slash, _connection = rest.partition("/")
+        if not (colon and slash and incarnation.isdigit()):
+            return False
+        return live.get(node) != int(incarnation)
+
+    released = consume.release_gets_where(gone)
+    if released:
+        log.info("remote queues: %d gets of nodes gone back to their queues", released)
+    return released
 
 
 def _stats(answer: JsonObject) -> QueueStats | None:
@@ -242,9 +271,12 @@ class _AttachingConsumer:
 class RemoteQueuesOverRpc:
     """``core.broker.remote.RemoteQueues`` over ``client`` and ``owners`` (module docstring)."""
 
-    def __init__(self, client: RpcClient, owners: ShardOwners) -> None:
+    def __init__(self, client: RpcClient, owners: ShardOwners, *, holder: str = "") -> None:
+        """``holder``: what this node's gets are held under on their owners, before the
+        connection's id (:func:`getter_holder`)."""
         self.client = client
         self._owners = owners
+        self._holder = holder
         self._tasks: set[asyncio.Task[object]] = set()
         self._settling = asyncio.Lock()  # settles of gets go out in the order they were made
 
@@ -298,7 +330,11 @@ class RemoteQueuesOverRpc:
         owner = await self.owner(shard)
         try:
             return await remote_get_counted(
-                self.client, owner.rpc_address, topic, no_ack=no_ack, client_id=client_id
+                self.client,
+                owner.rpc_address,
+                topic,
+                no_ack=no_ack,
+                client_id=self._holder + client_id,
             )
         except PeerUnavailable as error:
             await self._owners.refresh(shard)

@@ -601,6 +601,42 @@ def test_a_kafka_topic_deleted_through_node_1_loses_its_records_on_every_node(
     assert ends == {partition: 0 for partition in every}
 
 
+def test_a_get_held_for_a_node_that_died_goes_back_to_the_queue(cluster: Cluster) -> None:
+    """A basic.get on node 3 of node 2's queue, not acked, then node 3 killed: once its lease
+    is gone the owner puts the message back (redelivered), as a consumer's unacked deliveries
+    go back when its stream breaks; node 1 then gets it. Node 3 is started again after."""
+    queue = cluster.name_owned_by(2, "an.held", QUEUE_TOPIC)
+    connection = amqp(cluster[2])
+    try:
+        channel = connection.channel()
+        channel.confirm_delivery()
+        channel.queue_declare(queue, durable=True)
+        publish_confirmed(channel, "", queue, b"held")
+    finally:
+        connection.close()
+    eventually(lambda: passive_count(cluster, 3, queue) == 1, "node 3 counts node 2's queue")
+
+    getter = amqp(cluster[3])
+    method, _, body = getter.channel().basic_get(queue, auto_ack=False)
+    assert method is not None
+    assert bytes(body) == b"held"
+    assert passive_count(cluster, 2, queue) == 0  # held by the owner for node 3
+    cluster[3].kill9()
+
+    def got_back() -> tuple[bytes, bool] | None:
+        connection = amqp(cluster[1])
+        try:
+            method, _, body = connection.channel().basic_get(queue, auto_ack=True)
+            return None if method is None else (bytes(body), bool(method.redelivered))
+        finally:
+            connection.close()
+
+    try:
+        assert eventually(got_back, "node 3's held get back in the queue") == (b"held", True)
+    finally:
+        cluster[3].start()
+
+
 def test_passive_declare_of_a_stopped_owners_queue_is_404_home_node(cluster: Cluster) -> None:
     queue = cluster.name_owned_by(2, "an.down", QUEUE_TOPIC)
     connection = amqp(cluster[1])

@@ -52,7 +52,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import suppress
 from typing import Final, NoReturn, Protocol
 
@@ -420,6 +420,11 @@ class ConsumeService:
         """Return the unsettled gets of ``holder`` (an ``attach.client_id``) to their queues,
         redelivered: its connection or node went away. How many."""
         return self._requeue(tag for tag, (who, _) in list(self._held.items()) if who == holder)
+
+    def release_gets_where(self, gone: Callable[[str], bool]) -> int:
+        """:meth:`release_gets` of every holder ``gone(holder)`` is true of. How many."""
+        holders = {who for who, _ in self._held.values()}
+        return sum(self.release_gets(holder) for holder in holders if gone(holder))
 
     def _requeue(self, tags: Iterable[int]) -> int:
         settle = pb.Settle(op=pb.Settle.NACK, requeue=True)
