@@ -288,6 +288,30 @@ def encode_record_parts(
     return b"".join((PREFIX.pack(total, RECORD_MAGIC, crc), tail, fields)), body
 
 
+# A frame's prefix, flags, protocol, store_ms, born_ms, deliver_at_ms.
+_STAMP = struct.Struct("<IIIHBxqqq")
+
+
+def stamp_frame(frame: bytearray, store_ms: int) -> int:
+    """Set the store time of the record frame ``frame`` (one whole frame, checked) to
+    ``store_ms``, ``FLAG_DELAYED`` when its ``deliver_at_ms`` is later, and its checksum
+    anew; returns its flags. What the log does to a frame encoded elsewhere
+    (``LogStore.append_encoded``)."""
+    total, magic, _, flags, protocol, _, born_ms, deliver_at_ms = _STAMP.unpack_from(frame, 0)
+    if deliver_at_ms > store_ms:
+        flags |= FLAG_DELAYED
+    _STAMP.pack_into(frame, 0, total, magic, 0, flags, protocol, store_ms, born_ms, deliver_at_ms)
+    PREFIX.pack_into(frame, 0, total, magic, crc32c(memoryview(frame)[CRC_START:]))
+    return int(flags)
+
+
+def frame_queue(frame: bytes | bytearray | memoryview) -> tuple[str, int]:
+    """The ``(topic, queue)`` of the record frame ``frame``, decoding nothing else."""
+    fields = HEADER.unpack_from(frame, 0)
+    topic_len = fields[10]
+    return bytes(frame[HEADER_SIZE : HEADER_SIZE + topic_len]).decode(), fields[8]
+
+
 def blank_frame(size: int) -> bytes:
     """The filler that closes a segment: a prefix with no checksum and zeros after it."""
     return PREFIX.pack(size, BLANK_MAGIC, 0) + bytes(size - PREFIX.size)

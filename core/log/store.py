@@ -266,6 +266,30 @@ class LogStore(LogReader):
         )
         return Appended(position, position + size, offsets)
 
+    def append_encoded(self, frame: bytes | bytearray | memoryview) -> Appended:
+        """Append ``frame``, one record as :func:`core.log.record.encode_record` encodes it
+        with every field final (a record another node forwarded, core/cluster/rpc/append.py),
+        without decoding and encoding it again: its checksum is checked, its store time set to
+        now (``FLAG_DELAYED`` when its ``deliver_at_ms`` is later), the checksum computed anew,
+        and it is indexed as :meth:`append` indexes it (its destinations, else its own queue).
+        Raises :class:`~core.log.record.CorruptRecordError` for a frame that does not check and
+        ValueError for a half, a LINK or a frame of another length."""
+        size = len(frame)
+        if rec.verify_frame(memoryview(frame), 0, size) != size or size < rec.HEADER_SIZE:
+            raise ValueError(f"not one record frame of {size} bytes")
+        buf = bytearray(frame)
+        store_ms = store_ms_now()
+        flags = rec.stamp_frame(buf, store_ms)
+        if flags & (rec.FLAG_HALF | rec.FLAG_LINK):
+            raise ValueError("a half message or a LINK is not appended encoded")
+        encoded = bytes(buf)
+        _, record_count, tags, targets = rec.index_fields(encoded, 0)
+        position, size = self.frames.write(encoded, b"")
+        offsets = self.indexes.dispatch(
+            position, size, flags, targets, tags_mask(tags) if tags else 0, record_count, store_ms
+        )
+        return Appended(position, position + size, offsets)
+
     def _plain_head(self, topic: str, queue: int) -> FrameHead:
         if len(self._plain_heads) >= CACHED_TOPICS:
             self._plain_heads.clear()  # see CACHED_TOPICS

@@ -73,6 +73,9 @@ class GatedLog:
     def append(self, *args: object, **fields: object) -> Appended:
         return self.store.append(*args, **fields)  # type: ignore[arg-type]
 
+    def append_encoded(self, frame: bytes) -> Appended:
+        return self.store.append_encoded(frame)
+
     def add_durable_waiter(self, end: int, future: asyncio.Future[None]) -> None:
         async def later() -> None:
             await self.gate.wait()

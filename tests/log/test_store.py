@@ -8,6 +8,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -352,3 +353,68 @@ def test_link_with_headers_adds_them_for_readers_of_the_destination(store: LogSt
     assert bytes(dead.body) == b"payload"
     (plain,) = store.read("orders", 0, 0)
     assert plain.record().headers == [("h", b"1")]
+
+
+def test_an_encoded_frame_is_stored_as_append_would_store_it(tmp_path: Path) -> None:
+    """LogStore.append_encoded (a record forwarded by another node, stored as it came): the
+    same record and index entries as append gives, its store time set here (FLAG_DELAYED by
+    it), kept across a reopen; a frame whose checksum fails is refused, nothing stored."""
+    dests = [("orders", 0), ("audit", 2)]
+    encoded = rec.encode_record(
+        b"orders",
+        0,
+        b"body-1",
+        store_ms=1,  # the sender's clock: replaced by the store's
+        key=b"k-1",
+        headers=rec.encode_headers([("h", b"v")]),
+        tags=rec.encode_tags(["red"]),
+        client=b"publisher-1",
+        address=b"10.0.0.1:5672",
+        destinations=rec.encode_destinations(dests),
+        flags=rec.FLAG_COPY,
+        protocol=rec.PROTOCOL_AMQP,
+        born_ms=1_000,
+    )
+    later = int(time.time() * 1000) + 3_600_000
+    delayed = rec.encode_record(b"orders", 1, b"later", store_ms=1, deliver_at_ms=later)
+    direct = LogStore(small_config(tmp_path / "direct"))
+    forwarded = LogStore(small_config(tmp_path / "forwarded"))
+    try:
+        before = int(time.time() * 1000)
+        expected = direct.append(
+            "orders",
+            0,
+            b"body-1",
+            key=b"k-1",
+            headers=[("h", b"v")],
+            tags=["red"],
+            client="publisher-1",
+            address="10.0.0.1:5672",
+            destinations=dests,
+            protocol=rec.PROTOCOL_AMQP,
+            born_ms=1_000,
+            flags=rec.FLAG_COPY,
+        )
+        got = forwarded.append_encoded(encoded)
+        assert got.offsets == expected.offsets == [("orders", 0, 0), ("audit", 2, 0)]
+        assert got.end - got.position == len(encoded)
+        corrupt = bytearray(encoded)
+        corrupt[-1] ^= 0xFF
+        with pytest.raises(rec.CorruptRecordError):
+            forwarded.append_encoded(bytes(corrupt))
+        forwarded.append_encoded(delayed)
+        assert forwarded.queue_bounds("orders", 1) == (0, 0)  # on the timers until due
+        forwarded.close()
+        forwarded = LogStore(small_config(tmp_path / "forwarded"))
+        for topic, queue in dests:
+            (mine,) = forwarded.read(topic, queue, 0, max_records=10)
+            (theirs,) = direct.read(topic, queue, 0, max_records=10)
+            stored, reference = mine.record(), theirs.record()
+            assert stored.store_ms >= before
+            assert stored._replace(store_ms=0, position=0) == reference._replace(
+                store_ms=0, position=0
+            )
+        assert forwarded.commitlog.write_position == got.end + len(delayed)
+    finally:
+        direct.close()
+        forwarded.close()

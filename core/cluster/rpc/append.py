@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import struct
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Sequence
@@ -51,6 +52,8 @@ FORWARDED_FLAGS: Final = rec.FLAG_BATCH | rec.FLAG_TXN_CONTROL
 # 100 bytes each: ~25 MiB per origin). At more than MAX_REMEMBERED / window records a second from
 # one origin, the oldest are forgotten before the window ends (a resend that old is stored twice).
 MAX_REMEMBERED: Final = 262_144
+# A frame's flags and deliver_at_ms (core/log/record.py HEADER, from FLAGS_OFFSET).
+_FRAME_FIELDS: Final = struct.Struct("<H2x16xq")
 
 
 class ShardLog(Protocol):
@@ -75,6 +78,8 @@ class ShardLog(Protocol):
         flags: int,
         record_count: int,
     ) -> Appended: ...
+
+    def append_encoded(self, frame: bytes) -> Appended: ...
 
     def add_durable_waiter(self, end: int, future: asyncio.Future[None]) -> None: ...
 
@@ -296,18 +301,42 @@ class AppendReceiver:
             seq=record.seq, status=block.status, owner=block.owner, epoch=block.owner_epoch
         )
 
+    def _store_encoded(
+        self, store: ShardLog, record: pb.Record
+    ) -> tuple[pb.AppendResult, int] | None:
+        """Append ``record``'s frame as it came; None when the frame is not encoded as stored
+        (its copy flag or delivery time differ from the record's)."""
+        frame = record.fields
+        if len(frame) < rec.HEADER_SIZE:
+            return None
+        flags, deliver_at_ms = _FRAME_FIELDS.unpack_from(frame, rec.FLAGS_OFFSET)
+        if bool(flags & rec.FLAG_COPY) != record.copy or deliver_at_ms != record.deliver_at_ms:
+            return None
+        appended = store.append_encoded(frame)
+        offset = -1
+        if not record.copy:
+            own = rec.frame_queue(frame)
+            for topic, queue, first in appended.offsets:
+                if (topic, queue) == own:
+                    offset = first
+                    break
+        return pb.AppendResult(seq=record.seq, status=OK, offset=offset), appended.end
+
     def _store(self, store: ShardLog, record: pb.Record) -> tuple[pb.AppendResult, int]:
         """Append ``record`` to ``store``: its answer and the end to wait for (-1: refused by
         every destination, not stored)."""
         # The origin sent the record's fields as one frame of core/log/record.py (see
-        # core/cluster/rpc/forward.py): checked and decoded by the log's own code.
+        # core/cluster/rpc/forward.py), encoded as stored here: appended as it came unless a
+        # destination refuses it (then decoded and stored without those).
         frame = record.fields
+        # No destinations: the record is indexed in its own (topic, queue) only.
+        dests = [(dest.topic, dest.queue) for dest in record.dests] or [rec.frame_queue(frame)]
+        if not self._local.refused(record.shard, dests):
+            stored = self._store_encoded(store, record)
+            if stored is not None:
+                return stored
         rec.verify_frame(memoryview(frame), 0, len(frame))
         fields = rec.decode_record(frame, 0)
-        # No destinations: the record is indexed in its own (topic, queue) only.
-        dests = [(dest.topic, dest.queue) for dest in record.dests] or [
-            (fields.topic, fields.queue)
-        ]
         refused = self._local.refused(record.shard, dests)
         if refused:
             dests = [dest for dest in dests if dest not in refused]

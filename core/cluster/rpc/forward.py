@@ -110,8 +110,14 @@ def encode_fields(
     *,
     record_count: int = 1,
     flags: int = 0,
+    destinations: Sequence[Destination] = (),
+    copy: bool = False,
+    deliver_at_ms: int = 0,
 ) -> bytes:
-    """A record's fields as ``Record.fields`` carries them: one frame of core/log/record.py.
+    """A record's fields as ``Record.fields`` carries them: one frame of core/log/record.py,
+    encoded as the owner stores it (``destinations`` unless only its own queue, ``FLAG_COPY``,
+    ``deliver_at_ms``): the owner sets its store time and appends it as it came
+    (``LogStore.append_encoded``).
     The log's own encoder and decoder, so there is no second format to keep in step with the
     frame; the receiver checks the frame's CRC32C and decodes it with ``decode_record``; the
     72-byte header is smaller than a protobuf message of the same nine fields would be, and
@@ -133,8 +139,14 @@ def encode_fields(
         address=address.encode() if address else b"",
         protocol=fields.get("protocol", rec.PROTOCOL_INTERNAL),
         born_ms=fields.get("born_ms", 0),
+        destinations=(
+            rec.encode_destinations(destinations)
+            if destinations and list(destinations) != [(topic, queue)]
+            else b""
+        ),
         # A Kafka batch: FLAG_BATCH and its records' count travel in the frame.
-        flags=flags & FORWARDED_FLAGS,
+        flags=(flags & FORWARDED_FLAGS) | (rec.FLAG_COPY if copy else 0),
+        deliver_at_ms=deliver_at_ms,
         record_count=record_count,
     )
 
@@ -272,7 +284,10 @@ class Forwarder:
         settled: ForwardSettled | None,
     ) -> None:
         loop = asyncio.get_running_loop()
-        frame = encode_fields(topic, queue, body, fields, record_count=record_count, flags=flags)
+        frame = encode_fields(
+            topic, queue, body, fields, record_count=record_count, flags=flags,
+            destinations=destinations, copy=copy, deliver_at_ms=deliver_at_ms,
+        )  # fmt: skip
         dests = [pb.Dest(topic=t, queue=q) for t, q in destinations]
         size = len(frame) + RECORD_OVERHEAD + sum(len(t) + 8 for t, _ in destinations)
         pending = _Pending(
