@@ -50,7 +50,7 @@ from core.broker.broker import (
 )
 from core.broker.flow import FlowControl
 from core.broker.partitioner import murmur2_partition
-from core.broker.remote import RemoteAppend
+from core.broker.remote import RemoteAppend, RemoteTransactions
 from core.broker.shard import Shard
 from core.broker.shards import DurableMarks, ShardSet
 from core.broker.topics import TopicError, TopicInfo, TopicLimits, TopicRegistry
@@ -148,6 +148,9 @@ class Node:
         self._live: LiveFeed | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self.remote = remote
+        # Half messages and decisions of transactions kept in other nodes' shards go there
+        # (set by a cluster node: core/cluster/remote_txn.py).
+        self.remote_txn: RemoteTransactions | None = None
         # The lowest-numbered shard (shard 0 of a single node): what the one-shard publish
         # path appends to directly, and the home of what has no placement yet.
         self.shard = Shard(home_number, home_store, self.config, self, local)
@@ -693,11 +696,42 @@ class Node:
         if topic in CONTROL_TOPICS:
             if topic == TXN_TOPIC:
                 txn_id = outcome_txn_id(headers, subject, key)
+                elsewhere = self._txn_elsewhere(txn_id)
+                if elsewhere is not None:
+                    fields_there: RecordFields = {
+                        "key": key,
+                        "headers": headers,
+                        "tags": tags,
+                        "subject": subject,
+                        "client": client,
+                        "address": address,
+                        "protocol": protocol,
+                        "born_ms": born_ms,
+                    }
+                    return await self._publish_at_txn_owner(
+                        elsewhere, topic, chosen, body, fields_there, half=False
+                    )
                 shard = self.shards.for_transaction(txn_id) if self._many else self.shard
                 result, outcome_ok = await shard.half_messages.apply(txn_id, body)
                 headers = [*headers, (RESULT_HEADER, result.encode())]
         elif headers:
             mark = half_mark(headers)
+            if mark is not None:
+                elsewhere = self._txn_elsewhere(mark.txn_id)
+                if elsewhere is not None:
+                    half_fields: RecordFields = {
+                        "key": key,
+                        "headers": headers,
+                        "tags": tags,
+                        "subject": subject,
+                        "client": client,
+                        "address": address,
+                        "protocol": protocol,
+                        "born_ms": born_ms,
+                    }
+                    return await self._publish_at_txn_owner(
+                        elsewhere, topic, chosen, body, half_fields, half=True
+                    )
         destinations, refused = self.prepare_destinations(
             topic,
             chosen,
@@ -882,6 +916,38 @@ class Node:
     def _local_ack_queue(self, destination: Destination) -> AckQueue | None:
         shard = self.shards.local(self.shards.queue_number(*destination))
         return None if shard is None else shard.ack_queues.get(destination)
+
+    def _txn_elsewhere(self, txn_id: str) -> int | None:
+        """The number of the transaction ``txn_id``'s shard when another node serves it (its
+        half messages and decisions go there: :meth:`_publish_at_txn_owner`), else None."""
+        if not self._many or self.remote_txn is None:
+            return None
+        number = self.shards.placements.place(placement.PLACE_TXN, txn_id)
+        return None if self.shards.local(number) is not None else number
+
+    async def _publish_at_txn_owner(
+        self,
+        shard: int,
+        topic: str,
+        queue: int,
+        body: bytes | memoryview | None,
+        fields: RecordFields,
+        *,
+        half: bool,
+    ) -> PublishResult:
+        """Hand a half message or a decision to the owner of its transaction's shard
+        (``RemoteTransactions``) and wait until it is durable there: ShardUnavailable when it
+        was not stored (the gateway refuses the publish). Its durable mark is then this node's
+        next, which nothing else holds up."""
+        assert self.remote_txn is not None
+        stored = await self.remote_txn.publish(shard, topic, queue, body, fields)
+        offset = -1 if half else stored.offset
+        result = PublishResult(
+            Appended(-1, -1, [(topic, queue, offset)]), [(topic, queue)], queue, stored.refused
+        )
+        result.half = half
+        result.sequence = self.marks.next()
+        return result
 
     def _half_shard(self, mark: HalfMark, destinations: Sequence[Destination]) -> Shard:
         """The shard that keeps a half message of the transaction ``mark``: its transaction's

@@ -56,7 +56,6 @@ import logging
 import socket
 import time
 from collections.abc import Awaitable, Callable
-from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
@@ -91,12 +90,8 @@ from core.cluster.mqtt_wills import WillBook
 from core.cluster.owners import ServedShards, ViewOwners
 from core.cluster.redis_metadata import LeaseHeld, RedisMetadata, connect
 from core.cluster.redis_metadata import _client as redis_client
-from core.cluster.remote_queues import (
-    QueueAdminCalls,
-    RemoteQueuesOverRpc,
-    getter_holder,
-    release_gets_of_gone_nodes,
-)
+from core.cluster.remote_queues import QueueAdminCalls, RemoteQueuesOverRpc
+from core.cluster.remote_txn import TxnPublishCalls, TxnPublishOverRpc
 from core.cluster.rpc.append import AppendReceiver
 from core.cluster.rpc.client import RpcClient
 from core.cluster.rpc.consume import ConsumeService
@@ -226,6 +221,7 @@ class ClusterNode:
         self.rpc_client: RpcClient | None = None
         self.queue_admin = QueueAdminCalls()
         self.retained_admin = RetainedAdminCalls()  # MQTT retained messages, the same way
+        self.txn_admin = TxnPublishCalls()  # half messages of transactions in its shards
         self.rpc_port = 0
         self._stopped = False
 
@@ -263,6 +259,7 @@ class ClusterNode:
         # remote_queues.py): registered once, pointed at each broker served.
         self.queue_admin.register(self.service)
         self.retained_admin.register(self.service)
+        self.txn_admin.register(self.service)
         self.rpc_client = RpcClient(rpc_settings)
         self._rpc = RpcServer(rpc_settings, self.service)
         self.rpc_port = await self._rpc.start(self.listen_host, settings.cluster_port)
@@ -487,11 +484,11 @@ class ClusterServing:
         self.consume = ConsumeService(broker)
         # The queues of other nodes' shards, consumed and read through this node (the Broker
         # API's set_remote_queues).
-        self.remote_queues = RemoteQueuesOverRpc(
-            client, owners, holder=getter_holder(str(node.node_id), membership.incarnation or 0)
-        )
+        self.remote_queues = RemoteQueuesOverRpc(client, owners)
         # MQTT retained messages in other nodes' shards (the API's set_remote_retained).
         self.remote_retained = RetainedOverRpc(client, owners)
+        # Half messages and decisions of transactions in other nodes' shards (section 10).
+        self.remote_txn = TxnPublishOverRpc(client, owners)
         # Kafka producer ids unique across the nodes (the Broker API's set_producer_ids):
         # blocks of the cluster's counter in Redis.
         self.producer_ids: ProducerIdSource = metadata
@@ -519,10 +516,9 @@ class ClusterServing:
         """Read who owns what (errors propagate: no serving on no view), make the broker
         forward to the other nodes' shards, take their calls, follow their definitions.
         Returns the view, for the Broker API (``set_cluster_view``)."""
-        # Other nodes' gets held here go back when their node dies or restarts.
-        self.view.on_refresh = partial(release_gets_of_gone_nodes, self.consume)
         await self.view.start()
         self.broker.remote = self.forwarder
+        self.broker.remote_txn = self.remote_txn
         service = self._service
         service.append = self.receiver
         service.consume = self.consume.consume
@@ -530,6 +526,7 @@ class ClusterServing:
         service.write_txn_markers = self._txn_receiver
         self.node.queue_admin.attach(self.broker)
         self.node.retained_admin.attach(self.broker)
+        self.node.txn_admin.attach(self.broker)
         self._started = True
         try:
             await self._start_mqtt()
@@ -615,6 +612,7 @@ class ClusterServing:
             service.write_txn_markers = None
         self.node.queue_admin.attach(None)
         self.node.retained_admin.attach(None)
+        self.node.txn_admin.attach(None)
         self.consume.cancel(None, NOT_SERVING)
         mqtt, routes, closers = self.mqtt, self._routes, self._redis_closers
         self.mqtt = self._routes = self._redis_closers = None

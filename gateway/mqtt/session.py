@@ -606,7 +606,11 @@ class Connection:
             await pending
 
     def _publish(self, packet: Publish, topic: str) -> Awaitable[None] | None:
-        outcome = self.hub.publish_packet(self.context, self, topic, packet)
+        try:
+            outcome = self.hub.publish_packet(self.context, self, topic, packet)
+        except ShardUnavailable as error:
+            self._not_stored(packet, error)
+            return None
         if not isinstance(outcome, tuple):
             return self._publish_later(packet, outcome)
         if outcome[0] == ReasonCode.NOT_AUTHORIZED:
@@ -615,7 +619,22 @@ class Connection:
         return None
 
     async def _publish_later(self, packet: Publish, pending: Awaitable[Any]) -> None:
-        self._acknowledge(packet, await pending)
+        try:
+            outcome = await pending
+        except ShardUnavailable as error:
+            self._not_stored(packet, error)
+            return
+        self._acknowledge(packet, outcome)
+
+    def _not_stored(self, packet: Publish, error: ShardUnavailable) -> None:
+        """A publish no node stores now (the shard of a destination, or of its transaction, has
+        no owner that answered): PUBACK / PUBREC 0x80; 3.1.1 has no refusal code, so the
+        connection is closed (as ``flow.py`` does when a forward fails later)."""
+        log.warning("mqtt %s: publish not stored: %s", self.client_id, error)
+        if self.version != MQTT_5:
+            self.close_with(ReasonCode.UNSPECIFIED_ERROR, "storage unavailable")
+            return
+        self._acknowledge(packet, (ReasonCode.UNSPECIFIED_ERROR, 0, ""))
 
     def _acknowledge(self, packet: Publish, outcome: Outcome) -> None:
         """Queue the PUBACK / PUBREC of a publish (written once durable: ``flow.py``);

@@ -33,7 +33,7 @@ from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
-from core.cluster.placement import partition_shard, transaction_shard
+from core.cluster.placement import partition_shard, session_shard, transaction_shard
 from tests.cluster.cluster_fixture import Cluster
 from tests.cluster.redis_server import RedisServer
 from tests.cluster.test_node import DEADLINE_S, eventually
@@ -62,7 +62,8 @@ class Client:
         self.paho.on_message = self._on_message
         self.paho.on_subscribe = self._on_ack
         self.paho.on_unsubscribe = self._on_ack
-        self.paho.on_publish = self._on_ack
+        self.paho.on_publish = self._on_publish
+        self.reasons: dict[int, int] = {}  # PUBACKs with a reason code other than success
         self.paho.on_disconnect = lambda *args: self.disconnected.set()
 
     def _on_connect(self, client: Any, userdata: Any, flags: Any, reason: Any, props: Any) -> None:
@@ -72,6 +73,11 @@ class Client:
         self.messages.put((message.topic, bytes(message.payload)))
 
     def _on_ack(self, client: Any, userdata: Any, mid: int, *rest: Any) -> None:
+        self.acked.add(mid)
+
+    def _on_publish(self, client: Any, userdata: Any, mid: int, reason: Any, props: Any) -> None:
+        if int(reason.value):
+            self.reasons[mid] = int(reason.value)
         self.acked.add(mid)
 
     def will(self, topic: str, payload: bytes, *, delay_s: int = 0) -> Client:
@@ -143,14 +149,17 @@ def topic_owned_by(cluster: Cluster, node_id: int, prefix: str) -> str:
     return cluster.name_owned_by(node_id, f"{prefix}{uuid.uuid4().hex[:6]}-")
 
 
-def txn_in_shard_of(cluster: Cluster, topic: str) -> str:
-    """A transaction id kept in the shard of ``topic``'s queue 0: a half message's transaction
-    and its destinations must share a shard (core/broker/node.py ``_half_shard``)."""
+def txn_in_shard_of(cluster: Cluster, topic: str, skip: int = 0) -> str:
+    """A transaction id kept in the shard of ``topic``'s queue 0 (the ``skip``-th after the
+    first): a half message's transaction and its destinations must share a shard
+    (core/broker/node.py ``_half_shard``)."""
     wanted = partition_shard(topic, 0, cluster.shards)
     for number in range(10_000):
         txn = f"txn-{topic}-{number}"
         if transaction_shard(txn, cluster.shards) == wanted:
-            return txn
+            if not skip:
+                return txn
+            skip -= 1
     raise AssertionError(f"no transaction id lands in shard {wanted}")
 
 
@@ -175,22 +184,58 @@ def test_a_committed_half_message_reaches_another_nodes_subscriber_once(
     cluster: Cluster,
 ) -> None:
     topic = topic_owned_by(cluster, 3, "half")
-    txn = txn_in_shard_of(cluster, topic)
+    txn, voided = txn_in_shard_of(cluster, topic), txn_in_shard_of(cluster, topic, skip=1)
     subscriber = Client(cluster[1].mqtt_port, "half-sub").connect()
-    # Both on the shard's owner: a half or a decision published on another node is not
-    # forwarded yet (core/broker/node.py: the transaction's shard must be local).
-    publisher = Client(cluster[3].mqtt_port, "half-pub", version=mqtt.MQTTv311).connect()
-    decider = Client(cluster[3].mqtt_port, "half-decider").connect()
+    # Neither on the transaction's owner (node 3): the half and the decision are handed to it
+    # (core/cluster/remote_txn.py).
+    publisher = Client(cluster[1].mqtt_port, "half-pub", version=mqtt.MQTTv311).connect()
+    decider = Client(cluster[2].mqtt_port, "half-decider").connect()
     try:
         subscriber.subscribe(f"{topic}/#")
         publisher.publish(f"$half/g/{txn}/{topic}/order", b"paid")
         assert subscriber.nothing_more() == []  # invisible until committed
         decider.publish(f"braid.txn/{txn}", b"commit")
         assert subscriber.take(1) == [(f"{topic}/order", b"paid")]
+        # A second one rolled back: never seen.
+        publisher.publish(f"$half/g/{voided}/{topic}/order", b"void")
+        decider.publish(f"braid.txn/{voided}", b"rollback")
         assert subscriber.nothing_more() == []
+        assert publisher.reasons == decider.reasons == {}  # every PUBACK a success
     finally:
         for client in (subscriber, publisher, decider):
             client.close()
+
+
+MQTT5_UNSPECIFIED_ERROR = 0x80
+
+
+def check_a_half_is_refused_while_its_owner_is_down(cluster: Cluster, down: int) -> None:
+    """Node ``down`` is stopped: a half message of a transaction in its shard, published on
+    another node, gets PUBACK 0x80 (MQTT 5) or its connection closed (3.1.1), never no
+    answer. Called by test_mqtt_sessions_nodes.py's last test while node ``down`` is away."""
+    topic = topic_owned_by(cluster, down, "halfdown")
+    txn = txn_in_shard_of(cluster, topic)
+    up = 1 if down != 1 else 2
+    # (client ids whose session state is not in a shard of the stopped node: else refused)
+    ids = [
+        f"half-down-{number}"
+        for number in range(10_000)
+        if cluster.owner(session_shard(f"half-down-{number}", cluster.shards)) != down
+    ]
+    five = Client(cluster[up].mqtt_port, ids[0]).connect()
+    try:
+        info = five.paho.publish(f"$half/g/{txn}/{topic}/x", b"lost", qos=1)
+        eventually(lambda: info.mid in five.acked, "the PUBACK of the half")
+        assert five.reasons == {info.mid: MQTT5_UNSPECIFIED_ERROR}
+    finally:
+        five.close()
+    old = Client(cluster[up].mqtt_port, ids[1], version=mqtt.MQTTv311).connect()
+    try:
+        info = old.paho.publish(f"$half/g/{txn}/{topic}/x", b"lost", qos=1)
+        assert old.disconnected.wait(DEADLINE_S), "3.1.1: the connection closed"
+        assert info.mid not in old.acked
+    finally:
+        old.paho.loop_stop()
 
 
 # -- wills --------------------------------------------------------------------------------------

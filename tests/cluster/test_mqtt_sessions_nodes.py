@@ -30,6 +30,7 @@ from paho.mqtt.properties import Properties
 from core.cluster.placement import session_shard
 from tests.cluster.cluster_fixture import Cluster
 from tests.cluster.mqtt_share_checks import (
+    check_a_half_is_refused_while_its_owner_is_down,
     test_a_committed_half_message_reaches_another_nodes_subscriber_once,
     test_a_delayed_record_reaches_another_nodes_subscriber_once,
     test_a_shared_group_with_members_on_two_nodes,
@@ -309,6 +310,7 @@ def test_a_session_whose_shard_no_node_serves_is_refused_not_hung(cluster: Clust
     publisher.publish("waiting/end", b"end")
     publisher.close()
     cluster[3].stop()
+    check_a_half_is_refused_while_its_owner_is_down(cluster, 3)
 
     for client_id in (session_id, waiting_id):
         refused = Client(cluster[1].mqtt_port, client_id, clean=False)
