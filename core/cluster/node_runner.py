@@ -56,6 +56,7 @@ import logging
 import socket
 import time
 from collections.abc import Awaitable, Callable
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
@@ -90,7 +91,12 @@ from core.cluster.mqtt_wills import WillBook
 from core.cluster.owners import ServedShards, ViewOwners
 from core.cluster.redis_metadata import LeaseHeld, RedisMetadata, connect
 from core.cluster.redis_metadata import _client as redis_client
-from core.cluster.remote_queues import QueueAdminCalls, RemoteQueuesOverRpc
+from core.cluster.remote_queues import (
+    QueueAdminCalls,
+    RemoteQueuesOverRpc,
+    getter_holder,
+    release_gets_of_gone_nodes,
+)
 from core.cluster.remote_txn import TxnPublishCalls, TxnPublishOverRpc
 from core.cluster.rpc.append import AppendReceiver
 from core.cluster.rpc.client import RpcClient
@@ -484,7 +490,9 @@ class ClusterServing:
         self.consume = ConsumeService(broker)
         # The queues of other nodes' shards, consumed and read through this node (the Broker
         # API's set_remote_queues).
-        self.remote_queues = RemoteQueuesOverRpc(client, owners)
+        self.remote_queues = RemoteQueuesOverRpc(
+            client, owners, holder=getter_holder(str(node.node_id), membership.incarnation or 0)
+        )
         # MQTT retained messages in other nodes' shards (the API's set_remote_retained).
         self.remote_retained = RetainedOverRpc(client, owners)
         # Half messages and decisions of transactions in other nodes' shards (section 10).
@@ -516,6 +524,8 @@ class ClusterServing:
         """Read who owns what (errors propagate: no serving on no view), make the broker
         forward to the other nodes' shards, take their calls, follow their definitions.
         Returns the view, for the Broker API (``set_cluster_view``)."""
+        # Other nodes' gets held here go back when their node dies or restarts.
+        self.view.on_refresh = partial(release_gets_of_gone_nodes, self.consume)
         await self.view.start()
         self.broker.remote = self.forwarder
         self.broker.remote_txn = self.remote_txn
