@@ -37,7 +37,12 @@ from core.broker.broker import (
     EXCHANGE_QUEUE,
     Destination,
 )
-from core.broker.remote import RemoteQueueConsumer, RemoteQueueDelivery, RemoteQueues
+from core.broker.remote import (
+    EXCLUSIVE_TO_KEY,
+    RemoteQueueConsumer,
+    RemoteQueueDelivery,
+    RemoteQueues,
+)
 from core.broker.topics import TopicInfo
 from core.delivery.ackqueue import (
     AckQueue,
@@ -471,16 +476,22 @@ class QueueCalls(BrokerCalls):
         topic: str,
         config: Mapping[str, Any],
         settings: AckQueueConfig,
+        *,
+        exclusive: bool = False,
     ) -> QueueHandle:
         """Create the queue ``topic``: a topic (one queue, ``config`` merged into its
         settings) whose queue 0 is an ack queue with ``settings``. The queue starts empty, even
-        where an earlier queue of that name left index entries or ack state.
-        :class:`TopicError` for a name that cannot be a topic."""
+        where an earlier queue of that name left index entries or ack state. ``exclusive``:
+        it lives only as long as this node's process (its owner, another node, deletes it when
+        this process is gone: :data:`EXCLUSIVE_TO_KEY`); the gateway deletes it earlier, with
+        its connection. :class:`TopicError` for a name that cannot be a topic."""
         node = self._node
         # The queue's topic, config merged; marked to count for the queue limits of its vhost.
         config = {**config, QUEUE_VHOST_KEY: context.vhost}
-        await self.declare_exchange(context, topic, config)
         shard = self._remote_shard(topic)
+        if shard is not None and exclusive:
+            config[EXCLUSIVE_TO_KEY] = self._remote(shard).holder
+        await self.declare_exchange(context, topic, config)
         if shard is not None:
             # Another node owns it: it makes the queue, or keeps the one it has (a queue this
             # node's gateway did not know yet may well exist there).

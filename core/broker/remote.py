@@ -249,7 +249,19 @@ class RemoteQueueConsumer(Protocol):
         ...
 
 
+# A queue's topic config: the holder (RemoteQueues.holder) of the node through whose connection
+# an exclusive queue of another node's shard was declared; its owner deletes the queue when that
+# node's process is gone (its connections went with it), as RabbitMQ deletes an exclusive queue
+# with its connection.
+EXCLUSIVE_TO_KEY = "braid.exclusive_to"
+
+
 class RemoteQueues(Protocol):
+    @property
+    def holder(self) -> str:
+        """This node's process as the owners name it (its id and lease incarnation)."""
+        ...
+
     def consumer(
         self,
         shard: int,

@@ -56,7 +56,6 @@ import logging
 import socket
 import time
 from collections.abc import Awaitable, Callable
-from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
@@ -92,10 +91,10 @@ from core.cluster.owners import ServedShards, ViewOwners
 from core.cluster.redis_metadata import LeaseHeld, RedisMetadata, connect
 from core.cluster.redis_metadata import _client as redis_client
 from core.cluster.remote_queues import (
+    GoneNodes,
     QueueAdminCalls,
     RemoteQueuesOverRpc,
     getter_holder,
-    release_gets_of_gone_nodes,
 )
 from core.cluster.remote_txn import TxnPublishCalls, TxnPublishOverRpc
 from core.cluster.rpc.append import AppendReceiver
@@ -488,6 +487,9 @@ class ClusterServing:
             window_ms=node.settings.rpc_timeout_ms,
         )
         self.consume = ConsumeService(broker)
+        # What this node keeps for other nodes' processes (held gets, exclusive queues of their
+        # connections) goes when they die or restart: told each refresh of the view.
+        self.gone_nodes = GoneNodes(self.consume, broker)
         # The queues of other nodes' shards, consumed and read through this node (the Broker
         # API's set_remote_queues).
         self.remote_queues = RemoteQueuesOverRpc(
@@ -524,8 +526,7 @@ class ClusterServing:
         """Read who owns what (errors propagate: no serving on no view), make the broker
         forward to the other nodes' shards, take their calls, follow their definitions.
         Returns the view, for the Broker API (``set_cluster_view``)."""
-        # Other nodes' gets held here go back when their node dies or restarts.
-        self.view.on_refresh = partial(release_gets_of_gone_nodes, self.consume)
+        self.view.on_refresh = self.gone_nodes
         await self.view.start()
         self.broker.remote = self.forwarder
         self.broker.remote_txn = self.remote_txn
@@ -637,7 +638,11 @@ class ClusterServing:
             steps.append(("the MQTT route table", routes.aclose))
         if closers is not None:
             steps.append(("the MQTT Redis client", closers))
-        steps += [("the Kafka view", self.view.stop), ("the forwarder", self.forwarder.aclose)]
+        steps += [
+            ("the Kafka view", self.view.stop),
+            ("exclusive queue deletes", self.gone_nodes.close),
+            ("the forwarder", self.forwarder.aclose),
+        ]
         wait_s = self.node.settings.heartbeat_ms / 1000
         for name, step in steps:
             try:

@@ -31,7 +31,12 @@ from grpc import aio
 
 from core.broker.ack_queues import ack_queue_config_from_json, ack_queue_config_to_json
 from core.broker.node import Node
-from core.broker.remote import OwnerAddress, RemoteQueueDelivery, ShardOwners
+from core.broker.remote import (
+    EXCLUSIVE_TO_KEY,
+    OwnerAddress,
+    RemoteQueueDelivery,
+    ShardOwners,
+)
 from core.cluster.rpc import cluster_pb2 as pb
 from core.cluster.rpc.client import PeerUnavailable, RpcClient
 from core.cluster.rpc.consume import ConsumeService
@@ -138,17 +143,77 @@ def release_gets_of_gone_nodes(consume: ConsumeService, live: Mapping[str, int])
     back when its stream breaks. ``live``: node id -> the incarnation holding its lease (a
     refresh of the node's view). Holders not named by :func:`getter_holder` stay. How many."""
 
-    def gone(holder: str) -> bool:
-        node, colon, rest = holder.partition(":")
-        incarnation, slash, _connection = rest.partition("/")
-        if not (colon and slash and incarnation.isdigit()):
-            return False
-        return live.get(node) != int(incarnation)
-
-    released = consume.release_gets_where(gone)
+    released = consume.release_gets_where(lambda holder: holder_gone(holder, live))
     if released:
         log.info("remote queues: %d gets of nodes gone back to their queues", released)
     return released
+
+
+def holder_gone(holder: str, live: Mapping[str, int]) -> bool:
+    """Whether the process a :func:`getter_holder` ``holder`` names is gone: its node holds no
+    lease, or holds it as another incarnation (``live``: node id -> incarnation). False for a
+    holder not named that way."""
+    node, colon, rest = holder.partition(":")
+    incarnation, slash, _connection = rest.partition("/")
+    if not (colon and slash and incarnation.isdigit()):
+        return False
+    return live.get(node) != int(incarnation)
+
+
+class GoneNodes:
+    """Told each refresh of an owner's view (``MembershipView.on_refresh``): it lets go of what
+    it keeps for nodes whose process is gone. Their held gets go back to their queues
+    (:func:`release_gets_of_gone_nodes`), and the exclusive queues declared through them in
+    this node's shards (:data:`EXCLUSIVE_TO_KEY`) are deleted: at the first refresh and when a
+    node or incarnation left the live ones (reading every topic each heartbeat would cost an
+    idle node)."""
+
+    def __init__(self, consume: ConsumeService, node: Node) -> None:
+        self._consume = consume
+        self._node = node
+        self._last: dict[str, int] | None = None
+        self._deleting: set[str] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def __call__(self, live: Mapping[str, int]) -> None:
+        release_gets_of_gone_nodes(self._consume, live)
+        last, self._last = self._last, dict(live)
+        if last is None or any(live.get(node) != incarnation for node, incarnation in last.items()):
+            self._drop_exclusive_queues(live)
+
+    def _drop_exclusive_queues(self, live: Mapping[str, int]) -> None:
+        node = self._node
+        shards = node.shards
+        for info in node.topics.all():
+            holder = info.config.get(EXCLUSIVE_TO_KEY)
+            if (
+                not isinstance(holder, str)
+                or info.name in self._deleting
+                or not holder_gone(holder, live)
+                or shards.local(shards.queue_number(info.name, 0)) is None
+            ):
+                continue
+            self._deleting.add(info.name)
+            task = asyncio.get_running_loop().create_task(self._delete(info.name, holder))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _delete(self, topic: str, holder: str) -> None:
+        try:
+            log.info(
+                "exclusive queue %s deleted: %s, whose connection it was, is gone", topic, holder
+            )
+            await self._node.delete_topic(topic)
+        except Exception as error:  # (tried again at the next change of the live nodes)
+            log.warning("exclusive queue %s of %s not deleted: %r", topic, holder, error)
+        finally:
+            self._deleting.discard(topic)
+
+    async def close(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+            with suppress(asyncio.CancelledError):
+                await task
 
 
 def _stats(answer: JsonObject) -> QueueStats | None:
@@ -279,6 +344,10 @@ class RemoteQueuesOverRpc:
         self._holder = holder
         self._tasks: set[asyncio.Task[object]] = set()
         self._settling = asyncio.Lock()  # settles of gets go out in the order they were made
+
+    @property
+    def holder(self) -> str:
+        return self._holder
 
     def run_soon(self, work: Coroutine[Any, Any, object]) -> None:
         """Run ``work`` in a task kept until it is done (:meth:`close` cancels the rest)."""

@@ -766,7 +766,9 @@ class VirtualHost:
         }
         try:
             # A new queue is empty, even where an earlier queue of that name left index entries.
-            handle = await self.api.declare_queue(context, topic, {CONFIG_KEY: config}, ack_config)
+            handle = await self.api.declare_queue(
+                context, topic, {CONFIG_KEY: config}, ack_config, exclusive=exclusive
+            )
         except TopicError as error:
             raise _precondition(f"cannot declare queue '{name}': {error}") from None
         queue = Queue(

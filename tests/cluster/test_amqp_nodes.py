@@ -637,6 +637,31 @@ def test_a_get_held_for_a_node_that_died_goes_back_to_the_queue(cluster: Cluster
         cluster[3].start()
 
 
+def test_an_exclusive_queue_of_another_nodes_shard_goes_with_its_connection(
+    cluster: Cluster,
+) -> None:
+    """Exclusive queues declared through node 1 in node 2's shard: one is deleted when its
+    connection closes, the other when node 1 is killed (its lease gone, the owner deletes
+    it), as RabbitMQ deletes an exclusive queue with its connection. Node 1 is started again."""
+    closed = cluster.name_owned_by(2, "an.excl.closed", QUEUE_TOPIC)
+    killed = cluster.name_owned_by(2, "an.excl.killed", QUEUE_TOPIC)
+    connection = amqp(cluster[1])
+    connection.channel().queue_declare(closed, exclusive=True)
+    eventually(lambda: not is_gone(cluster, 2, closed), "the owner knows the first")
+    connection.close()
+    eventually(lambda: is_gone(cluster, 2, closed), "the first gone with its connection")
+
+    connection = amqp(cluster[1])
+    connection.channel().queue_declare(killed, exclusive=True)
+    eventually(lambda: not is_gone(cluster, 2, killed), "the owner knows the second")
+    cluster[1].kill9()
+    try:
+        eventually(lambda: is_gone(cluster, 2, killed), "the second gone with node 1")
+        assert is_gone(cluster, 3, killed)
+    finally:
+        cluster[1].start()
+
+
 def test_passive_declare_of_a_stopped_owners_queue_is_404_home_node(cluster: Cluster) -> None:
     queue = cluster.name_owned_by(2, "an.down", QUEUE_TOPIC)
     connection = amqp(cluster[1])
