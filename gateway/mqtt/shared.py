@@ -28,16 +28,21 @@ a member connecting). The consumer's credit (``CONSUMER_PREFETCH``) bounds what 
 in memory: records in flight at members plus the backlog. A member that disconnects gives its
 group records back to the queue (``Session.detach`` nacks them, so another member gets them,
 flagged DUP); when no member is connected, the consumer is detached and what it held goes back
-to the queue, durable, for the next member to come.
+to the queue, durable, for the next member to come. A queue of another node's shard is read
+through that node; when it ends the consumer (it restarted, or went away) the group attaches
+again, with backoff, while members are connected (``RETRY_*``).
 
 Not thread-safe: the event loop's thread.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import random
 import zlib
 from collections import deque
+from functools import partial
 from typing import TYPE_CHECKING, Final
 
 from core.api import Delivery, Subscription
@@ -53,6 +58,13 @@ if TYPE_CHECKING:
 # Records the group's consumer holds at most (in flight at members plus the backlog), as a
 # persistent session's own consumer (client_session.py: CONSUMER_PREFETCH).
 GROUP_PREFETCH: Final = 1000
+# A consumer the queue's owner ended (another node, restarted or gone) is attached again while
+# members are connected: first after RETRY_FIRST_S, doubled after each failed attach up to
+# RETRY_MAX_S (an owner down for long is not asked ten times a second).
+RETRY_FIRST_S: Final = 0.1
+RETRY_MAX_S: Final = 5.0
+
+log = logging.getLogger(__name__)
 
 
 class SharedGroup:
@@ -60,6 +72,9 @@ class SharedGroup:
     one member. See the module docstring."""
 
     __slots__ = (
+        "_attaches",
+        "_retry",
+        "_retry_s",
         "_rng",
         "_sticky",
         "_turn",
@@ -96,6 +111,11 @@ class SharedGroup:
         self._turn = 0
         self._sticky: Session | None = None
         self._rng = random.Random()
+        # The consumer's attach count (a cancel of an older one is stale), the timer of the
+        # next attach after a cancel and its delay (module constants RETRY_*).
+        self._attaches = 0
+        self._retry: asyncio.TimerHandle | None = None
+        self._retry_s = RETRY_FIRST_S
 
     def __repr__(self) -> str:
         return f"SharedGroup({self.name!r}, members={len(self.members)}, {self.strategy})"
@@ -105,12 +125,46 @@ class SharedGroup:
     def member_online(self) -> None:
         """A member is connected (or subscribed while connected): read the queue, and give the
         waiting records to whoever has room."""
-        if self.consumer is None:
-            hub = self.hub
-            self.consumer = hub.api.consume_session_queue(
-                hub.context, self.name, GROUP_PREFETCH, self._on_delivery
-            )
+        if self.consumer is None and self._retry is None:
+            self._attach()
         self.refill()
+
+    def _attach(self) -> None:
+        hub = self.hub
+        self._attaches += 1
+        self.consumer = hub.api.consume_session_queue(
+            hub.context,
+            self.name,
+            GROUP_PREFETCH,
+            self._on_delivery,
+            partial(self._cancelled, self._attaches),
+        )
+
+    def _cancelled(self, attach: int, reason: str) -> None:
+        """The queue's owner (another node) ended the consumer, or could not attach it: what
+        it held goes back to the queue there; attached again later while members are
+        connected (module constants RETRY_*), so the group goes on reading once the owner
+        is back, without its members reconnecting."""
+        if attach != self._attaches or self.consumer is None:
+            return  # an older consumer's, or the group stopped meanwhile
+        self.consumer = None
+        self.backlog.clear()
+        if not any(member.connection is not None for member in self.members):
+            return
+        delay = self._retry_s
+        self._retry_s = min(delay * 2, RETRY_MAX_S)
+        log.warning(
+            "mqtt $share %s: consumer ended (%s): attached again in %.1f s",
+            self.name,
+            reason,
+            delay,
+        )
+        self._retry = asyncio.get_running_loop().call_later(delay, self._retry_attach)
+
+    def _retry_attach(self) -> None:
+        self._retry = None
+        if self.consumer is None and any(m.connection is not None for m in self.members):
+            self._attach()
 
     def member_offline(self, session: Session) -> None:
         """``session`` disconnected (its group records in flight are back in the queue already:
@@ -131,6 +185,9 @@ class SharedGroup:
         the queue, to be delivered again first."""
         consumer, self.consumer = self.consumer, None
         self.backlog.clear()
+        if self._retry is not None:
+            self._retry.cancel()
+            self._retry = None
         if consumer is not None:
             consumer.detach()
 
@@ -138,6 +195,7 @@ class SharedGroup:
 
     def _on_delivery(self, delivery: Delivery) -> None:
         """The queue's pump: one record for the group."""
+        self._retry_s = RETRY_FIRST_S  # attached: a later cancel retries soon again
         if self.backlog or not self._dispatch(delivery):
             self.backlog.append(delivery)
 

@@ -209,6 +209,19 @@ def test_a_committed_half_message_reaches_another_nodes_subscriber_once(
 MQTT5_UNSPECIFIED_ERROR = 0x80
 
 
+def client_ids_away_from(cluster: Cluster, node_id: int, prefix: str, count: int) -> list[str]:
+    """``count`` client ids whose session state is not in a shard of node ``node_id`` (one
+    stopped refuses their CONNECT)."""
+    ids: list[str] = []
+    for number in range(10_000):
+        client_id = f"{prefix}{number}"
+        if cluster.owner(session_shard(client_id, cluster.shards)) != node_id:
+            ids.append(client_id)
+            if len(ids) == count:
+                return ids
+    raise AssertionError(f"no client ids away from node {node_id}")
+
+
 def check_a_half_is_refused_while_its_owner_is_down(cluster: Cluster, down: int) -> None:
     """Node ``down`` is stopped: a half message of a transaction in its shard, published on
     another node, gets PUBACK 0x80 (MQTT 5) or its connection closed (3.1.1), never no
@@ -216,12 +229,7 @@ def check_a_half_is_refused_while_its_owner_is_down(cluster: Cluster, down: int)
     topic = topic_owned_by(cluster, down, "halfdown")
     txn = txn_in_shard_of(cluster, topic)
     up = 1 if down != 1 else 2
-    # (client ids whose session state is not in a shard of the stopped node: else refused)
-    ids = [
-        f"half-down-{number}"
-        for number in range(10_000)
-        if cluster.owner(session_shard(f"half-down-{number}", cluster.shards)) != down
-    ]
+    ids = client_ids_away_from(cluster, down, "half-down-", 2)
     five = Client(cluster[up].mqtt_port, ids[0]).connect()
     try:
         info = five.paho.publish(f"$half/g/{txn}/{topic}/x", b"lost", qos=1)
@@ -362,3 +370,43 @@ def test_a_shared_group_with_members_on_two_nodes(cluster: Cluster) -> None:
     finally:
         for client in (*members, publisher):
             client.close()
+
+
+# -- a $share group whose queue's owner restarts ---------------------------------------------
+
+
+def a_group_member_before_its_queue_owner_restarts(
+    cluster: Cluster, owner: int
+) -> tuple[Client, str]:
+    """A ``$share`` member on node 1 of a group whose queue node ``owner`` holds (the topic
+    node 2's), one message received: returned to
+    :func:`check_the_group_reads_again_after_its_owner_restarted` once node ``owner`` was
+    stopped and started again (test_mqtt_sessions_nodes.py's last test)."""
+    topic_filter = f"{topic_owned_by(cluster, 2, 'regroup')}/x"
+    share = group_owned_by(cluster, owner, topic_filter)
+    member_id, publisher_id = client_ids_away_from(cluster, owner, "regroup-", 2)
+    member = Client(cluster[1].mqtt_port, member_id).connect()
+    member.subscribe(f"$share/{share}/{topic_filter}")
+    publisher = Client(cluster[2].mqtt_port, publisher_id).connect()
+    try:
+        publisher.publish(topic_filter, b"before")
+        assert member.take(1) == [(topic_filter, b"before")]
+    finally:
+        publisher.close()
+    return member, topic_filter
+
+
+def check_the_group_reads_again_after_its_owner_restarted(
+    cluster: Cluster, member: Client, topic_filter: str
+) -> None:
+    """The member, connected all along, gets what is published after the restart: its node
+    attached the group's consumer again (gateway/mqtt/shared.py), with no reconnect."""
+    publisher = Client(cluster[2].mqtt_port, "regroup-after").connect()
+    try:
+        publisher.publish(topic_filter, b"after")
+        assert publisher.reasons == {}
+        assert member.take(1) == [(topic_filter, b"after")]
+        assert member.nothing_more() == []
+    finally:
+        publisher.close()
+        member.close()

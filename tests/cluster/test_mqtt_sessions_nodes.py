@@ -30,7 +30,9 @@ from paho.mqtt.properties import Properties
 from core.cluster.placement import session_shard
 from tests.cluster.cluster_fixture import Cluster
 from tests.cluster.mqtt_share_checks import (
+    a_group_member_before_its_queue_owner_restarts,
     check_a_half_is_refused_while_its_owner_is_down,
+    check_the_group_reads_again_after_its_owner_restarted,
     test_a_committed_half_message_reaches_another_nodes_subscriber_once,
     test_a_delayed_record_reaches_another_nodes_subscriber_once,
     test_a_shared_group_with_members_on_two_nodes,
@@ -309,6 +311,7 @@ def test_a_session_whose_shard_no_node_serves_is_refused_not_hung(cluster: Clust
         publisher.publish(topic, body)
     publisher.publish("waiting/end", b"end")
     publisher.close()
+    member, group_topic = a_group_member_before_its_queue_owner_restarts(cluster, 3)
     cluster[3].stop()
     check_a_half_is_refused_while_its_owner_is_down(cluster, 3)
 
@@ -341,6 +344,7 @@ def test_a_session_whose_shard_no_node_serves_is_refused_not_hung(cluster: Clust
         assert received_until(back, "waiting/end") == [("waiting/after", b"after")]
     finally:
         back.close()
+    check_the_group_reads_again_after_its_owner_restarted(cluster, member, group_topic)
 
 
 def connected(port: int, client_id: str) -> Client | None:
