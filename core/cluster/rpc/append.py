@@ -52,8 +52,9 @@ FORWARDED_FLAGS: Final = rec.FLAG_BATCH | rec.FLAG_TXN_CONTROL
 # 100 bytes each: ~25 MiB per origin). At more than MAX_REMEMBERED / window records a second from
 # one origin, the oldest are forgotten before the window ends (a resend that old is stored twice).
 MAX_REMEMBERED: Final = 262_144
-# A frame's flags and deliver_at_ms (core/log/record.py HEADER, from FLAGS_OFFSET).
-_FRAME_FIELDS: Final = struct.Struct("<H2x16xq")
+# A frame's flags, deliver_at_ms and destinations' length (core/log/record.py HEADER, from
+# FLAGS_OFFSET).
+_FRAME_FIELDS: Final = struct.Struct("<H2x16xq26xH")
 
 
 class ShardLog(Protocol):
@@ -305,12 +306,17 @@ class AppendReceiver:
         self, store: ShardLog, record: pb.Record
     ) -> tuple[pb.AppendResult, int] | None:
         """Append ``record``'s frame as it came; None when the frame is not encoded as stored
-        (its copy flag or delivery time differ from the record's)."""
+        (its copy flag, delivery time or destinations differ from the record's: an origin
+        that encoded the fields alone)."""
         frame = record.fields
         if len(frame) < rec.HEADER_SIZE:
             return None
-        flags, deliver_at_ms = _FRAME_FIELDS.unpack_from(frame, rec.FLAGS_OFFSET)
-        if bool(flags & rec.FLAG_COPY) != record.copy or deliver_at_ms != record.deliver_at_ms:
+        flags, deliver_at_ms, dests_len = _FRAME_FIELDS.unpack_from(frame, rec.FLAGS_OFFSET)
+        if (
+            bool(flags & rec.FLAG_COPY) != record.copy
+            or deliver_at_ms != record.deliver_at_ms
+            or (len(record.dests) > 1 and not dests_len)
+        ):
             return None
         appended = store.append_encoded(frame)
         offset = -1
