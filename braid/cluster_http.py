@@ -25,6 +25,7 @@ queue's or connection's node and its series on ``/metrics`` read the same.
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 from collections.abc import Awaitable, Callable, Iterable
@@ -37,12 +38,18 @@ from braid import metrics
 from braid.web.auth import REQUEST_TAGS, REQUEST_USER
 from braid.web.prometheus import DashboardMetrics
 from braid.web.rabbit import RabbitResources
-from braid.web.rabbit.shapes import connection_json
-from core.api import INTERNAL_CONTEXT
+from braid.web.rabbit.base import QUEUE_OWNERS
+from braid.web.rabbit.common import not_found, vhost_of_topic
+from braid.web.rabbit.shapes import channel_json, connection_json
+from core.api import INTERNAL_CONTEXT, BrowsedMessage, ShardUnavailable
 from core.cluster.admin_calls import (
+    ADMIN_CHANNELS,
     ADMIN_CONNECTIONS,
+    ADMIN_CONSUMERS,
     ADMIN_METRICS,
+    ADMIN_NODE,
     ADMIN_OVERVIEW,
+    ADMIN_QUEUE_BROWSE,
     ADMIN_QUEUES,
     AdminCall,
     ClusterGather,
@@ -55,6 +62,7 @@ from core.cluster.rpc.client import RpcClient
 from core.cluster.rpc.options import JsonObject
 from core.cluster.rpc.server import NodeService
 from core.security.model import TAG_ADMINISTRATOR, TAG_MONITORING
+from gateway.amqp.vhost import QUEUE_TOPIC_PREFIX
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +108,24 @@ class NodeListings:
     def connections(self) -> list[Json]:
         api = self.resources.api
         return [connection_json(details) for details in api.list_connections(INTERNAL_CONTEXT)]
+
+    def channels(self) -> list[Json]:
+        api = self.resources.api
+        return [
+            channel_json(details, channel)
+            for details in api.list_connections(INTERNAL_CONTEXT)
+            for channel in details.channels
+        ]
+
+    def consumers(self) -> Json:
+        resources = self.resources
+        held = resources.consumers_of(INTERNAL_CONTEXT, list(resources.security.vhosts))
+        channels: list[Json] = []
+        for (topic, tag), details in resources.consumer_channels(INTERNAL_CONTEXT).items():
+            vhost, name = vhost_of_topic(topic)
+            queue = name.removeprefix(QUEUE_TOPIC_PREFIX)
+            channels.append({"vhost": vhost, "queue": queue, "tag": tag, "details": details})
+        return {"consumers": held, "channels": channels}
 
     def overview(self) -> Json:
         api = self.resources.api
@@ -152,12 +178,74 @@ class NodeAdmin:
             listings = self._listings
             return {} if listings is None else listings.overview()
 
+        async def channels_call(_args: JsonObject) -> JsonObject:
+            listings = self._listings
+            return {"channels": [] if listings is None else listings.channels()}
+
+        async def consumers_call(_args: JsonObject) -> JsonObject:
+            listings = self._listings
+            return {"consumers": []} if listings is None else listings.consumers()
+
+        async def node_call(_args: JsonObject) -> JsonObject:
+            listings = self._listings
+            return {} if listings is None else listings.resources.node_json()
+
+        async def queue_browse_call(args: JsonObject) -> JsonObject:
+            listings = self._listings
+            if listings is None:
+                return {"found": False}
+            taken = await listings.resources.api.browse_queue(
+                INTERNAL_CONTEXT,
+                str(args["topic"]),
+                int(args["count"]),
+                requeue=bool(args["requeue"]),
+            )
+            if taken is None:
+                return {"found": False}
+            return {"found": True, "messages": [browsed_to_json(message) for message in taken]}
+
         return {
             ADMIN_METRICS: metrics_call,
             ADMIN_QUEUES: queues_call,
             ADMIN_CONNECTIONS: connections_call,
             ADMIN_OVERVIEW: overview_call,
+            ADMIN_NODE: node_call,
+            ADMIN_CHANNELS: channels_call,
+            ADMIN_CONSUMERS: consumers_call,
+            ADMIN_QUEUE_BROWSE: queue_browse_call,
         }
+
+
+def browsed_to_json(message: BrowsedMessage) -> Json:
+    """A browsed record as an ``Admin`` answer carries it (bytes in base64)."""
+    return {
+        "topic": message.topic,
+        "subject": message.subject,
+        "headers": [[name, base64.b64encode(value).decode()] for name, value in message.headers],
+        "body": base64.b64encode(message.body).decode(),
+        "protocol": message.protocol,
+        "client": message.client,
+        "born_ms": message.born_ms,
+        "store_ms": message.store_ms,
+        "redelivered": message.redelivered,
+        "offset": message.offset,
+    }
+
+
+def browsed_from_json(item: Json) -> BrowsedMessage:
+    """:func:`browsed_to_json` read back (KeyError, ValueError for a malformed one)."""
+    return BrowsedMessage(
+        str(item["topic"]),
+        str(item["subject"]),
+        [(str(name), base64.b64decode(value)) for name, value in item["headers"]],
+        base64.b64decode(item["body"]),
+        int(item["protocol"]),
+        str(item["client"]),
+        int(item["born_ms"]),
+        int(item["store_ms"]),
+        bool(item["redelivered"]),
+        int(item["offset"]),
+    )
 
 
 def local_families(
@@ -199,7 +287,7 @@ def start_cluster_http(
     calls = admin.calls()
     register_admin_calls(service, calls)
     gather = ClusterGather(metadata, client.admin, str(node_id), calls, timeout_s=timeout_s)
-    return admin, ClusterHttp(gather, placed_queue_shard(metadata))
+    return admin, ClusterHttp(gather, placed_queue_shard(metadata), metadata.cluster_id)
 
 
 def _listed(answer: JsonObject, key: str) -> list[Json]:
@@ -213,9 +301,17 @@ def _listed(answer: JsonObject, key: str) -> list[Json]:
 class ClusterHttp:
     """The cluster-wide answers (module docstring), from ``gather``'s calls."""
 
-    def __init__(self, gather: ClusterGather, queue_shard: QueueShard) -> None:
+    def __init__(
+        self, gather: ClusterGather, queue_shard: QueueShard, cluster_name: str = ""
+    ) -> None:
         self.gather = gather
         self.queue_shard = queue_shard
+        self.cluster_name = cluster_name  # /api/overview's cluster_name: the cluster id
+
+    @property
+    def node_id(self) -> str:
+        """This node's name in the answers (its id)."""
+        return self.gather.node_id
 
     # -- /metrics --------------------------------------------------------------------------
 
@@ -288,6 +384,55 @@ class ClusterHttp:
         ]
         return sorted(merged, key=lambda entry: str(entry.get("name")))
 
+    async def channels(self) -> list[Json]:
+        """Every node's channels, each with its ``node``, by name."""
+        gathered = await self.gather.gather(ADMIN_CHANNELS)
+        merged = [
+            {**entry, "node": node}
+            for node, entries in self._lists(gathered, "channels").items()
+            for entry in entries
+        ]
+        return sorted(merged, key=lambda entry: str(entry.get("name")))
+
+    async def consumers(self) -> list[Json]:
+        """Every consumer, as the node holding its queue lists it, with the
+        ``channel_details`` (``node``: the channel's) of the node whose channel it is."""
+        gathered = await self.gather.gather(ADMIN_CONSUMERS)
+        held = self._lists(gathered, "consumers")
+        channels: dict[tuple[str, str, str], Json] = {}
+        for node, entries in self._lists(gathered, "channels").items():
+            for entry in entries:
+                details = entry.get("details")
+                if isinstance(details, dict):
+                    key = (str(entry.get("vhost")), str(entry.get("queue")), str(entry.get("tag")))
+                    channels[key] = {**details, "node": node}
+        merged: list[Json] = []
+        for entries in held.values():
+            for entry in entries:
+                queue = entry.get("queue")
+                queue = queue if isinstance(queue, dict) else {}
+                key = (
+                    str(queue.get("vhost")),
+                    str(queue.get("name")),
+                    str(entry.get("consumer_tag")),
+                )
+                merged.append({**entry, "channel_details": channels.get(key, {})})
+        return merged
+
+    async def nodes(self) -> list[Json]:
+        """Every known node as /api/nodes lists one, named by its id: a node that answered
+        with its own entry and ``running`` true, one that did not with ``running`` false (as
+        RabbitMQ lists a stopped cluster member)."""
+        gathered = await self.gather.gather(ADMIN_NODE)
+        listed: list[Json] = []
+        for node in gathered.nodes:
+            answer = gathered.answers.get(node)
+            if answer:
+                listed.append({**answer, "name": node, "running": True})
+            else:
+                listed.append({"name": node, "type": "disc", "running": False})
+        return listed
+
     async def overview_counts(self) -> tuple[Json, list[Json]]:
         """The nodes' connections, channels and consumers summed, and their listeners."""
         gathered = await self.gather.gather(ADMIN_OVERVIEW)
@@ -302,6 +447,28 @@ class ClusterHttp:
             if isinstance(found, list):
                 listeners += [{**item, "node": node} for item in found if isinstance(item, dict)]
         return totals, listeners
+
+    # -- one queue, on its owner -----------------------------------------------------------
+
+    async def browse_on_owner(
+        self, topic: str, count: int, *, requeue: bool
+    ) -> list[BrowsedMessage] | None:
+        """A browse of the queue ``topic`` made by its shard's owner (braid/web/rabbit's
+        ``QueueOwners``): None when this node owns it; [] when the owner has no such queue;
+        :class:`ShardUnavailable` when it does not answer."""
+        vhost, name = vhost_of_topic(topic)
+        shard = self.queue_shard(vhost, name.removeprefix(QUEUE_TOPIC_PREFIX))
+        args: JsonObject = {"topic": topic, "count": count, "requeue": requeue}
+        answer = await self.gather.call_owner(shard, ADMIN_QUEUE_BROWSE, args)
+        if answer is None:
+            return None
+        if not answer.get("found"):
+            return []
+        try:
+            return [browsed_from_json(item) for item in _listed(answer, "messages")]
+        except (KeyError, TypeError, ValueError) as error:
+            reason = f"a browse answer that does not parse: {error}"
+            raise ShardUnavailable(shard, reason=reason) from error
 
     @staticmethod
     def _lists(gathered: Gathered, key: str) -> dict[str, list[Json]]:
@@ -374,13 +541,20 @@ def enable_cluster_http(
         segments = _api_segments(request)
         if resources is None or not segments or segments[0] not in _API_PATHS:
             return await handler(request)
-        local = await handler(request)  # its access checks and errors stand
+        if segments[0] in ("nodes", "channels") and len(segments) == 2:
+            # This node knows only its own node and channels: its handler of the list checks
+            # access, the cluster's list answers.
+            local = await handler(request.clone(rel_url="/api/" + segments[0]))
+        else:
+            local = await handler(request)  # its access checks and errors stand
         if _json_body(local) is None:
             return local
         return await _API_PATHS[segments[0]](cluster, resources, request, segments, local)
 
     # Appended last: it runs inside the authentication middleware, which set the user.
     app.middlewares.append(cluster_answers)
+    if resources is not None:
+        app[QUEUE_OWNERS] = cluster  # browses of other nodes' queues go to the owner
 
 
 async def _queues_answer(
@@ -440,14 +614,75 @@ async def _overview_answer(
     )
     object_totals = dict(overview.get("object_totals", {}))
     object_totals.update(totals, queues=len(queues))
+    contexts = [
+        {**item, "node": cluster.node_id}
+        for item in overview.get("contexts", [])
+        if isinstance(item, dict)
+    ]
     return _reply(
         {
             **overview,
+            "cluster_name": cluster.cluster_name or overview.get("cluster_name"),
+            "node": cluster.node_id,
+            "contexts": contexts,
             "queue_totals": queue_totals,
             "object_totals": object_totals,
             "listeners": listeners,
         }
     )
+
+
+async def _channels_answer(
+    cluster: ClusterHttp,
+    resources: RabbitResources,
+    request: web.Request,
+    segments: list[str],
+    local: web.StreamResponse,
+) -> web.StreamResponse:
+    user = request.get(REQUEST_USER)
+    sees_all = _sees_all(request)
+    channels = [
+        entry for entry in await cluster.channels() if sees_all or entry.get("user") == user
+    ]
+    if len(segments) == 1:
+        return _reply(channels)
+    for channel in channels:
+        if channel.get("name") == segments[1]:
+            return _reply(channel)
+    raise not_found()
+
+
+async def _consumers_answer(
+    cluster: ClusterHttp,
+    resources: RabbitResources,
+    request: web.Request,
+    segments: list[str],
+    local: web.StreamResponse,
+) -> web.StreamResponse:
+    vhosts = [segments[1]] if len(segments) > 1 else resources.visible_vhosts(request)
+    return _reply(
+        [
+            entry
+            for entry in await cluster.consumers()
+            if isinstance(entry.get("queue"), dict) and entry["queue"].get("vhost") in vhosts
+        ]
+    )
+
+
+async def _nodes_answer(
+    cluster: ClusterHttp,
+    resources: RabbitResources,
+    request: web.Request,
+    segments: list[str],
+    local: web.StreamResponse,
+) -> web.StreamResponse:
+    nodes = await cluster.nodes()
+    if len(segments) == 1:
+        return _reply(nodes)
+    for node in nodes:
+        if node["name"] == segments[1]:
+            return _reply(node)
+    raise not_found()
 
 
 ApiAnswer = Callable[
@@ -458,4 +693,7 @@ _API_PATHS: Final[dict[str, ApiAnswer]] = {
     "queues": _queues_answer,
     "connections": _connections_answer,
     "overview": _overview_answer,
+    "nodes": _nodes_answer,
+    "channels": _channels_answer,
+    "consumers": _consumers_answer,
 }

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Final, Protocol
 
 from core.api.base import BrokerCalls, ClientContext
+from core.api.queues import QueueCalls
 from core.broker.topics import TopicInfo
 from core.deadletter import redrive as dead_letters
 from core.deadletter.redrive import DeadLetterQueue, RedriveResult, SubjectOf
@@ -388,19 +389,50 @@ class ManagementCalls(BrokerCalls):
         """The topics whose queue 0 is an ack queue (AMQP queues, MQTT session queues)."""
         return [topic for (topic, queue), _ack in self._node.ack_queues() if queue == 0]
 
-    def purge_queue(self, context: ClientContext, topic: str) -> int | None:
+    async def purge_queue(self, context: ClientContext, topic: str) -> int | None:
         """Drop the ready records of the ack queue ``topic`` (in-flight ones stay, as AMQP's
-        queue.purge); how many, or None when there is no such queue."""
+        queue.purge); how many, or None when there is no such queue. In a cluster a queue of
+        another node's shard is purged by its owner (:class:`ShardUnavailable` when it does
+        not answer)."""
+        queues = self._queue_calls()
+        if not queues.queue_is_local(topic):
+            known = queues.known_queue(topic)
+            return None if known is None else await queues.purge_known_queue(known)
         ack = self._node.ack_queue(topic)
         return None if ack is None else ack.purge()
 
-    def browse_queue(
+    async def browse_queue(
         self, context: ClientContext, topic: str, count: int, *, requeue: bool
     ) -> list[BrowsedMessage] | None:
         """Take up to ``count`` ready records of the ack queue ``topic`` (RabbitMQ's
         ``POST /api/queues/{vhost}/{name}/get``). With ``requeue`` they go back to the head
         of the queue, in their order, flagged redelivered; else they are acknowledged (gone).
-        None when there is no such queue."""
+        None when there is no such queue. In a cluster a queue of another node's shard is read
+        from its owner, one basic.get round trip a record, settled there the same way."""
+        queues = self._queue_calls()
+        if queues.queue_is_local(topic):
+            return self._browse_local(topic, count, requeue=requeue)
+        known = queues.known_queue(topic)
+        if known is None:
+            return None
+        taken: list[Delivery] = []
+        while len(taken) < count:
+            delivery = await queues.fetch_message(context, known, no_ack=False)
+            if delivery is None:
+                break
+            taken.append(delivery)
+        browsed = [_browsed(delivery) for delivery in taken]
+        # As the local queue's: requeued last-first, so the first taken is back at the head.
+        for delivery in reversed(taken):
+            if requeue:
+                delivery.nack(requeue=True)
+            else:
+                delivery.ack()
+        return browsed
+
+    def _browse_local(
+        self, topic: str, count: int, *, requeue: bool
+    ) -> list[BrowsedMessage] | None:
         ack = self._node.ack_queue(topic)
         if ack is None:
             return None
@@ -410,21 +442,7 @@ class ManagementCalls(BrokerCalls):
             if delivery is None:
                 break
             taken.append(delivery)
-        browsed = [
-            BrowsedMessage(
-                delivery.message.topic,
-                delivery.message.subject,
-                list(delivery.message.headers),
-                bytes(delivery.message.body or b""),
-                delivery.message.protocol,
-                delivery.message.client,
-                delivery.message.born_ms,
-                delivery.message.store_ms,
-                delivery.redelivered,
-                delivery.offset,
-            )
-            for delivery in taken
-        ]
+        browsed = [_browsed(delivery) for delivery in taken]
         # Settled only once all are taken: a record requeued at once would be taken again.
         # Requeued last-first, so the first taken is back at the head.
         for delivery in reversed(taken):
@@ -435,6 +453,13 @@ class ManagementCalls(BrokerCalls):
         if requeue and taken:
             ack.notify()  # consumers with credit get the requeued records now
         return browsed
+
+    def _queue_calls(self) -> QueueCalls:
+        """This object's queue calls (``BrokerAPI`` is both: :class:`QueueCalls` finds the
+        owner of another node's queue)."""
+        if not isinstance(self, QueueCalls):
+            raise TypeError("ManagementCalls is used as part of BrokerAPI")
+        return self
 
     # -- delays, dead letters, one record --------------------------------------------------
 
@@ -498,3 +523,20 @@ class ManagementCalls(BrokerCalls):
                     copied.body = None if message.body is None else bytes(message.body)
                     return StoredRecord(copied, queued.record_count)
         return None
+
+
+def _browsed(delivery: Delivery) -> BrowsedMessage:
+    """What a browse hands out of one record taken from a queue (copied)."""
+    message = delivery.message
+    return BrowsedMessage(
+        message.topic,
+        message.subject,
+        list(message.headers),
+        bytes(message.body or b""),
+        message.protocol,
+        message.client,
+        message.born_ms,
+        message.store_ms,
+        delivery.redelivered,
+        delivery.offset,
+    )

@@ -26,6 +26,7 @@ from core.cluster.membership import node_order
 from core.cluster.redis_metadata import NodeInfo, ShardOwner
 from core.cluster.rpc.options import JsonObject
 from core.cluster.rpc.server import NodeService
+from core.errors import ShardUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +35,24 @@ ADMIN_METRICS: Final = "metrics"  # {"families": [family JSON, ...]}: its /metri
 ADMIN_OVERVIEW: Final = "overview"  # its counts and listeners for /api/overview
 ADMIN_QUEUES: Final = "queues"  # {"queues": [queue JSON, ...]}: /api/queues as it sees them
 ADMIN_CONNECTIONS: Final = "connections"  # {"connections": [...]}: its own client connections
-ADMIN_CALLS: Final = (ADMIN_METRICS, ADMIN_OVERVIEW, ADMIN_QUEUES, ADMIN_CONNECTIONS)
+ADMIN_NODE: Final = "node"  # its /api/nodes entry (RabbitMQ's node object)
+ADMIN_CHANNELS: Final = "channels"  # {"channels": [...]}: its own connections' channels
+# {"consumers": [...], "channels": [{"vhost", "queue", "tag", "details"}]}: the consumers its
+# queues hold, and the channel_details of the consumers its own channels hold
+ADMIN_CONSUMERS: Final = "consumers"
+# {"topic", "count", "requeue"} -> {"found": bool, "messages": [...]}: the management API's
+# browse (POST /api/queues/{vhost}/{name}/get) of a queue, made by its owner.
+ADMIN_QUEUE_BROWSE: Final = "queue_browse"
+ADMIN_CALLS: Final = (
+    ADMIN_METRICS,
+    ADMIN_OVERVIEW,
+    ADMIN_QUEUES,
+    ADMIN_CONNECTIONS,
+    ADMIN_NODE,
+    ADMIN_CHANNELS,
+    ADMIN_CONSUMERS,
+    ADMIN_QUEUE_BROWSE,
+)
 
 # Why a known node has no part in a gathered answer.
 MISSING_NO_LEASE: Final = "no live lease"
@@ -129,6 +147,25 @@ class ClusterGather:
             else:
                 answers[node] = result
         return Gathered(answers, missing, dict(owners))
+
+    async def call_owner(self, shard: int, name: str, args: JsonObject) -> JsonObject | None:
+        """``Admin(name, args)`` on the owner of ``shard``, or None when this node owns it
+        (the caller acts here). :class:`ShardUnavailable` when the shard has no owner or the
+        owner does not answer."""
+        live, owners = await self._read_directory()
+        owner = owners.get(shard)
+        if owner == self.node_id:
+            return None
+        if owner is None:
+            raise ShardUnavailable(shard, reason="no owner recorded")
+        address = live.get(owner)
+        if not address:
+            raise ShardUnavailable(shard, reason=f"its owner, node {owner}, is not live")
+        try:
+            return await self._call_peer(address, name, args)
+        except Exception as error:
+            log.warning("cluster admin call %r on node %s failed: %s", name, owner, error)
+            raise ShardUnavailable(shard, reason=f"node {owner}: {_why(error)}") from error
 
     async def _read_directory(self) -> tuple[dict[str, str], dict[int, str]]:
         """Live nodes (id -> gRPC address) and shard owners, or the last ones read when the

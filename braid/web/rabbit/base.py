@@ -5,7 +5,7 @@ core (topics with their ``amqp`` config, ack queue counts, bindings)."""
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, TypeVar
+from typing import Any, Final, Protocol, TypeVar
 
 from aiohttp import web
 
@@ -29,6 +29,7 @@ from braid.web.rabbit.shapes import (
 from core.api import (
     EXCHANGE_QUEUE,
     PROTOCOL_INTERNAL,
+    BrowsedMessage,
     ClientContext,
     ManagementRefusal,
     QueueStats,
@@ -39,6 +40,23 @@ from core.security.model import TAG_ADMINISTRATOR, TAG_MONITORING
 from gateway.amqp.vhost import CONFIG_KEY, QUEUE_TOPIC_PREFIX
 
 T = TypeVar("T")
+
+
+class QueueOwners(Protocol):
+    """Where the queues of a cluster's other nodes are read (braid/cluster_http.py)."""
+
+    async def browse_on_owner(
+        self, topic: str, count: int, *, requeue: bool
+    ) -> list[BrowsedMessage] | None:
+        """The records a browse of ``topic`` took, done by its owner in one call; None when
+        this node owns it (browse here). :class:`ShardUnavailable` when the owner does not
+        answer; an empty list when it has no such queue."""
+        ...
+
+
+# On a cluster node's application, where browses of queues other nodes own go (set by
+# braid/cluster_http.py); absent on a single node.
+QUEUE_OWNERS: Final = web.AppKey("queue_owners", QueueOwners)
 
 
 class ResourceBase:
@@ -176,10 +194,10 @@ class ResourceBase:
             )
         return found
 
-    def consumer_channels(self, request: web.Request) -> dict[tuple[str, str], Json]:
+    def consumer_channels(self, context: ClientContext) -> dict[tuple[str, str], Json]:
         """(queue topic, consumer tag) -> the ``channel_details`` of the consumer's channel."""
         found: dict[tuple[str, str], Json] = {}
-        for details in self.api.list_connections(self.context(request)):
+        for details in self.api.list_connections(context):
             for channel in details.channels:
                 for key in channel.consumers:
                     found[key] = consumer_channel_json(details, channel)

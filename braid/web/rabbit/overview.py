@@ -202,11 +202,11 @@ class OverviewResources(ResourceBase):
             )
         )
         topic = topic_of(vhost, QUEUE_TOPIC_PREFIX + ALIVENESS_QUEUE)
-        self.api.purge_queue(context, topic)
+        await self.api.purge_queue(context, topic)
         await self.api.publish(
             context, topic, b"test_message", subject=ALIVENESS_QUEUE, create_topic=False
         )
-        got = self.api.browse_queue(context, topic, 1, requeue=False) or []
+        got = await self.api.browse_queue(context, topic, 1, requeue=False) or []
         if not got or got[0].body != b"test_message":
             return json_response({"status": "failed", "reason": "no message came back"}, 503)
         return json_response({"status": "ok"})

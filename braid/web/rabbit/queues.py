@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import base64
 import logging
+from collections.abc import Awaitable
+from typing import TypeVar
 
 from aiohttp import web
 
 from braid.web.auth import REQUEST_USER
-from braid.web.rabbit.base import ResourceBase
+from braid.web.rabbit.base import QUEUE_OWNERS, ResourceBase
 from braid.web.rabbit.common import (
     GET_ACKMODES,
     Json,
@@ -19,13 +21,15 @@ from braid.web.rabbit.common import (
     not_found,
     read_json,
     topic_of,
+    unavailable,
     vhost_of_topic,
 )
 from braid.web.rabbit.shapes import consumer_json, properties_json
-from core.api import QueueStats
+from core.api import BrowsedMessage, ClientContext, QueueStats, ShardUnavailable
 from gateway.amqp.vhost import QUEUE_TOPIC_PREFIX
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class QueueResources(ResourceBase):
@@ -41,11 +45,11 @@ class QueueResources(ResourceBase):
         if len(segments) == 3:
             return await self._queue(request, vhost, name)
         topic = topic_of(vhost, QUEUE_TOPIC_PREFIX + name)
-        if self.api.queue_info(context, topic) is None:
+        if await self._stats(context, topic) is None:
             raise not_found()
         if segments[3:] == ["contents"]:
             self._allow(request, {"DELETE"})
-            purged = self.api.purge_queue(self.context(request, vhost), topic)
+            purged = await self._on_owner(self.api.purge_queue(self.context(request, vhost), topic))
             log.info(
                 "management: %s purged %s records of queue %r in vhost %r",
                 request[REQUEST_USER],
@@ -67,6 +71,32 @@ class QueueResources(ResourceBase):
                 ]
             )
         raise not_found()
+
+    async def _stats(self, context: ClientContext, topic: str) -> QueueStats | None:
+        """The queue's counts, from its owner in a cluster (None: no such queue)."""
+        return await self._on_owner(self.api.queue_stats(context, topic))
+
+    async def _browse(
+        self, request: web.Request, context: ClientContext, topic: str, count: int, *, requeue: bool
+    ) -> list[BrowsedMessage]:
+        """A browse of ``topic``: on a cluster by the queue's owner, in one call (its records
+        are settled there before the answer, so a next browse through any node sees them)."""
+        owners = request.config_dict.get(QUEUE_OWNERS)
+        if owners is not None:
+            taken = await owners.browse_on_owner(topic, count, requeue=requeue)
+            if taken is not None:
+                return taken
+        return await self.api.browse_queue(context, topic, count, requeue=requeue) or []
+
+    @staticmethod
+    async def _on_owner(call: Awaitable[T]) -> T:
+        """``call``'s answer; 503 when the queue's owner (another cluster node) does not
+        answer, as RabbitMQ answers for a queue whose node is down."""
+        try:
+            return await call
+        except ShardUnavailable as error:
+            log.warning("management: the owner of a queue did not answer: %s", error)
+            raise unavailable(str(error)) from None
 
     async def _queue(self, request: web.Request, vhost: str, name: str) -> web.StreamResponse:
         self._allow(request, {"GET", "PUT", "DELETE"})
@@ -119,8 +149,10 @@ class QueueResources(ResourceBase):
         encoding = body.get("encoding", "auto")
         truncate = integer(body.get("truncate"))
         context = self.context(request, vhost)
-        before = (self.api.queue_info(context, topic) or QueueStats(0, 0, 0)).ready
-        browsed = self.api.browse_queue(context, topic, count, requeue=requeue) or []
+        before = (await self._stats(context, topic) or QueueStats(0, 0, 0)).ready
+        browsed = await self._on_owner(
+            self._browse(request, context, topic, count, requeue=requeue)
+        )
         answers: list[Json] = []
         for index, message in enumerate(browsed):
             payload = message.body
@@ -158,8 +190,13 @@ class QueueResources(ResourceBase):
             vhosts = [segments[1]]
         else:
             vhosts = self.visible_vhosts(request)
+        return json_response(self.consumers_of(context, vhosts))
+
+    def consumers_of(self, context: ClientContext, vhosts: list[str]) -> list[Json]:
+        """The consumers of the queues of ``vhosts`` this node's queues hold, each with the
+        ``channel_details`` of its channel when the channel is this node's."""
         queues = self._queue_names(context)
-        channels = self.consumer_channels(request)
+        channels = self.consumer_channels(context)
         found: list[Json] = []
         for consumer in self.api.all_consumers(context):
             owner = queues.get(consumer.queue_topic)
@@ -175,4 +212,4 @@ class QueueResources(ResourceBase):
                     channel=channels.get((consumer.queue_topic, consumer.tag), {}),
                 )
             )
-        return json_response(found)
+        return found
