@@ -39,6 +39,7 @@ from core.broker.broker import (
 )
 from core.broker.remote import (
     EXCLUSIVE_TO_KEY,
+    QueueDeleted,
     RemoteQueueConsumer,
     RemoteQueueDelivery,
     RemoteQueues,
@@ -253,6 +254,12 @@ class RemoteQueueHandle(QueueHandle):
             return None
         self._stats = dataclasses.replace(self._stats, ready=0)
         return purged
+
+    async def delete_on_owner(self, *, if_empty: bool, if_unused: bool) -> QueueDeleted | None:
+        """queue.delete on the owner, the conditions checked there (RemoteQueues.delete)."""
+        return await self._remote.delete(
+            self._shard, self._topic, if_empty=if_empty, if_unused=if_unused
+        )
 
     # -- consumers ---------------------------------------------------------------------------
 
@@ -529,6 +536,35 @@ class QueueCalls(BrokerCalls):
         sources = {b.source for b in node.bindings.bindings(destination=(topic, 0))}
         await node.delete_topic(topic)
         return sources
+
+    async def delete_queue_if(
+        self,
+        context: ClientContext,
+        topic: str,
+        queue: QueueHandle,
+        *,
+        if_empty: bool,
+        if_unused: bool,
+    ) -> QueueDeleted | None:
+        """queue.delete of ``queue`` (the queue ``topic``) unless ``if_empty`` and it holds
+        ready records, or ``if_unused`` and it has consumers (of any node): checked and deleted
+        in one step, on its owner for another node's queue (one call: nothing comes between).
+        None when there is no such queue; :class:`ShardUnavailable` when the owner does not
+        answer. Its bindings' sources are in the answer (AMQP's auto-delete)."""
+        if isinstance(queue, RemoteQueueHandle):
+            deleted = await queue.delete_on_owner(if_empty=if_empty, if_unused=if_unused)
+            if deleted is None or deleted.refused is not None:
+                return deleted
+            # This node's definitions and bindings of it go now (the owner's delete follows).
+            sources = await self.delete_queue(context, topic)
+            return deleted._replace(sources=deleted.sources | sources)
+        stats = queue.stats()
+        if if_unused and stats.consumers:
+            return QueueDeleted("in use", 0, frozenset())
+        if if_empty and stats.ready:
+            return QueueDeleted("not empty", 0, frozenset())
+        sources = await self.delete_queue(context, topic)
+        return QueueDeleted(None, stats.ready, frozenset(sources))
 
     def queue_info(self, context: ClientContext, topic: str) -> QueueStats | None:
         """The counts of the queue ``topic`` now, or None when there is none."""

@@ -249,6 +249,16 @@ class RemoteQueueConsumer(Protocol):
         ...
 
 
+class QueueDeleted(NamedTuple):
+    """queue.delete's answer (``RemoteQueues.delete``): ``refused`` "in use" or "not empty"
+    when a condition failed (nothing deleted), else the ready records the queue held and the
+    sources of its bindings (exchanges that may now be left without any)."""
+
+    refused: str | None
+    ready: int
+    sources: frozenset[str]
+
+
 # A queue's topic config: the holder (RemoteQueues.holder) of the node through whose connection
 # an exclusive queue of another node's shard was declared; its owner deletes the queue when that
 # node's process is gone (its connections went with it), as RabbitMQ deletes an exclusive queue
@@ -291,6 +301,13 @@ class RemoteQueues(Protocol):
     def settle_gets(self, shard: int, tags: Sequence[int], *, ack: bool, requeue: bool) -> None:
         """Settle records :meth:`get` took (ack, or nack with ``requeue``), in the
         background and in order."""
+        ...
+
+    def delete(
+        self, shard: int, topic: str, *, if_empty: bool, if_unused: bool
+    ) -> Awaitable[QueueDeleted | None]:
+        """queue.delete on the owner, its conditions checked and the queue deleted there in one
+        step (nothing comes between); None when the owner has no such queue."""
         ...
 
     def stats(self, shard: int, topic: str) -> Awaitable[QueueStats | None]:

@@ -1,9 +1,10 @@
 """Queues consumed from another node, both sides (docs/cluster.md section 8, AMQP).
 
 - The owner's side: a :class:`ConsumeService` over the node's ack queues answers ``Consume`` and
-  ``Get``, and :class:`QueueAdminCalls` three ``Admin`` calls: :data:`ADMIN_QUEUE_STATS` (a
-  queue's counts), :data:`ADMIN_QUEUE_DECLARE` (make sure the queue exists, then its counts)
-  and :data:`ADMIN_QUEUE_PURGE` (queue.purge through a node that does not own the queue).
+  ``Get``, and :class:`QueueAdminCalls` four ``Admin`` calls: :data:`ADMIN_QUEUE_STATS` (a
+  queue's counts), :data:`ADMIN_QUEUE_DECLARE` (make sure the queue exists, then its counts),
+  :data:`ADMIN_QUEUE_PURGE` (queue.purge through a node that does not own the queue) and
+  :data:`ADMIN_QUEUE_DELETE` (queue.delete, if-empty and if-unused checked where it is deleted).
   :func:`serve_remote_queues` plugs both into a :class:`NodeService` at once.
 - The owner lets go of the gets of a node that died or restarted:
   :func:`release_gets_of_gone_nodes`, told each refresh of the node's view (a consumer's
@@ -34,6 +35,7 @@ from core.broker.node import Node
 from core.broker.remote import (
     EXCLUSIVE_TO_KEY,
     OwnerAddress,
+    QueueDeleted,
     RemoteQueueDelivery,
     ShardOwners,
 )
@@ -55,6 +57,9 @@ ADMIN_QUEUE_STATS: Final = "queue_stats"
 ADMIN_QUEUE_DECLARE: Final = "queue_declare"
 # {"topic": t} -> {"found": bool, "purged": n}
 ADMIN_QUEUE_PURGE: Final = "queue_purge"
+# {"topic": t, "if_empty": b, "if_unused": b} -> {"found": bool, "refused": "in use" | "not
+# empty"} or {"found": true, "ready": n, "sources": [exchange topics]}: checked and deleted at once
+ADMIN_QUEUE_DELETE: Final = "queue_delete"
 
 
 # -- the owner's side ---------------------------------------------------------------------------
@@ -73,8 +78,8 @@ def _stats_json(node: Node, topic: str) -> JsonObject:
 
 
 class QueueAdminCalls:
-    """The ``Admin`` calls :data:`ADMIN_QUEUE_STATS`, :data:`ADMIN_QUEUE_DECLARE` and
-    :data:`ADMIN_QUEUE_PURGE` over the
+    """The ``Admin`` calls :data:`ADMIN_QUEUE_STATS`, :data:`ADMIN_QUEUE_DECLARE`,
+    :data:`ADMIN_QUEUE_PURGE` and :data:`ADMIN_QUEUE_DELETE` over the
     broker this node serves now: :meth:`register` once on the node's :class:`NodeService` (a
     service takes each name once), :meth:`attach` each broker (a fenced node serves again on a
     new one). Without a broker a queue is not found, and a declare fails."""
@@ -89,6 +94,7 @@ class QueueAdminCalls:
         service.register(ADMIN_QUEUE_STATS, self._stats)
         service.register(ADMIN_QUEUE_DECLARE, self._declare)
         service.register(ADMIN_QUEUE_PURGE, self._purge)
+        service.register(ADMIN_QUEUE_DELETE, self._delete)
 
     async def _stats(self, args: JsonObject) -> JsonObject:
         node = self._node
@@ -100,6 +106,24 @@ class QueueAdminCalls:
         if queue is None:
             return {"found": False}
         return {"found": True, "purged": queue.purge()}
+
+    async def _delete(self, args: JsonObject) -> JsonObject:
+        node = self._node
+        topic = str(args["topic"])
+        queue = None if node is None else node.ack_queue(topic)
+        if node is None or queue is None:
+            return {"found": False}
+        ready = queue.message_count()
+        # Its consumers include other nodes' (Consume streams), as RabbitMQ's home node counts.
+        if args.get("if_unused") and queue.consumers:
+            return {"found": True, "refused": "in use"}
+        if args.get("if_empty") and ready:
+            return {"found": True, "refused": "not empty"}
+        sources = sorted({b.source for b in node.bindings.bindings(destination=(topic, 0))})
+        # The ack queue is taken out before delete_topic's first wait: no publish, consumer or
+        # get comes between the checks and the delete.
+        await node.delete_topic(topic)
+        return {"found": True, "ready": ready, "sources": sources}
 
     async def _declare(self, args: JsonObject) -> JsonObject:
         node = self._node
@@ -422,6 +446,20 @@ class RemoteQueuesOverRpc:
 
     async def stats(self, shard: int, topic: str) -> QueueStats | None:
         return _stats(await self._admin(shard, ADMIN_QUEUE_STATS, {"topic": topic}))
+
+    async def delete(
+        self, shard: int, topic: str, *, if_empty: bool, if_unused: bool
+    ) -> QueueDeleted | None:
+        args: JsonObject = {"topic": topic, "if_empty": if_empty, "if_unused": if_unused}
+        answer = await self._admin(shard, ADMIN_QUEUE_DELETE, args)
+        if not answer.get("found"):
+            return None
+        refused = answer.get("refused")
+        if refused is not None:
+            return QueueDeleted(str(refused), 0, frozenset())
+        sources = answer.get("sources")
+        named = frozenset(str(source) for source in sources) if isinstance(sources, list) else None
+        return QueueDeleted(None, int(answer["ready"]), named or frozenset())
 
     async def purge(self, shard: int, topic: str) -> int | None:
         answer = await self._admin(shard, ADMIN_QUEUE_PURGE, {"topic": topic})

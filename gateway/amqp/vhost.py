@@ -871,21 +871,26 @@ class VirtualHost:
             return 0  # RabbitMQ 3.x: deleting a missing queue is not an error
         if queue.owner is not None and queue.owner is not owner:
             raise self._locked(name)
+        if if_unused and queue.consumers:
+            raise _precondition(f"queue '{name}' in vhost '{self.name}' in use")
         try:
-            # The owner's counts now: its consumers include other nodes' (Consume streams).
-            stats = await self.api.refresh_queue(queue.handle)
+            # Checked and deleted at once where the queue is (its owner's consumers include
+            # other nodes'); this gateway's part goes after.
+            deleted = await self.api.delete_queue_if(
+                self.context, queue.topic, queue.handle, if_empty=if_empty, if_unused=if_unused
+            )
         except ShardUnavailable as error:
             raise self.home_down(name, error) from None
-        if stats is None:  # deleted on its owner meanwhile
+        if deleted is None:  # deleted on its owner meanwhile
             self._forget(queue)
             return 0
-        if if_unused and (queue.consumers or stats.consumers):
+        if deleted.refused == "in use":
             raise _precondition(f"queue '{name}' in vhost '{self.name}' in use")
-        count = stats.ready
-        if if_empty and count:
+        if deleted.refused is not None:
             raise _precondition(f"queue '{name}' in vhost '{self.name}' is not empty")
-        await self.remove_queue(queue)
-        return count
+        self._drop(queue)
+        await self._auto_delete_exchanges(deleted.sources)
+        return deleted.ready
 
     def remove_queue_soon(self, queue: Queue) -> None:
         """:meth:`remove_queue` from a callback that cannot wait (a timer, a consumer or a
@@ -907,6 +912,14 @@ class VirtualHost:
         its bindings go, auto-delete exchanges left without bindings go too."""
         if queue.deleted:
             return
+        self._drop(queue)
+        # Its ack queue and index go with it; its bindings' sources may be left without any.
+        sources = await self.api.delete_queue(self.context, queue.topic)
+        await self._auto_delete_exchanges(sources)
+
+    def _drop(self, queue: Queue) -> None:
+        """This gateway's part of a queue's delete: it is forgotten, its consumers cancelled
+        (Basic.Cancel to clients that take it)."""
         queue.deleted = True
         self.queues.pop(queue.name, None)
         self.expiring.discard(queue)
@@ -916,9 +929,6 @@ class VirtualHost:
         for consumer in list(queue.consumers):
             consumer.cancelled_by_server()
         queue.consumers.clear()
-        # Its ack queue and index go with it; its bindings' sources may be left without any.
-        sources = await self.api.delete_queue(self.context, queue.topic)
-        await self._auto_delete_exchanges(sources)
 
     def owner_gone(self, owner: object) -> None:
         """A connection closed: its exclusive queues go."""
