@@ -218,6 +218,12 @@ class NodeMqttCluster:
                 await task
         if self.wills is not None:
             await self.wills.aclose()
+        if self.shares is not None:
+            try:
+                async with asyncio.timeout(2.0):
+                    await self.shares.leave_all()
+            except Exception as error:
+                log.warning("mqtt cluster: $share entries of this node kept: %r", error)
         await self.sender.aclose(grace_s=1.0)
 
 

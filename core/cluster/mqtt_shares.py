@@ -8,8 +8,10 @@ Keys (one cluster's, beside ``mqtt:routes:<node>``):
   ``mqtt:share:<group queue name>``  set: the nodes with at least one member of that group.
 
 A node adds itself when its first member joins (before it reads the queue) and removes itself
-when its last one leaves; the removal answers, in one script, whether any node is left. A
-node that dies keeps its entry (its members' group then outlives them until issue 23 cleans a
+when its last one leaves; the removal answers, in one script, whether any node is left. A node
+that stops cleanly removes itself from every group it joined (:meth:`ShareMembers.leave_all`;
+a persistent member's group is joined again when its session is restored at the next start).
+A node that dies keeps its entry (its members' group then outlives them until issue 23 cleans a
 dead node's entries).
 
 Not thread-safe: one event loop.
@@ -39,16 +41,29 @@ class ShareMembers:
         self._prefix = _Keys(cluster_id).prefix + "mqtt:share:"
         self._node = str(node)
         self._leave = redis.register_script(LEAVE)
+        self._joined: set[str] = set()  # the groups this node is written down for
 
     async def joined(self, name: str) -> None:
         """This node has members of the group whose queue is ``name``."""
+        self._joined.add(name)
         await self._redis.sadd(self._prefix + name, self._node)  # type: ignore[misc]
 
     async def left(self, name: str) -> bool:
         """This node has no member of the group left; True when no node has any (the caller
         deletes the group's queue)."""
+        self._joined.discard(name)
         remaining = await self._leave(keys=[self._prefix + name], args=[self._node])
         return int(remaining) == 0
+
+    async def leave_all(self) -> None:
+        """This node stops: it is no longer written down for any group (the groups' queues
+        stay; a node whose last member leaves later deletes one as :meth:`left` says)."""
+        joined, self._joined = self._joined, set()
+        if joined:
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for name in joined:
+                    pipe.srem(self._prefix + name, self._node)
+                await pipe.execute()
 
     async def elsewhere(self, name: str) -> bool:
         """Whether another node has members of the group (a restarting node keeps the group's

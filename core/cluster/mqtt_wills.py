@@ -4,6 +4,9 @@ CONNECT with a will and removed when the connection ends normally or the will is
 so that when this node dies another can publish them (issue 23). The will itself is published
 by this node like any publish (the fan-out takes it to other nodes' subscribers).
 
+A node that stops cleanly drops its wills, as a node alone does on SIGTERM (its connections
+end as a normal disconnect: no will published), and deletes the hash (:meth:`WillBook.aclose`).
+
 Writes are background work done one at a time in the order asked, so a removal and a new
 CONNECT's write of one client id end in the right state. A failed write is logged.
 
@@ -31,9 +34,13 @@ class WillBook:
         self.key = _Keys(cluster_id).prefix + f"mqtt:wills:{node}"
         self._writes: asyncio.Queue[tuple[str, bytes | None]] = asyncio.Queue()
         self._writer: asyncio.Task[None] | None = None
+        self._closed = False
 
     def hold(self, client_id: str, will: bytes | None) -> None:
-        """Keep ``will`` for ``client_id`` (None: remove it), in the background."""
+        """Keep ``will`` for ``client_id`` (None: remove it), in the background; nothing once
+        closed (the hash is gone)."""
+        if self._closed:
+            return
         self._writes.put_nowait((client_id, will))
         if self._writer is None:
             self._writer = asyncio.get_running_loop().create_task(
@@ -58,13 +65,20 @@ class WillBook:
         await self._writes.join()
 
     async def aclose(self) -> None:
-        """Stop the writer once the writes asked for are done (bounded)."""
+        """Stop the writer once the writes asked for are done (bounded), then delete this
+        node's hash: the node stops, its connections' wills are not published (module
+        docstring)."""
+        self._closed = True
         writer, self._writer = self._writer, None
-        if writer is None:
-            return
-        with contextlib.suppress(TimeoutError):
+        if writer is not None:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(2.0):
+                    await self._writes.join()
+            writer.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await writer
+        try:
             async with asyncio.timeout(2.0):
-                await self._writes.join()
-        writer.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await writer
+                await self._redis.delete(self.key)
+        except Exception as error:
+            log.warning("mqtt cluster: wills of this node not deleted: %r", error)

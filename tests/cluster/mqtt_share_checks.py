@@ -410,3 +410,57 @@ def check_the_group_reads_again_after_its_owner_restarted(
     finally:
         publisher.close()
         member.close()
+
+
+# -- what a node that stops cleanly leaves in Redis ------------------------------------------
+
+
+def share_entries_of(redis_server: RedisServer, node_id: int) -> list[str]:
+    """The ``mqtt:share:<group>`` sets that name node ``node_id``."""
+    client = redis.Redis.from_url(redis_server.url, decode_responses=True)
+    try:
+        return [
+            key
+            for key in client.scan_iter(match="braid:*:mqtt:share:*")
+            if client.sismember(key, str(node_id))
+        ]
+    finally:
+        client.close()
+
+
+def a_member_and_a_will_on(
+    cluster: Cluster, redis_server: RedisServer, node_id: int
+) -> list[Client]:
+    """A ``$share`` member (persistent session) and a client with a will on node ``node_id``,
+    both written down in Redis; a subscriber of the will's topic on another node. Returned to
+    :func:`check_a_clean_stop_left_no_entries` once node ``node_id`` stopped."""
+    other = 1 if node_id != 1 else 2
+    topic = topic_owned_by(cluster, other, "stopwill")
+    member_id, dying_id, listener_id = client_ids_away_from(cluster, node_id, "stopper-", 3)
+    listener = Client(cluster[other].mqtt_port, listener_id).connect()
+    listener.subscribe(f"{topic}/#")
+    # A persistent session's member: its group outlives its connection (a clean one's is left
+    # when the connection ends, as the server closes it).
+    member = Client(cluster[node_id].mqtt_port, member_id, clean=False).connect(expiry_s=300)
+    member.subscribe(f"$share/{group_owned_by(cluster, other, 'stop/x')}/stop/x")
+    dying = Client(cluster[node_id].mqtt_port, dying_id).will(f"{topic}/gone", b"no")
+    dying.connect()
+    eventually(lambda: dying_id in wills_held(redis_server, node_id), "the will held")
+    assert share_entries_of(redis_server, node_id)
+    return [listener, member, dying]
+
+
+def check_a_clean_stop_left_no_entries(
+    redis_server: RedisServer, node_id: int, clients: list[Client]
+) -> None:
+    """Node ``node_id`` stopped cleanly: its wills were dropped, not published (as a node
+    alone on SIGTERM), and Redis holds neither its wills nor its ``$share`` entries."""
+    listener, *gone = clients
+    try:
+        assert wills_held(redis_server, node_id) == {}
+        assert share_entries_of(redis_server, node_id) == []
+        assert listener.nothing_more() == []
+    finally:
+        listener.close()
+        for client in gone:
+            client.paho.loop_stop()

@@ -31,6 +31,8 @@ from core.cluster.placement import session_shard
 from tests.cluster.cluster_fixture import Cluster
 from tests.cluster.mqtt_share_checks import (
     a_group_member_before_its_queue_owner_restarts,
+    a_member_and_a_will_on,
+    check_a_clean_stop_left_no_entries,
     check_a_half_is_refused_while_its_owner_is_down,
     check_the_group_reads_again_after_its_owner_restarted,
     test_a_committed_half_message_reaches_another_nodes_subscriber_once,
@@ -291,7 +293,9 @@ SERVER_UNAVAILABLE = 136  # paho's reason for 3.1.1's CONNACK return code 3
 SUBACK_FAILURE = 0x80
 
 
-def test_a_session_whose_shard_no_node_serves_is_refused_not_hung(cluster: Cluster) -> None:
+def test_a_session_whose_shard_no_node_serves_is_refused_not_hung(
+    cluster: Cluster, redis_server: RedisServer
+) -> None:
     """Last in the module: node 3 is stopped, then started again. A new session and an
     existing one (queued messages waiting) of node 3's shard are refused on node 1 meanwhile;
     once node 3 is back the existing one resumes there with what was queued."""
@@ -312,7 +316,9 @@ def test_a_session_whose_shard_no_node_serves_is_refused_not_hung(cluster: Clust
     publisher.publish("waiting/end", b"end")
     publisher.close()
     member, group_topic = a_group_member_before_its_queue_owner_restarts(cluster, 3)
+    on_node_3 = a_member_and_a_will_on(cluster, redis_server, 3)
     cluster[3].stop()
+    check_a_clean_stop_left_no_entries(redis_server, 3, on_node_3)
     check_a_half_is_refused_while_its_owner_is_down(cluster, 3)
 
     for client_id in (session_id, waiting_id):
