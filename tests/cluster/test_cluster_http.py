@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import shutil
+import subprocess
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -330,6 +332,8 @@ async def test_gather_calls_nodes_in_parallel(nodes: dict[int, TestNode]) -> Non
 # RabbitMQ user and rabbitmqadmin use): one module-scoped cluster for all these tests.
 
 CLUSTER_SHARDS = 12
+RABBITMQADMIN = shutil.which("rabbitmqadmin")
+LOGIN = ("-u", "guest", "-p", "guest")
 QUEUE_TOPIC = "amq.queue."
 
 
@@ -568,3 +572,52 @@ def test_channels_and_consumers_of_every_node_are_listed(cluster: Cluster) -> No
     finally:
         for connection in connections:
             connection.close()
+
+
+def test_rabbitmqadmin_through_a_node_that_does_not_own_the_queue(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """The real ``rabbitmqadmin`` pointed at node 3 manages node 2's queue (and the
+    aliveness test of node 3 passes, its queue wherever the placement puts it)."""
+    assert RABBITMQADMIN is not None, "rabbitmqadmin (Debian's rabbitmq-server) is needed"
+    name = cluster.name_owned_by(2, "ma.", QUEUE_TOPIC)
+
+    def admin(*args: str) -> str:
+        done = subprocess.run(
+            [RABBITMQADMIN, "-H", "127.0.0.1", "-P", str(cluster[3].http_port), *LOGIN, *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 0, (args, done.stdout, done.stderr)
+        return done.stdout
+
+    def listed() -> dict[str, Any]:
+        queues = json.loads(admin("-f", "raw_json", "list", "queues"))
+        found: dict[str, Any] = next(q for q in queues if q["name"] == name)
+        return found
+
+    assert "queue declared" in admin("declare", "queue", f"name={name}", "durable=true")
+    for number in range(2):
+        published = admin(
+            "publish", "exchange=amq.default", f"routing_key={name}", f"payload=a{number}"
+        )
+        assert "Message published" in published
+    eventually(lambda: listed()["messages"] == 2, "2 messages listed")
+    assert listed()["node"] == "2"
+    assert "a0" in admin("get", f"queue={name}", "ackmode=ack_requeue_true")
+    assert listed()["messages"] == 2
+    assert "queue purged" in admin("purge", "queue", f"name={name}")
+    assert listed()["messages"] == 0
+    nodes = json.loads(admin("-f", "raw_json", "list", "nodes"))
+    assert [(node["name"], node["running"]) for node in nodes] == [
+        ("1", True),
+        ("2", True),
+        ("3", True),
+    ]
+    target = tmp_path / "defs.json"
+    assert "Exported definitions" in admin("export", str(target))
+    assert name in [q["name"] for q in json.loads(target.read_text())["queues"]]
+    assert "queue deleted" in admin("delete", "queue", f"name={name}")
+    assert api(cluster, 2, "GET", f"queues/%2F/{name}")[0] == 404
+    assert api(cluster, 3, "GET", "aliveness-test/%2F") == (200, {"status": "ok"})
