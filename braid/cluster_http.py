@@ -1,23 +1,35 @@
 """The HTTP API and ``/metrics`` of a cluster node answer for the whole cluster (docs/cluster.md
-section 9), from the ``Admin`` calls of core/cluster/admin_calls.py.
+section 9, docs/management.md "On a cluster"), from the ``Admin`` calls of
+core/cluster/admin_calls.py.
 
 - :func:`node_admin_calls`: what this node answers its peers: ``metrics`` (its families, as
   braid/metrics.py serialises them), and with the management API's listings (:class:`NodeListings`
-  over braid/web/rabbit's resources) ``queues``, ``connections`` and ``overview``.
+  over braid/web/rabbit's resources) ``queues``, ``connections``, ``channels``, ``consumers``,
+  ``overview`` and ``node`` (its /api/nodes entry), and ``queue_browse`` (a browse of a queue it
+  owns, for ``POST /api/queues/{vhost}/{name}/get`` through another node).
 - :class:`ClusterHttp`: gathers one call from every node and merges the answers: ``/metrics``
   as one family per name with a ``node`` label on every sample, plus
   ``braid_cluster_node_up{node}`` (1: a live node that answered; 0: a known node that did not)
   and ``braid_shard_owner{shard,node}``; the queue listing with each queue's stats from its
-  shard's owner; every node's connections, each with its ``node``.
+  shard's owner; every node's connections and channels, each with its ``node``; every consumer
+  as its queue's owner holds it, with the ``channel_details`` of the node its channel is on;
+  every known node, ``running`` false for one that did not answer.
 - :func:`start_cluster_http`: once per cluster node, when its gRPC service exists: registers
   the calls of a :class:`NodeAdmin` (pointed at each new broker by :meth:`NodeAdmin.attach`, as
   a fenced node serves again) and returns the :class:`ClusterHttp` the listeners use.
 - :func:`enable_cluster_http`: the hook ``braid serve`` calls on a cluster node's application
-  before it starts: a middleware that answers ``GET /metrics``, ``/api/overview``,
-  ``/api/queues[/{vhost}[/{name}]]`` and ``/api/connections`` for the cluster. The local
-  handler runs first (its access checks, its 401 and 404 stand), then its body is replaced by
-  the merged one. ``/health`` stays this node's. A single node never calls the hook, so its
+  before it starts: a middleware that answers ``GET /metrics``, ``/api/overview`` (this node's
+  id as ``node``, the cluster id as ``cluster_name``), ``/api/nodes[/{id}]``,
+  ``/api/queues[/{vhost}[/{name}]]``, ``/api/connections``, ``/api/channels[/{name}]`` and
+  ``/api/consumers[/{vhost}]`` for the cluster. The local handler runs first (its access
+  checks, its 401 and 404 stand), then its body is replaced by the merged one. It also gives
+  the application the :data:`~braid.web.rabbit.base.QUEUE_OWNERS` its browses of other nodes'
+  queues go to. ``/health`` stays this node's. A single node never calls the hook, so its
   answers stay byte for byte what they were.
+
+What needs no merge: exchanges, bindings and definitions are the cluster's on every node (their
+definitions are in Redis); a purge of another node's queue goes to its owner through the Broker
+API (``purge_queue``), a delete through the AMQP listener's ``manage_delete_queue``.
 
 A node is named by its id in the ``node`` label and in the listings' ``node`` field, so a
 queue's or connection's node and its series on ``/metrics`` read the same.
