@@ -963,14 +963,17 @@ class BraidServer:
 
     async def _recover_from_fence(self) -> None:
         try:
+            # The lock is held through the rejoin: shards its takeover claims meanwhile are
+            # added by _take_shard after the owned ones are served, not dropped (it ignores a
+            # take while a fence is handled, and the served set was read before the claims).
             async with self._take_lock:
                 await self._drop_serving(fenced=True)
-            node = self.cluster_node
-            if node is None or self.stopping:
-                return
-            epoch = await node.rejoin()
-            if epoch is not None and not self.stopping:
-                await self._serve_shard(epoch)
+                node = self.cluster_node
+                if node is None or self.stopping:
+                    return
+                epoch = await node.rejoin()
+                if epoch is not None and not self.stopping:
+                    await self._serve_shard(epoch)
         except Exception:
             log.exception("serving again after a fence failed: stopping")
             self.fatal = True

@@ -78,6 +78,10 @@ WATCH_BACKLOG: Final = 1024
 READ_BATCH: Final = 1000  # stream entries per XRANGE while catching up
 RECONNECT_DELAY_S: Final = (0.05, 1.0)  # the watcher's first and longest retry delay
 CONNECT_TIMEOUT_S: Final = 5.0
+# A command's retries on a lost connection: about 4 s in all before it fails (a failover takes
+# Sentinel's down-after-milliseconds and an election), each delay at most RETRY_CAP_S.
+RETRY_CAP_S: Final = 0.1
+RETRIES: Final = 40
 
 _NAME: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*\Z")  # cluster and node ids
 _KIND: Final = re.compile(r"(place:)?[a-z][a-z0-9_]*\Z")
@@ -270,12 +274,14 @@ def _client(
     """A client of the Redis at ``url`` and what closes it."""
     closers = _Closers()
     # A WAIT may block a command for metadata_wait_ms: the socket timeout leaves room for it.
-    # The retry policy is redis-py's default for a plain client, given explicitly because
-    # Sentinel's connections otherwise get none and fail at the first command after a failover.
+    # The retry policy is given explicitly because Sentinel's connections otherwise get none and
+    # fail at the first command after a failover. Its delays stay short (RETRY_CAP_S) so that a
+    # lease renewal waiting out a failover reaches the new master soon after Sentinel names it:
+    # with redis-py's default 1 s cap it came up to a second late, past lease_ms (a fence).
     options: dict[str, Any] = {
         "socket_connect_timeout": CONNECT_TIMEOUT_S,
         "socket_timeout": metadata_wait_ms / 1000 + 10,
-        "retry": Retry(ExponentialWithJitterBackoff(base=0.01, cap=1.0), retries=10),
+        "retry": Retry(ExponentialWithJitterBackoff(base=0.01, cap=RETRY_CAP_S), retries=RETRIES),
     }
     client: Redis
     if url.startswith("redis+sentinel://"):

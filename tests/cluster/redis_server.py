@@ -150,9 +150,18 @@ class RedisServer:
 
 
 class SentinelServer:
-    """``redis-server <conf> --sentinel`` watching ``master`` as ``service`` (quorum 2)."""
+    """``redis-server <conf> --sentinel`` watching ``master`` as ``service`` (quorum 2): the
+    master is judged down after a second without an answer; ``failover_timeout_ms`` bounds a
+    failover that does not finish (and how soon another may start)."""
 
-    def __init__(self, directory: Path, master: RedisServer, service: str) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        master: RedisServer,
+        service: str,
+        *,
+        failover_timeout_ms: int = 10000,
+    ) -> None:
         assert master.port is not None
         self.directory = directory
         self.port = free_port()
@@ -168,7 +177,7 @@ class SentinelServer:
             f"logfile {directory / 'sentinel.log'}\n"
             f"sentinel monitor {service} 127.0.0.1 {master.port} 2\n"
             f"sentinel down-after-milliseconds {service} 1000\n"
-            f"sentinel failover-timeout {service} 10000\n"
+            f"sentinel failover-timeout {service} {failover_timeout_ms}\n"
         )
 
     def client(self) -> redis.Redis:
@@ -195,6 +204,11 @@ class SentinelServer:
     def replica_count(self) -> int:
         with self.client() as client:
             return len(client.sentinel_slaves(self.service))
+
+    def peer_count(self) -> int:
+        """The other sentinels this one heard of (their hello messages: every 2 s)."""
+        with self.client() as client:
+            return len(client.sentinel_sentinels(self.service))
 
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:
@@ -233,14 +247,24 @@ class RedisProcesses:
             return server
         raise AssertionError("redis-server did not start on three free ports")
 
-    def sentinel_group(self, master: RedisServer, service: str, count: int = 3) -> str:
+    def sentinel_group(
+        self,
+        master: RedisServer,
+        service: str,
+        count: int = 3,
+        *,
+        failover_timeout_ms: int = 10000,
+    ) -> str:
         """Start ``count`` sentinels watching ``master``; returns the redis+sentinel:// URL
         naming them all. They know the master's replicas before this returns."""
         with master.client() as client:
             replicas = int(client.info("replication")["connected_slaves"])
         for _ in range(count):
             sentinel = SentinelServer(
-                self.directory / f"sentinel{len(self.sentinels)}", master, service
+                self.directory / f"sentinel{len(self.sentinels)}",
+                master,
+                service,
+                failover_timeout_ms=failover_timeout_ms,
             )
             self.sentinels.append(sentinel)
             sentinel.start()
@@ -252,6 +276,16 @@ class RedisProcesses:
             )
         hosts = ",".join(f"127.0.0.1:{s.port}" for s in self.sentinels[-count:])
         return f"redis+sentinel://{hosts}/{service}"
+
+    def sentinels_acquainted(self) -> None:
+        """Wait until every sentinel knows the others: a failover needs a quorum of them to
+        agree the master is down, and a majority to elect the one that promotes a replica."""
+        for sentinel in self.sentinels:
+            until(
+                lambda s=sentinel: s.peer_count() >= len(self.sentinels) - 1,
+                START_DEADLINE_S,
+                f"sentinel {sentinel.port} to hear of the others",
+            )
 
     def stop(self) -> None:
         for sentinel in self.sentinels:

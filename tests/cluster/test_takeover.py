@@ -12,12 +12,19 @@ order per partition), every confirmed AMQP message is on the queue's new owner, 
 committed to a consumer group coordinated in a shard of node 3 are answered by its new
 coordinator. The printed takeover times are a measurement, not asserted.
 
+The module's Redis runs under Sentinel (a master, one replica, three sentinels; the nodes get a
+``redis+sentinel://`` URL). Last, the Redis master is killed under the nodes left: they follow
+the promoted replica (issue 23 item 3) and stop cleanly after.
+
 ``BRAID_LONG=1`` writes more records per round.
 """
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import os
+import threading
 import time
 from collections.abc import Iterator
 
@@ -29,11 +36,10 @@ from pika.exceptions import AMQPError
 
 from core.cluster.membership import takeover_plan
 from core.cluster.placement import group_shard, partition_shard
+from tests.braid_process import BraidProcess
 from tests.cluster.cluster_fixture import Cluster
-from tests.cluster.redis_server import RedisServer
-from tests.cluster.test_node import DEADLINE_S, amqp, eventually, redis_server
-
-__all__ = ["redis_server"]  # the module's Redis fixture (tests/cluster/test_node.py)
+from tests.cluster.redis_server import RedisProcesses, RedisServer, redis_processes
+from tests.cluster.test_node import DEADLINE_S, LEASE_MS, amqp, eventually
 
 SHARDS = 12
 PARTITIONS = 12
@@ -46,12 +52,34 @@ PER_PARTITION = 200 if LONG else 10  # records per partition and round
 AMQP_MESSAGES = 500 if LONG else 20  # confirmed messages per round
 
 
+SERVICE = "braid"
+FAILOVER_TIMEOUT_MS = 3000  # sentinel failover-timeout: a stuck failover is retried soon
+
+
+class SentinelRedis:
+    """The module's Redis: a master, one replica, three sentinels watching them."""
+
+    def __init__(self, processes: RedisProcesses) -> None:
+        self.processes = processes
+        self.master: RedisServer = processes.redis(tcp=True)
+        self.replica: RedisServer = processes.redis(replica_of=self.master)
+        self.url = processes.sentinel_group(
+            self.master, SERVICE, failover_timeout_ms=FAILOVER_TIMEOUT_MS
+        )
+
+
+@pytest.fixture(scope="module")
+def redis_group(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SentinelRedis]:
+    with redis_processes(tmp_path_factory.mktemp("redis")) as processes:
+        yield SentinelRedis(processes)
+
+
 @pytest.fixture(scope="module")
 def cluster(
-    tmp_path_factory: pytest.TempPathFactory, redis_server: RedisServer
+    tmp_path_factory: pytest.TempPathFactory, redis_group: SentinelRedis
 ) -> Iterator[Cluster]:
     with Cluster(
-        tmp_path_factory.mktemp("takeover"), redis_server.url, shards=SHARDS, takeover=True
+        tmp_path_factory.mktemp("takeover"), redis_group.url, shards=SHARDS, takeover=True
     ) as started:
         yield started
 
@@ -378,7 +406,223 @@ def test_a_standby_takes_over_and_starts_serving(cluster: Cluster) -> None:
         mine = [v for v in got[partition] if v.startswith(b"standby-")]
         assert mine == acked.by_partition[partition], partition
 
-    # The nodes left stop cleanly with the shards they took (closed markers, leases released).
-    for node in (1, 4):
-        code = cluster[node].stop()
-        assert code == 0, cluster[node].stderr()[-3000:]
+
+FAILOVER_TOPIC = "to.failover"
+FAILOVER_PARTITIONS = 6
+AFTER_KILL_S = 0.2  # how long the writers go on once both had a write acknowledged after it
+
+
+class Writers:
+    """An idempotent confluent producer and a confirming pika publisher writing in threads
+    until stopped; what each had acknowledged, and when the first write sent after ``mark()``
+    was acknowledged."""
+
+    def __init__(self, nodes: list[BraidProcess], queue: str) -> None:
+        self.nodes = nodes
+        self.queue = queue
+        self.acked = Acked()
+        self.sent_at: dict[bytes, float] = {}
+        self.confirmed: list[bytes] = []
+        self.refused = 0  # AMQP publishes nacked or cut off (not confirmed)
+        self.mark_at: float | None = None
+        self.first_kafka: float | None = None
+        self.first_amqp: float | None = None
+        self.kafka_acks: list[float] = []  # when each acknowledgement came
+        self.amqp_acks: list[float] = []
+        self._stop = threading.Event()
+        self._threads = [
+            threading.Thread(target=self._produce, daemon=True),
+            threading.Thread(target=self._publish, daemon=True),
+        ]
+
+    def start(self) -> None:
+        for thread in self._threads:
+            thread.start()
+
+    def mark(self) -> None:
+        self.mark_at = time.monotonic()
+
+    def both_acked_after_mark(self) -> bool:
+        return self.first_kafka is not None and self.first_amqp is not None
+
+    def stop(self) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(DEADLINE_S * 2)
+            assert not thread.is_alive()
+
+    def _delivered(self, error: KafkaError | None, message: object) -> None:
+        self.acked(error, message)
+        if error is None:
+            self.kafka_acks.append(time.monotonic())
+        if error is not None or self.first_kafka is not None or self.mark_at is None:
+            return
+        if self.sent_at[message.value()] >= self.mark_at:  # type: ignore[attr-defined]
+            self.first_kafka = time.monotonic()
+
+    def _produce(self) -> None:
+        producer = Producer(
+            {
+                "bootstrap.servers": ",".join(n.kafka_bootstrap for n in self.nodes),
+                "enable.idempotence": True,
+                "acks": "all",
+                "message.timeout.ms": int(DEADLINE_S * 2000),
+                "linger.ms": 5,
+            }
+        )
+        number = 0
+        while not self._stop.is_set():
+            for partition in range(FAILOVER_PARTITIONS):
+                value = f"f:{partition}:{number}".encode()
+                self.sent_at[value] = time.monotonic()
+                producer.produce(
+                    FAILOVER_TOPIC, value=value, partition=partition, on_delivery=self._delivered
+                )
+            number += 1
+            producer.poll(0.02)
+        assert producer.flush(DEADLINE_S * 2) == 0
+
+    def _publish(self) -> None:
+        """Through the first node, or the next while one does not serve (fenced, or a standby
+        after rejoining: its shards taken over meanwhile)."""
+        number = 0
+        ports = itertools.cycle([node.amqp_port for node in self.nodes])
+        port = next(ports)
+        while not self._stop.is_set():
+            try:
+                connection = pika.BlockingConnection(
+                    pika.ConnectionParameters("127.0.0.1", port, heartbeat=0)
+                )
+            except AMQPError:
+                port = next(ports)
+                time.sleep(0.05)
+                continue
+            try:
+                channel = connection.channel()
+                channel.confirm_delivery()
+                while not self._stop.is_set():
+                    body = f"f:{number}".encode()
+                    number += 1
+                    sent = time.monotonic()
+                    channel.basic_publish(
+                        "", self.queue, body, pika.BasicProperties(delivery_mode=2)
+                    )
+                    self.confirmed.append(body)
+                    self.amqp_acks.append(time.monotonic())
+                    after = self.mark_at is not None and sent >= self.mark_at
+                    if after and self.first_amqp is None:
+                        self.first_amqp = time.monotonic()
+            except AMQPError:  # nacked or the connection closed: not confirmed
+                self.refused += 1
+                time.sleep(0.05)
+            finally:
+                with contextlib.suppress(AMQPError):
+                    if connection.is_open:
+                        connection.close()
+
+
+def test_nodes_follow_a_sentinel_failover(cluster: Cluster, redis_group: SentinelRedis) -> None:
+    """Last in the module, on the nodes the takeover tests left (1 and 4): SIGKILL of the Redis
+    master under a confirming pika publisher and an idempotent producer. The sentinels promote
+    the replica, the nodes follow it (lease renewals and metadata reads reach the new master
+    through Sentinel), writes are acknowledged again, and every acknowledged write is there
+    once (Kafka: in order per partition). A node whose renewals failed for lease_ms fences
+    itself and rejoins. The nodes then stop cleanly (exit 0)."""
+    live = [
+        n for n, p in cluster.nodes.items() if p.process is not None and p.process.poll() is None
+    ]
+    nodes = [cluster[n] for n in live]
+    assert len(nodes) >= 2, live
+    admin = AdminClient({"bootstrap.servers": ",".join(n.kafka_bootstrap for n in nodes)})
+    for future in admin.create_topics(
+        [NewTopic(FAILOVER_TOPIC, num_partitions=FAILOVER_PARTITIONS, replication_factor=1)]
+    ).values():
+        future.result(timeout=DEADLINE_S)
+
+    def leaders_live() -> bool:
+        found = admin.list_topics(FAILOVER_TOPIC, timeout=5).topics[FAILOVER_TOPIC].partitions
+        return len(found) == FAILOVER_PARTITIONS and {p.leader for p in found.values()} <= set(live)
+
+    eventually(leaders_live, "leaders of the failover topic's partitions")
+    queue = "to.failover.q"
+    connection = amqp(nodes[0])
+    connection.channel().queue_declare(queue, durable=True)
+    connection.close()
+    redis_group.processes.sentinels_acquainted()
+
+    writers = Writers(nodes, queue)
+    writers.start()
+    try:
+        eventually(lambda: writers.confirmed and writers.acked.by_partition, "writes before")
+        redis_group.master.kill()
+        killed = time.monotonic()
+        promoted = redis_group.replica.port
+        eventually(
+            lambda: all(s.master_port() == promoted for s in redis_group.processes.sentinels),
+            "the sentinels to promote the replica",
+        )
+        failover_s = time.monotonic() - killed
+        # A node that could not renew its lease through the failover fences itself by lease_ms
+        # after its last renewal: writes sent after that show the nodes serve again.
+        time.sleep(max(0.0, killed + LEASE_MS / 1000 + 0.5 - time.monotonic()))
+        writers.mark()
+        eventually(writers.both_acked_after_mark, "a write of each kind acknowledged after")
+        time.sleep(AFTER_KILL_S)
+    finally:
+        writers.stop()
+    fenced = [n for n in live if "fenced (incarnation" in cluster[n].stderr()]
+
+    def longest_gap(times: list[float]) -> float:
+        around = [killed] + [t for t in times if t > killed]
+        return max(b - a for a, b in itertools.pairwise(around))
+
+    print(
+        f"\nRedis master killed: the sentinels named the replica after {failover_s:.2f} s; the "
+        f"longest time without an acknowledged write after the kill: "
+        f"{longest_gap(writers.kafka_acks):.2f} s (Kafka), {longest_gap(writers.amqp_acks):.2f} s "
+        f"(AMQP); {writers.refused} AMQP publishes not confirmed; nodes that fenced themselves "
+        f"and rejoined: {fenced or 'none'}"
+    )
+    assert not writers.acked.errors, writers.acked.errors[:5]
+    for number in fenced:  # fenced, then a new incarnation holds the node's lease
+        assert "rejoined as incarnation" in cluster[number].stderr().split("fenced (incarn")[-1]
+    eventually(leaders_live, "Metadata with a live leader for every partition")
+
+    consumer = Consumer(
+        {
+            "bootstrap.servers": ",".join(n.kafka_bootstrap for n in nodes),
+            "group.id": "to.failover",
+            "enable.auto.commit": False,
+        }
+    )
+    got: dict[int, list[bytes]] = {p: [] for p in range(FAILOVER_PARTITIONS)}
+    expected = writers.acked.by_partition
+    try:
+        consumer.assign([TopicPartition(FAILOVER_TOPIC, p, 0) for p in range(FAILOVER_PARTITIONS)])
+        end = time.monotonic() + DEADLINE_S * 2
+        while time.monotonic() < end and any(len(got[p]) < len(expected.get(p, [])) for p in got):
+            for message in consumer.consume(500, timeout=0.5):
+                if message.error() is None:
+                    got[message.partition()].append(message.value())
+        for message in consumer.consume(500, timeout=1.0):
+            if message.error() is None:
+                got[message.partition()].append(message.value())
+    finally:
+        consumer.close()
+    for partition in got:
+        assert got[partition] == expected.get(partition, []), partition
+
+    def consume_through_a_server() -> list[bytes]:
+        for node in nodes:
+            with contextlib.suppress(AMQPError):
+                return consume_all(node.amqp_port, queue, set(writers.confirmed))
+        return []
+
+    bodies = eventually(consume_through_a_server, "a node serving AMQP")
+    assert len(bodies) == len(set(bodies)), "a confirmed message twice"
+    assert set(writers.confirmed) <= set(bodies)
+
+    # The nodes stop cleanly with what they own (closed markers, leases released).
+    for number in live:
+        code = cluster[number].stop()
+        assert code == 0, cluster[number].stderr()[-3000:]
