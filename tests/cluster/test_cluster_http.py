@@ -621,3 +621,29 @@ def test_rabbitmqadmin_through_a_node_that_does_not_own_the_queue(
     assert "queue deleted" in admin("delete", "queue", f"name={name}")
     assert api(cluster, 2, "GET", f"queues/%2F/{name}")[0] == 404
     assert api(cluster, 3, "GET", "aliveness-test/%2F") == (200, {"status": "ok"})
+
+
+def test_a_stopped_node_is_listed_not_running_and_its_queues_answer_503(cluster: Cluster) -> None:
+    """Last in the module: node 3 stops (SIGTERM, its shards wait for it: no takeover)."""
+    name = cluster.name_owned_by(3, "ms.", QUEUE_TOPIC)
+    assert api(cluster, 1, "PUT", f"queues/%2F/{name}", {"durable": True})[0] in (201, 204)
+    assert cluster[3].stop() == 0
+
+    def node_3_down() -> bool:
+        status, nodes = api(cluster, 1, "GET", "nodes")
+        return status == 200 and [(n["name"], n["running"]) for n in nodes] == [
+            ("1", True),
+            ("2", True),
+            ("3", False),
+        ]
+
+    eventually(node_3_down, "node 3 listed not running")
+    status, queue = api(cluster, 2, "GET", f"queues/%2F/{name}")
+    assert (status, queue["state"], "messages" in queue) == (200, "down", False)
+    get = {"count": 1, "ackmode": "ack_requeue_true", "encoding": "auto"}
+    for path, method, body in (
+        (f"queues/%2F/{name}/get", "POST", get),
+        (f"queues/%2F/{name}/contents", "DELETE", None),
+    ):
+        status, answer = api(cluster, 1, method, path, body)
+        assert (status, answer["error"]) == (503, "service_unavailable"), (path, answer)
