@@ -18,7 +18,8 @@ The contract, so that security, limits and the cluster fit behind the same calls
   producer-state table), a context of its own or :data:`INTERNAL_CONTEXT`. The calls without
   one are the gateway's own plumbing, and only these:
 
-  - durability checks: ``when_durable``, ``is_durable``, ``waits_for_fsync``;
+  - durability checks: ``when_durable``, ``is_durable``, ``failed_marks``,
+    ``waits_for_fsync``;
   - flow control and its listeners: ``publishing_blocked``, ``publishing_blocked_reason``,
     ``wait_publishing_allowed``, ``add_flow_listener``, ``remove_flow_listener``, and the
     disk alarm among its reasons: ``disk_alarm``, and whether a new connection may be kept:
@@ -42,7 +43,8 @@ The contract, so that security, limits and the cluster fit behind the same calls
     ``set_producer_ids`` and ``set_txn_markers`` (``partitions.py``), which the process that
     assembles a cluster node calls once; and the AMQP gateway's lookups of queues declared on
     other nodes (at start and on a name it does not know; ``queues.py``): ``queue_is_local``,
-    ``known_queue``, ``refresh_queue``, ``purge_known_queue``.
+    ``known_queue``, ``refresh_queue``, ``purge_known_queue``, and told of those of its
+    shards as other nodes define or delete them: ``add_queue_listener``.
 
   ``tests/test_layers.py`` holds the class to this list (each name above in double
   backquotes, one list, ending here).

@@ -18,6 +18,7 @@ from collections.abc import (
     Awaitable,
     Callable,
     Hashable,
+    Iterable,
 )
 from typing import Any, Protocol
 
@@ -457,6 +458,16 @@ class SessionCalls(BrokerCalls):
             context, topic, body, subject, headers, address, qos = fan_out
             self._fan_out(cluster, context, result, topic, body, subject, headers, address, qos)
         return result
+
+    def failed_marks(self, durable_marks: Iterable[int]) -> dict[int, BaseException]:
+        """Which of ``durable_marks`` (publishes' :attr:`PublishOutcome.durable_mark`) were not
+        stored everywhere (a forward to another node's shard failed), with the error. A wait
+        for the last of several marks (:meth:`when_durable`) says nothing of an earlier one's
+        failure: a gateway acknowledging several publishes after one wait asks this too."""
+        node = self._node
+        if node.shards.single:  # one shard: stored in its log, durable in log order
+            return {}
+        return node.marks.failed(durable_marks)
 
     def is_durable(self, durable_mark: int, topic: str | None = None) -> bool:
         """Whether :meth:`when_durable` would return at once (a synchronous check for a batch

@@ -37,6 +37,7 @@ from gateway.mqtt.packets import Publish
 from gateway.mqtt.reason_codes import ReasonCode
 
 if TYPE_CHECKING:
+    from gateway.mqtt.client_session import Session
     from gateway.mqtt.session import Connection
 
 log = logging.getLogger(__name__)
@@ -119,7 +120,8 @@ class InboundFlow:
 
     def flush(self) -> None:
         """Write the queued acknowledgements once what they acknowledge is durable (one wait per
-        topic for the last record of the batch: durability is in log order)."""
+        topic for the last record of the batch: durability is in log order), each publish whose
+        forward to another node failed refused (``BrokerAPI.failed_marks``)."""
         acks = self.acks
         last_end: dict[str, int] = {}
         for end, log_topic, _, _ in acks:
@@ -132,23 +134,20 @@ class InboundFlow:
             if not api.is_durable(end, log_topic):
                 waits.append(api.when_durable(end, log_topic))
         if not waits:
-            self._write(len(acks))
+            self._settle(len(acks), None)
             return
         self.waiting = True
         connection.hub.spawn(self._when_durable(waits, len(acks)))
 
     async def _when_durable(self, waits: list[Awaitable[None]], count: int) -> None:
         connection = self.connection
+        unavailable: ShardUnavailable | None = None
         try:
             for wait in waits:
-                await wait
-        except ShardUnavailable as error:  # a destination's shard: no node stores it now
-            log.warning("mqtt %s: publish not stored: %s", connection.client_id, error)
-            if connection.version == MQTT_5 and not connection.closed:
-                self._refuse(count)  # PUBACK / PUBREC 0x80; 3.1.1 has no such code: close
-            else:
-                connection.close_with(ReasonCode.UNSPECIFIED_ERROR, "storage unavailable")
-            return
+                try:
+                    await wait
+                except ShardUnavailable as error:  # the last publish's forward failed
+                    unavailable = error
         except Exception:
             log.exception("mqtt %s: durability wait failed", connection.client_id)
             connection.close_with(ReasonCode.UNSPECIFIED_ERROR, "storage error")
@@ -158,44 +157,61 @@ class InboundFlow:
         if connection.closed:
             self.acks.clear()
             return
-        self._write(count)
-        if self.acks:
+        self._settle(count, unavailable)
+        if self.acks and not connection.closed:
             self.flush()
 
-    def _refuse(self, count: int) -> None:
-        """Write the first ``count`` queued acknowledgements as refusals (0x80): their
-        publishes were not stored. A refused PUBREC ends its QoS 2 exchange; a PUBCOMP stays."""
+    def _settle(self, count: int, unavailable: ShardUnavailable | None) -> None:
+        """Write the first ``count`` queued acknowledgements, durable now: as they are, except
+        those of publishes not stored (a forward to another node's shard failed: the wait for
+        the batch's last mark does not say so for the earlier ones), refused with 0x80; all
+        of them when a wait failed and no mark is named. 3.1.1 has no such code: the
+        connection is closed at the first, so that the client sends it again."""
         acks = self.acks
-        write = self.connection.link.write
-        version = self.connection.version
-        session = self.connection.session
+        connection = self.connection
+        failed = connection.hub.api.failed_marks(
+            {end for end, _, _, _ in (acks[i] for i in range(count)) if end}
+        )
+        refuse_all = unavailable is not None and not failed
+        if failed or refuse_all:
+            log.warning(
+                "mqtt %s: %s publishes not stored, refused: %s",
+                connection.client_id,
+                "all" if refuse_all else len(failed),
+                unavailable or next(iter(failed.values())),
+            )
+        write = connection.link.write
+        version = connection.version
+        session = connection.session
         freed = 0
         for _ in range(count):
-            _, _, data, frees = acks.popleft()
-            kind = data[0] >> 4
-            packet_id = int.from_bytes(data[2:4], "big")  # acks are short: 1-byte length
-            if kind == PacketType.PUBACK:
-                data = encode_ack(
-                    PacketType.PUBACK, packet_id, ReasonCode.UNSPECIFIED_ERROR, version
-                )
-            elif kind == PacketType.PUBREC and packet_id in self.qos2_ids:
-                self.qos2_ids.discard(packet_id)
-                if session is not None:
-                    session.inbound_qos2.discard(packet_id)
-                data = encode_ack(
-                    PacketType.PUBREC, packet_id, ReasonCode.UNSPECIFIED_ERROR, version
-                )
-                frees = 1
+            end, _, data, frees = acks.popleft()
+            if refuse_all or (end and end in failed):
+                if version != MQTT_5:
+                    self.in_flight -= freed
+                    acks.clear()
+                    connection.close_with(ReasonCode.UNSPECIFIED_ERROR, "storage unavailable")
+                    return
+                data, frees = self._refusal(data, frees, session)
             freed += frees
             write(data)
         self.in_flight -= freed
 
-    def _write(self, count: int) -> None:
-        acks = self.acks
-        write = self.connection.link.write
-        freed = 0
-        for _ in range(count):
-            _, _, data, frees = acks.popleft()
-            freed += frees
-            write(data)
-        self.in_flight -= freed
+    def _refusal(self, data: bytes, frees: int, session: Session | None) -> tuple[bytes, int]:
+        """An acknowledgement as a refusal (0x80), and the units it frees: a refused PUBREC
+        ends its QoS 2 exchange; a PUBCOMP stays as it is."""
+        kind = data[0] >> 4
+        packet_id = int.from_bytes(data[2:4], "big")  # acks are short: 1-byte length
+        version = self.connection.version
+        if kind == PacketType.PUBACK:
+            return encode_ack(
+                PacketType.PUBACK, packet_id, ReasonCode.UNSPECIFIED_ERROR, version
+            ), frees
+        if kind == PacketType.PUBREC and packet_id in self.qos2_ids:
+            self.qos2_ids.discard(packet_id)
+            if session is not None:
+                session.inbound_qos2.discard(packet_id)
+            return encode_ack(
+                PacketType.PUBREC, packet_id, ReasonCode.UNSPECIFIED_ERROR, version
+            ), 1
+        return data, frees
