@@ -151,7 +151,11 @@ class LiveFeed:
             for queued in found:
                 if queued.offset > offset:
                     continue
-                if self._only_for_others(topic) and _is_mqtt_publish(queued):
+                if (
+                    self._only_for_others(topic)
+                    and not queued.link_headers
+                    and _is_mqtt_publish(queued)
+                ):
                     continue
                 if self._held_back(store, queued):
                     continue
@@ -211,9 +215,12 @@ def _is_mqtt_publish(queued: QueueRecord) -> bool:
     other nodes' subscribers by its publisher (core/api/sessions.py ``_fan_out``): read back
     only for them, it is skipped before it is decoded (``fan_out_live_record`` would drop it
     after). A delayed record come due or a committed half message became visible here, later:
-    its publisher sent it to nobody, so it is read (``fan_out_live_record`` sends it)."""
+    its publisher sent it to nobody, so it is read (``fan_out_live_record`` sends it); so is a
+    copy (``FLAG_COPY``: a dead letter copied into this shard, or a routed copy, which
+    ``_deliver`` drops). A dead letter indexed by a LINK (``link_headers``) is kept by the
+    caller."""
     (flags,) = rec.FLAGS.unpack_from(queued.frame, rec.FLAGS_OFFSET)
-    if flags & (rec.FLAG_DELAYED | rec.FLAG_HALF):
+    if flags & (rec.FLAG_DELAYED | rec.FLAG_HALF | rec.FLAG_COPY):
         return False
     return bool(queued.frame[_PROTOCOL_OFFSET] == rec.PROTOCOL_MQTT)
 

@@ -36,7 +36,7 @@ from paho.mqtt.properties import Properties
 from core.cluster.placement import partition_shard, session_shard, transaction_shard
 from tests.cluster.cluster_fixture import Cluster
 from tests.cluster.redis_server import RedisServer
-from tests.cluster.test_node import DEADLINE_S, eventually
+from tests.cluster.test_node import DEADLINE_S, amqp, eventually
 
 QUIET_S = 0.5  # how long "nothing more arrives" is watched
 
@@ -244,6 +244,37 @@ def check_a_half_is_refused_while_its_owner_is_down(cluster: Cluster, down: int)
         assert info.mid not in old.acked
     finally:
         old.paho.loop_stop()
+
+
+def test_a_dead_letter_of_an_mqtt_record_reaches_another_nodes_subscriber_once(
+    cluster: Cluster,
+) -> None:
+    """An MQTT publish routed to an AMQP queue of node 2 (bound to the exchange its first
+    level names), rejected there, is dead-lettered to the DLX (node 2's too): node 1's MQTT
+    subscriber of ``<dlx>/#`` gets it once, though node 2 has no subscriber of its own (its
+    live feed read it back only for node 1: core/delivery/live.py kept it)."""
+    exchange = topic_owned_by(cluster, 2, "dlwork")
+    dlx = topic_owned_by(cluster, 2, "dlx")
+    queue_name = cluster.name_owned_by(2, "dlq-")
+    subscriber = Client(cluster[1].mqtt_port, "dl-sub").connect()
+    publisher = Client(cluster[2].mqtt_port, "dl-pub").connect()
+    connection = amqp(cluster[2])
+    try:
+        channel = connection.channel()
+        channel.exchange_declare(exchange, "topic", durable=True)
+        channel.exchange_declare(dlx, "topic", durable=True)
+        channel.queue_declare(queue_name, durable=True, arguments={"x-dead-letter-exchange": dlx})
+        channel.queue_bind(queue_name, exchange, "#")
+        subscriber.subscribe(f"{dlx}/#")
+        publisher.publish(f"{exchange}/job/1", b"poison")
+        got = eventually(lambda: channel.basic_get(queue_name)[0], "the record in the queue")
+        channel.basic_reject(got.delivery_tag, requeue=False)
+        assert subscriber.take(1) == [(f"{dlx}/job/1", b"poison")]
+        assert subscriber.nothing_more() == []
+    finally:
+        connection.close()
+        subscriber.close()
+        publisher.close()
 
 
 # -- wills --------------------------------------------------------------------------------------

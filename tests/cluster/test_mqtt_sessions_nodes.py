@@ -36,6 +36,7 @@ from tests.cluster.mqtt_share_checks import (
     check_a_half_is_refused_while_its_owner_is_down,
     check_the_group_reads_again_after_its_owner_restarted,
     test_a_committed_half_message_reaches_another_nodes_subscriber_once,
+    test_a_dead_letter_of_an_mqtt_record_reaches_another_nodes_subscriber_once,
     test_a_delayed_record_reaches_another_nodes_subscriber_once,
     test_a_shared_group_with_members_on_two_nodes,
     test_a_will_reaches_clean_and_persistent_subscribers_on_other_nodes,
@@ -49,6 +50,7 @@ from tests.cluster.test_node import DEADLINE_S, eventually, redis_server
 __all__ = [
     "redis_server",
     "test_a_committed_half_message_reaches_another_nodes_subscriber_once",
+    "test_a_dead_letter_of_an_mqtt_record_reaches_another_nodes_subscriber_once",
     "test_a_delayed_record_reaches_another_nodes_subscriber_once",
     "test_a_shared_group_with_members_on_two_nodes",
     "test_a_will_reaches_clean_and_persistent_subscribers_on_other_nodes",
