@@ -12,9 +12,13 @@ ports through SO_REUSEPORT and a private ``redis-server``), waits until every sh
   once, one producer and one consumer connection per queue (``bench.amqp.run_once``'s raw-socket
   client). Queue i is named so that its shard is owned by worker ``i % N``;
 - ``mqtt-qos0``, ``mqtt-qos1``: the workload of ``bench mqtt`` (``bench.mqtt.LoadRun``: one
-  publisher and one subscriber connection, closed loop, window ``--window``) for ``--mqtt-seconds``;
-  which worker each connection landed on is shown (``pub->sub``): on different workers every
-  message crosses a node (``Fanout``);
+  publisher and one subscriber connection, closed loop, window ``--window``) for ``--mqtt-seconds``.
+  Which worker a connection lands on is the kernel's draw (SO_REUSEPORT; the workers have no MQTT
+  port of their own), and on different workers every message crosses a node (``Fanout``), so a
+  cluster runs every landing case in turn: publisher on worker p, subscriber on worker s, for each
+  p and s owning shards (``mqtt-qos0 p->s``, connections opened, and the others closed, until one
+  lands there, found from the workers' sockets). The ``mqtt-qos0`` row and the gate use the mean
+  of the cases' CPU per message (its msgs/s: all the cases' messages over their time);
 - ``kafka-produce``, ``kafka-fetch``: the lean producer of ``bench kafka``
   (``bench/kafka_load.py``, its own process per topic: Produce v7, ``acks=-1``, one pre-built
   batch per request, 5 in flight) writing ``--kafka-records`` records in all to
@@ -27,7 +31,8 @@ Broker CPU is read from ``/proc/<pid>/stat`` (utime + stime, every thread) of th
 private ``redis-server`` right before and after the timed part of each point (the supervisor, which
 only relays the workers' log lines, is left out). CPU per message = broker CPU seconds / messages.
 The gate of the issue (the load client shares the 2 cores, so throughput cannot scale there):
-the broker's CPU per message with 2 workers over that of the single node, <= 1.25, per workload.
+the broker's CPU per message with 2 workers over that of the single node, <= 1.25, per workload
+(for MQTT: the mean of the landing cases, each of which is also shown against the single node).
 
 The cross-node cost (N >= 2): one AMQP connection, the worker it landed on found from the
 workers' sockets; persistent publishes with confirms (no consumer) to a queue whose shard that
@@ -462,6 +467,7 @@ class Point:
     seconds: float
     broker_cpu_s: float
     note: str = ""
+    case_of: str = ""  # a landing case's: the workload it is one case of (its mean's row)
 
     @property
     def rate(self) -> float:
@@ -470,6 +476,15 @@ class Point:
     @property
     def cpu_us_per_message(self) -> float:
         return 1e6 * self.broker_cpu_s / self.messages if self.messages else 0.0
+
+
+def mean_of_cases(workload: str, cases: Sequence[Point], note: str) -> Point:
+    """The point of ``workload`` over its landing cases: their mean CPU per message (the CPU
+    figure is that mean times all their messages), and all their messages over all their time."""
+    messages = sum(case.messages for case in cases)
+    mean_us = sum(case.cpu_us_per_message for case in cases) / len(cases)
+    seconds = sum(case.seconds for case in cases)
+    return Point(workload, cases[0].workers, messages, seconds, mean_us * messages / 1e6, note)
 
 
 @dataclass
@@ -596,18 +611,47 @@ def amqp_point(broker: Broker, settings: Settings) -> Point:
 
 
 def mqtt_points(broker: Broker, qos: int, settings: Settings) -> list[Point]:
-    return [mqtt_point(broker, qos, settings)]
+    """The single node's one point; a cluster's landing cases (publisher's worker, subscriber's
+    worker: every pair of serving workers) and their mean (module docstring)."""
+    if not broker.cluster:
+        return [mqtt_point(broker, qos, settings)]
+    serving = broker.serving()
+    cases = [mqtt_point(broker, qos, settings, (pub, sub)) for pub in serving for sub in serving]
+    topic = cases[0].note.rpartition(", ")[2]
+    names = ", ".join(f"{pub}->{sub}" for pub in serving for sub in serving)
+    note = f"mean of {len(cases)} landing cases (pub->sub on worker {names}), {topic}"
+    return [*cases, mean_of_cases(f"mqtt-qos{qos}", cases, note)]
 
 
 class LandingLoadRun(mqtt_bench.LoadRun):
-    """``bench mqtt``'s load run that, once connected, notes the worker of each connection and
-    waits until a message published reaches the subscriber."""
+    """``bench mqtt``'s load run that connects the publisher and the subscriber to the workers
+    ``want`` names (``(pub, sub)``; None: where they land), notes the worker of each connection
+    and waits until a message published reaches the subscriber."""
 
-    def __init__(self, broker: Broker, qos: int, settings: Settings) -> None:
+    def __init__(
+        self, broker: Broker, qos: int, settings: Settings, want: tuple[int, int] | None = None
+    ) -> None:
         super().__init__(broker.mqtt_port, qos, SIZE, settings.window, settings.mqtt_s)
         self.broker = broker
+        self.want = want
         self.landed = ""
         self.arrived: asyncio.Event | None = None
+
+    async def _open(self, client_id: str, role: str) -> Any:
+        """A connection on the wanted worker: each one that lands elsewhere is closed (after its
+        CONNACK, when the worker holds it) and another opened, under a new client id."""
+        if self.want is None or not self.broker.cluster:
+            return await super()._open(client_id, role)
+        want = self.want[0] if role == "pub" else self.want[1]
+        for attempt in range(CONNECT_ATTEMPTS * self.broker.workers):
+            peer = await super()._open(f"{client_id}-{attempt}", role)
+            assert peer.transport is not None
+            port = int(peer.transport.get_extra_info("sockname")[1])
+            if await asyncio.to_thread(self.broker.node_of, port, self.broker.mqtt_port) == want:
+                return peer
+            peer.transport.write(b"\xe0\x00")  # DISCONNECT
+            peer.transport.close()
+        raise RuntimeError(f"no MQTT {role} connection landed on worker {want}")
 
     def on_sub_bytes(self, peer: Any, data: bytes) -> None:
         super().on_sub_bytes(peer, data)
@@ -654,10 +698,13 @@ class LandingLoadRun(mqtt_bench.LoadRun):
         raise RuntimeError(f"no probe reached the subscriber in {ROUTE_TIMEOUT_S:.0f} s")
 
 
-def mqtt_point(broker: Broker, qos: int, settings: Settings) -> Point:
-    """``bench mqtt``'s closed loop at ``qos``; notes which workers the publisher and the
-    subscriber landed on."""
-    load = LandingLoadRun(broker, qos, settings)
+def mqtt_point(
+    broker: Broker, qos: int, settings: Settings, want: tuple[int, int] | None = None
+) -> Point:
+    """``bench mqtt``'s closed loop at ``qos``, publisher and subscriber on the workers ``want``
+    names (a landing case: ``mqtt-qos<qos> pub->sub``) or where they land; notes which workers
+    they landed on."""
+    load = LandingLoadRun(broker, qos, settings, want)
 
     async def run() -> mqtt_bench.RunResult:
         return await asyncio.wait_for(load.run(broker.pids()), settings.mqtt_s + STEP_TIMEOUT_S)
@@ -665,13 +712,15 @@ def mqtt_point(broker: Broker, qos: int, settings: Settings) -> Point:
     result = run_async(run)
     if result.stalled:
         raise RuntimeError(f"MQTT QoS {qos} stalled with {broker.workers} worker(s)")
+    workload = f"mqtt-qos{qos}"
     return Point(
-        f"mqtt-qos{qos}",
+        workload if want is None else f"{workload} {want[0]}->{want[1]}",
         broker.workers,
         result.delivered,
         result.seconds,
         result.cpu_s,
         load.landed,
+        case_of="" if want is None else workload,
     )
 
 
@@ -973,16 +1022,17 @@ class Report:
         return list(dict.fromkeys(p.workload for p in self.points))
 
     def cpu_ratio(self, workload: str, workers: int) -> float | None:
-        """CPU per message with ``workers`` workers over the baseline's."""
-        base = self.point(workload, self.baseline())
+        """CPU per message with ``workers`` workers over the baseline's (a landing case's: over
+        the baseline's point of the workload it is a case of)."""
         mine = self.point(workload, workers)
+        base = self.point(mine.case_of or workload if mine else workload, self.baseline())
         if base is None or mine is None or not base.cpu_us_per_message:
             return None
         return mine.cpu_us_per_message / base.cpu_us_per_message
 
     def rate_ratio(self, workload: str, workers: int) -> float | None:
-        base = self.point(workload, self.baseline())
         mine = self.point(workload, workers)
+        base = self.point(mine.case_of or workload if mine else workload, self.baseline())
         if base is None or mine is None or not base.rate:
             return None
         return mine.rate / base.rate

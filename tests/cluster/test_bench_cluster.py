@@ -68,7 +68,9 @@ def test_bench_cluster_quick_prints_the_table_and_writes_the_json(tmp_path: Path
     report: dict[str, Any] = json.loads(out.read_text())
 
     points = {(p["workload"], p["workers"]): p for p in report["points"]}
-    assert set(points) == {(w, n) for w in WORKLOADS for n in (1, 2)}
+    cases = [f"{pub}->{sub}" for pub in (0, 1) for sub in (0, 1)]
+    mqtt_cases = {(f"mqtt-qos{qos} {case}", 2) for qos in (0, 1) for case in cases}
+    assert set(points) == {(w, n) for w in WORKLOADS for n in (1, 2)} | mqtt_cases
     for key, point in points.items():
         for figure in ("messages", "seconds", "broker_cpu_s", "rate", "cpu_us_per_message"):
             assert point[figure] > 0, (key, figure, point)
@@ -79,9 +81,23 @@ def test_bench_cluster_quick_prints_the_table_and_writes_the_json(tmp_path: Path
         # of the timed ones, per topic (the consumer counts whole batches of up to 10,000).
         fetched = points["kafka-fetch", workers]["messages"]
         assert KAFKA_FETCH_RECORDS + 2 * 1_000 <= fetched <= KAFKA_RECORDS + 2 * 1_000
-    # The supervisor's workers are told apart: each MQTT connection's worker is named.
-    note = points["mqtt-qos0", 2]["note"]
-    assert re.fullmatch(r"pub->sub on worker [01]->[01], topic on worker [01]", note)
+    # The supervisor's workers are told apart: each MQTT landing case ran with its publisher
+    # and subscriber on the workers it names (found from the workers' sockets), and the MQTT
+    # rows of the gate are the mean of the cases' CPU per message.
+    for qos in (0, 1):
+        for case in cases:
+            note = points[f"mqtt-qos{qos} {case}", 2]["note"]
+            assert re.fullmatch(rf"pub->sub on worker {case}, topic on worker [01]", note)
+            assert points[f"mqtt-qos{qos} {case}", 2]["case_of"] == f"mqtt-qos{qos}"
+        mean = points[f"mqtt-qos{qos}", 2]
+        assert re.fullmatch(
+            r"mean of 4 landing cases \(pub->sub on worker 0->0, 0->1, 1->0, 1->1\), "
+            r"topic on worker [01]",
+            mean["note"],
+        )
+        each = [points[f"mqtt-qos{qos} {case}", 2]["cpu_us_per_message"] for case in cases]
+        assert mean["cpu_us_per_message"] == pytest.approx(sum(each) / len(each))
+        assert mean["messages"] == sum(points[f"mqtt-qos{qos} {c}", 2]["messages"] for c in cases)
 
     # The ratios against the single node, and the gate of issue 22 over them.
     gate = report["gate"]
@@ -109,7 +125,7 @@ def test_bench_cluster_quick_prints_the_table_and_writes_the_json(tmp_path: Path
     lines = done.stdout.splitlines()
     assert any(line.startswith("| workload | workers | msgs/s |") for line in lines)
     rows = [line for line in lines if line.startswith(("| amqp ", "| mqtt-", "| kafka-"))]
-    assert len(rows) == 2 * len(WORKLOADS)
+    assert len(rows) == 2 * len(WORKLOADS) + len(mqtt_cases)
     assert any(
         line.startswith("gate: broker CPU per message, 2 workers / 1 <= 1.25: ") for line in lines
     )
