@@ -38,6 +38,7 @@ queue's or connection's node and its series on ``/metrics`` read the same.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import logging
 from collections.abc import Awaitable, Callable, Iterable
@@ -47,15 +48,17 @@ from urllib.parse import unquote
 from aiohttp import web
 
 from braid import metrics
-from braid.web.auth import REQUEST_TAGS, REQUEST_USER
+from braid.web.auth import REQUEST_TAGS, REQUEST_USER, not_authorized
 from braid.web.prometheus import DashboardMetrics
 from braid.web.rabbit import RabbitResources
 from braid.web.rabbit.base import QUEUE_OWNERS
-from braid.web.rabbit.common import not_found, vhost_of_topic
+from braid.web.rabbit.common import not_found, unavailable, vhost_of_topic
+from braid.web.rabbit.connections import CLOSE_REASON_HEADER, DEFAULT_CLOSE_REASON
 from braid.web.rabbit.shapes import channel_json, connection_json
 from core.api import INTERNAL_CONTEXT, BrowsedMessage, ShardUnavailable
 from core.cluster.admin_calls import (
     ADMIN_CHANNELS,
+    ADMIN_CONNECTION_CLOSE,
     ADMIN_CONNECTIONS,
     ADMIN_CONSUMERS,
     ADMIN_METRICS,
@@ -198,6 +201,15 @@ class NodeAdmin:
             listings = self._listings
             return {"consumers": []} if listings is None else listings.consumers()
 
+        async def connection_close_call(args: JsonObject) -> JsonObject:
+            listings = self._listings
+            if listings is None:
+                return {"closed": False}
+            # Logged by the Broker API with the HTTP user who asked through another node.
+            context = dataclasses.replace(INTERNAL_CONTEXT, user=str(args.get("user", "")))
+            api = listings.resources.api
+            return {"closed": api.close_connection(context, str(args["name"]), str(args["reason"]))}
+
         async def node_call(_args: JsonObject) -> JsonObject:
             listings = self._listings
             return {} if listings is None else listings.resources.node_json()
@@ -222,6 +234,7 @@ class NodeAdmin:
             ADMIN_CONNECTIONS: connections_call,
             ADMIN_OVERVIEW: overview_call,
             ADMIN_NODE: node_call,
+            ADMIN_CONNECTION_CLOSE: connection_close_call,
             ADMIN_CHANNELS: channels_call,
             ADMIN_CONSUMERS: consumers_call,
             ADMIN_QUEUE_BROWSE: queue_browse_call,
@@ -431,6 +444,18 @@ class ClusterHttp:
                 merged.append({**entry, "channel_details": channels.get(key, {})})
         return merged
 
+    async def close_connection(self, node: str, name: str, reason: str, user: str) -> bool:
+        """Close the connection ``name`` of ``node`` (its ``connection_close``); False when it
+        has none now. :class:`ShardUnavailable` is not raised: a node that does not answer
+        is a 503."""
+        args: JsonObject = {"name": name, "reason": reason, "user": user}
+        try:
+            answer = await self.gather.call_node(node, ADMIN_CONNECTION_CLOSE, args)
+        except Exception as error:
+            log.warning("closing connection %r on node %s failed: %s", name, node, error)
+            raise unavailable(f"node {node} did not close the connection: {error}") from None
+        return bool(answer.get("closed"))
+
     async def nodes(self) -> list[Json]:
         """Every known node as /api/nodes lists one, named by its id: a node that answered
         with its own entry and ``running`` true, one that did not with ``running`` false (as
@@ -543,6 +568,12 @@ def enable_cluster_http(
 
     @web.middleware
     async def cluster_answers(request: web.Request, handler: Handler) -> web.StreamResponse:
+        segments = _api_segments(request)
+        if resources is not None and _names_one_connection(segments):
+            try:
+                return await handler(request)  # a connection to this node
+            except web.HTTPNotFound:
+                return await _other_nodes_connection(cluster, request, segments)
         if request.method != "GET":
             return await handler(request)
         if request.path == "/metrics":
@@ -550,7 +581,6 @@ def enable_cluster_http(
                 body=(await cluster.metrics_text()).encode(),
                 headers={"Content-Type": metrics.CONTENT_TYPE, "Cache-Control": "no-store"},
             )
-        segments = _api_segments(request)
         if resources is None or not segments or segments[0] not in _API_PATHS:
             return await handler(request)
         if segments[0] in ("nodes", "channels") and len(segments) == 2:
@@ -567,6 +597,51 @@ def enable_cluster_http(
     app.middlewares.append(cluster_answers)
     if resources is not None:
         app[QUEUE_OWNERS] = cluster  # browses of other nodes' queues go to the owner
+
+
+def _names_one_connection(segments: list[str]) -> bool:
+    """``/api/connections/{name}`` or ``/api/connections/{name}/channels``."""
+    return (len(segments) == 2 and segments[0] == "connections") or (
+        len(segments) == 3 and segments[0] == "connections" and segments[2] == "channels"
+    )
+
+
+async def _other_nodes_connection(
+    cluster: ClusterHttp, request: web.Request, segments: list[str]
+) -> web.StreamResponse:
+    """``/api/connections/{name}[/channels]`` of a connection to another node (this node's
+    handler did not find it): GET from the cluster's listing; DELETE closed by its node. As
+    braid/web/rabbit/connections.py: a user sees its own, ``monitoring`` and ``administrator``
+    all; a connection is closed by its own user or an ``administrator``."""
+    name = segments[1]
+    user = request.get(REQUEST_USER)
+    found = [
+        entry
+        for entry in await cluster.connections()
+        if entry.get("name") == name and (_sees_all(request) or entry.get("user") == user)
+    ]
+    if not found:
+        raise not_found()
+    connection = found[0]
+    if len(segments) == 3:
+        if request.method not in ("GET", "HEAD"):
+            raise web.HTTPMethodNotAllowed(request.method, ["GET"])
+        channels = [
+            channel
+            for channel in await cluster.channels()
+            if channel.get("connection_details", {}).get("name") == name
+        ]
+        return _reply(channels)
+    if request.method in ("GET", "HEAD"):
+        return _reply(connection)
+    if request.method != "DELETE":
+        raise web.HTTPMethodNotAllowed(request.method, ["GET", "DELETE"])
+    if connection.get("user") != user and TAG_ADMINISTRATOR not in request.get(REQUEST_TAGS, ()):
+        raise not_authorized("Not administrator user")
+    reason = request.headers.get(CLOSE_REASON_HEADER) or DEFAULT_CLOSE_REASON
+    if not await cluster.close_connection(str(connection.get("node")), name, reason, str(user)):
+        raise not_found()
+    return web.Response(status=204)
 
 
 async def _queues_answer(

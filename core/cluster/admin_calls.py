@@ -36,6 +36,8 @@ ADMIN_OVERVIEW: Final = "overview"  # its counts and listeners for /api/overview
 ADMIN_QUEUES: Final = "queues"  # {"queues": [queue JSON, ...]}: /api/queues as it sees them
 ADMIN_CONNECTIONS: Final = "connections"  # {"connections": [...]}: its own client connections
 ADMIN_NODE: Final = "node"  # its /api/nodes entry (RabbitMQ's node object)
+# {"name", "reason", "user"} -> {"closed": bool}: close one of its connections
+ADMIN_CONNECTION_CLOSE: Final = "connection_close"
 ADMIN_CHANNELS: Final = "channels"  # {"channels": [...]}: its own connections' channels
 # {"consumers": [...], "channels": [{"vhost", "queue", "tag", "details"}]}: the consumers its
 # queues hold, and the channel_details of the consumers its own channels hold
@@ -51,6 +53,7 @@ ADMIN_CALLS: Final = (
     ADMIN_NODE,
     ADMIN_CHANNELS,
     ADMIN_CONSUMERS,
+    ADMIN_CONNECTION_CLOSE,
     ADMIN_QUEUE_BROWSE,
 )
 
@@ -152,20 +155,31 @@ class ClusterGather:
         """``Admin(name, args)`` on the owner of ``shard``, or None when this node owns it
         (the caller acts here). :class:`ShardUnavailable` when the shard has no owner or the
         owner does not answer."""
-        live, owners = await self._read_directory()
+        _live, owners = await self._read_directory()
         owner = owners.get(shard)
         if owner == self.node_id:
             return None
         if owner is None:
             raise ShardUnavailable(shard, reason="no owner recorded")
-        address = live.get(owner)
+        try:
+            return await self.call_node(owner, name, args)
+        except Exception as error:
+            raise ShardUnavailable(shard, reason=f"node {owner}: {_why(error)}") from error
+
+    async def call_node(self, node: str, name: str, args: JsonObject) -> JsonObject:
+        """``Admin(name, args)`` on ``node`` (this node's own handler for itself); raises
+        what the call raised, :class:`LookupError` for a node that is not live."""
+        if node == self.node_id:
+            return await self._call_local(name, args)
+        live, _owners = await self._read_directory()
+        address = live.get(node)
         if not address:
-            raise ShardUnavailable(shard, reason=f"its owner, node {owner}, is not live")
+            raise LookupError(f"node {node} is not live")
         try:
             return await self._call_peer(address, name, args)
         except Exception as error:
-            log.warning("cluster admin call %r on node %s failed: %s", name, owner, error)
-            raise ShardUnavailable(shard, reason=f"node {owner}: {_why(error)}") from error
+            log.warning("cluster admin call %r on node %s failed: %s", name, node, error)
+            raise
 
     async def _read_directory(self) -> tuple[dict[str, str], dict[int, str]]:
         """Live nodes (id -> gRPC address) and shard owners, or the last ones read when the

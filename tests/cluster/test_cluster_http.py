@@ -13,11 +13,13 @@ import base64
 import json
 import shutil
 import subprocess
+import urllib.parse
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 import aiohttp
+import pika
 import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
@@ -569,9 +571,28 @@ def test_channels_and_consumers_of_every_node_are_listed(cluster: Cluster) -> No
             status, channels = api(cluster, node_id, "GET", "channels")
             assert status == 200, channels
             assert sorted(c["node"] for c in channels if c["consumer_count"]) == ["2", "3"]
+
+        # A connection to node 3, through node 1: shown, its channels listed, closed.
+        status, listed = api(cluster, 1, "GET", "connections")
+        assert status == 200, listed
+        on_3 = [c["name"] for c in listed if c["node"] == "3"]
+        assert len(on_3) == 1, listed
+        path = "connections/" + urllib.parse.quote(on_3[0], safe="")
+        status, connection = api(cluster, 1, "GET", path)
+        assert (status, connection["node"], connection["user"]) == (200, "3", "guest")
+        status, channels = api(cluster, 1, "GET", f"{path}/channels")
+        assert (status, [c["consumer_count"] for c in channels]) == (200, [1]), channels
+        status, _ = api(cluster, 1, "DELETE", path)
+        assert status == 204
+        with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as closed:
+            connections[1].process_data_events(time_limit=DEADLINE_S)
+        assert closed.value.reply_code == 320
+        assert "Closed via management plugin" in closed.value.reply_text
+        assert api(cluster, 2, "GET", path)[0] == 404
     finally:
         for connection in connections:
-            connection.close()
+            if connection.is_open:
+                connection.close()
 
 
 def test_rabbitmqadmin_through_a_node_that_does_not_own_the_queue(
