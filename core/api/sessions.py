@@ -274,26 +274,37 @@ class SessionCalls(BrokerCalls):
         if not nodes:
             return
         shards = self._node.shards
-        if not shards.single:
-            home = shards.queue_number(topic, result.queue)
-            if shards.local(home) is None:
-                owner = cluster.owner_of(home)
-                if owner is not None:
-                    nodes.discard(owner)
-                if not nodes:
-                    return
-        fields = rec.encode_record(
-            topic.encode(),
-            result.queue,
-            body,
-            store_ms=now_ms(),
-            headers=encoded_headers(headers) if headers else b"",
-            tags=rec.encode_tags(tags_from_headers(headers)) if headers else b"",
-            subject=subject.encode(),
-            client=context.client_id.encode(),
-            address=address.encode(),
-            protocol=context.protocol,
-        )
+        home = shards.queue_number(topic, result.queue)
+        shard = shards.home if shards.single else shards.local(home)
+        if shard is None:
+            owner = cluster.owner_of(home)
+            if owner is not None:
+                nodes.discard(owner)
+            if not nodes:
+                return
+        fields: bytes | None = None
+        position = result.appended.position
+        if shard is not None and position >= 0:
+            # The frame just stored in the topic queue's shard here carries every field the
+            # receiving node reads: sent as it is rather than encoded a second time.
+            try:
+                buf, start, size = shard.store.commitlog.read_frame(position)
+                fields = bytes(buf[start : start + size])
+            except (KeyError, rec.CorruptRecordError):
+                fields = None
+        if fields is None:
+            fields = rec.encode_record(
+                topic.encode(),
+                result.queue,
+                body,
+                store_ms=now_ms(),
+                headers=encoded_headers(headers) if headers else b"",
+                tags=rec.encode_tags(tags_from_headers(headers)) if headers else b"",
+                subject=subject.encode(),
+                client=context.client_id.encode(),
+                address=address.encode(),
+                protocol=context.protocol,
+            )
         for node in sorted(nodes):
             cluster.send(node, address, fields, qos)
 
