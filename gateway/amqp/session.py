@@ -228,12 +228,15 @@ class SessionIO(Protocol):
 class _ConfirmBatch:
     """The confirms one channel owes for one read's worth of publishes."""
 
-    __slots__ = ("all_nacked", "channel", "high", "nacks")
+    __slots__ = ("all_nacked", "channel", "high", "marks", "nacks")
 
     def __init__(self, channel: Channel) -> None:
         self.channel = channel
         self.high = 0
         self.nacks: list[int] = []
+        # (seq, durable mark) of each publish with one: the group waits for the highest mark
+        # only, which does not say whether an earlier publish's forward failed.
+        self.marks: list[tuple[int, int]] = []
         # Every publish of the batch nacked: a shard it reached on another node was
         # unavailable (docs/cluster.md section 8: basic.nack).
         self.all_nacked = False
@@ -848,8 +851,10 @@ class Session:
         batch.high = seq
         if nack:
             batch.nacks.append(seq)
-        if end > self._confirm_end:
-            self._confirm_end = end
+        if end:
+            batch.marks.append((seq, end))
+            if end > self._confirm_end:
+                self._confirm_end = end
 
     def _end_of_run(self) -> None:
         """After a read's frames: pump the queues it acked in; one durability wait covers
@@ -866,6 +871,7 @@ class Session:
             self._confirm_tasks.add(task)
             task.add_done_callback(lambda done: self._durable(group, done))
             return
+        self._nack_not_stored(group)
         group.ready = True
         # Not now: after the deliveries these publishes make (the queues' pumps are already
         # scheduled with call_soon), so a consumer on this connection gets a message before
@@ -900,8 +906,24 @@ class Session:
                 AmqpConnectionError(INTERNAL_ERROR, "INTERNAL_ERROR - the log could not sync")
             )
             return
+        self._nack_not_stored(group)
         group.ready = True
         self._flush_confirms()
+
+    def _nack_not_stored(self, group: _ConfirmGroup) -> None:
+        """Nack the publishes of ``group`` whose forward to another node's shard failed
+        (``BrokerAPI.failed_marks``): the wait for the group's highest mark passes them."""
+        marks = [end for batch in group.batches for _, end in batch.marks]
+        if not marks:
+            return
+        failed = self.api.failed_marks(marks)
+        if not failed:
+            return
+        for batch in group.batches:
+            seqs = [seq for seq, end in batch.marks if end in failed]
+            if seqs:
+                batch.nacks = sorted({*batch.nacks, *seqs})
+        log.warning("amqp %s: %d publishes not stored, nacked", self.peer, len(failed))
 
     def _flush_confirms(self) -> None:
         groups = self._confirm_groups

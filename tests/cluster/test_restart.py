@@ -17,21 +17,25 @@ The node killed owns some of each protocol's destinations and none of the client
 One kill by default, the node left down past ``unavailable_wait_ms``; ``BRAID_LONG=1`` runs four
 rounds of more records, every other one restarting the node at once.
 
-Then MQTT alone: the gateway acknowledges a read's publishes after one durability wait for the
-last one, and publishes forwarded to the killed node fail at ``unavailable_wait_ms``. When a
-read's acknowledgements held failed publishes and a later one stored (the killed node back, or
-a publish stored elsewhere), the failed ones were PUBACKed with reason 0: 47-99 messages
-PUBACKed and never stored in the long rounds. Each PUBACK must say its own publish's fate.
+Then the MQTT and AMQP gateways' batching: each acknowledges a read's publishes after one
+durability wait for the last one, and publishes forwarded to the killed node fail at
+``unavailable_wait_ms``. When a read's acknowledgements held failed publishes and a later one
+stored (the killed node back, or a publish stored elsewhere), the failed ones were PUBACKed
+with reason 0 (47-99 messages PUBACKed and never stored in the long rounds) or confirmed (a
+pipelining AMQP publisher; pika's blocking one above has one publish in flight). Each
+acknowledgement must say its own publish's fate.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import queue as queues_module
 import threading
 import time
 from collections.abc import Callable, Iterator
 
+import aio_pika
 import paho.mqtt.client as mqtt
 import pika
 import pytest
@@ -41,6 +45,7 @@ from kafka.admin import NewTopic
 from paho.mqtt.enums import CallbackAPIVersion
 from pika.exceptions import AMQPError, NackError
 
+from tests.braid_process import BraidProcess
 from tests.cluster.cluster_fixture import UNAVAILABLE_WAIT_MS, Cluster
 from tests.cluster.redis_server import RedisServer
 from tests.cluster.test_node import DEADLINE_S, amqp, drain, eventually, redis_server
@@ -287,6 +292,35 @@ def received_all(subscriber: Subscriber, acked: set[bytes]) -> list[bytes]:
     return sorted(acked - received)
 
 
+async def pipelined_confirms(process: BraidProcess, queues: list[str]) -> dict[bytes, bool]:
+    """Ten persistent messages to each of ``queues`` (``dead:N`` to the first, ``live:N`` to
+    the second, interleaved) published at once by aio-pika with confirms: whether each was
+    acked (False: nacked)."""
+    connection = await aio_pika.connect(f"amqp://guest:guest@127.0.0.1:{process.amqp_port}/")
+    async with connection:
+        channel = await connection.channel(publisher_confirms=True)
+        exchange = channel.default_exchange
+        sent = [
+            (f"{kind}:{number}".encode(), queue)
+            for number in range(10)
+            for kind, queue in zip(("dead", "live"), queues, strict=True)
+        ]
+        results = await asyncio.gather(
+            *(
+                exchange.publish(
+                    aio_pika.Message(body, delivery_mode=aio_pika.DeliveryMode.PERSISTENT),
+                    routing_key=queue,
+                )
+                for body, queue in sent
+            ),
+            return_exceptions=True,
+        )
+    return {
+        body: not isinstance(result, BaseException)
+        for (body, _), result in zip(sent, results, strict=True)
+    }
+
+
 def until_routed(cluster: Cluster, subscriber: Subscriber, topic: str) -> None:
     """Node 1 routes ``topic`` to the subscriber (it follows the subscription's binding)."""
     probe = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=f"{topic}.probe")
@@ -403,7 +437,7 @@ def test_a_node_killed_under_load_loses_and_duplicates_nothing(
         subscriber.close()
 
 
-def test_mqtt_publishes_not_stored_are_refused_after_a_later_one_stored(
+def test_publishes_not_stored_are_refused_though_a_later_one_was_stored(
     cluster: Cluster,
 ) -> None:
     """The module docstring's last paragraph, made deterministic: with the victim down, QoS 1
@@ -412,6 +446,26 @@ def test_mqtt_publishes_not_stored_are_refused_after_a_later_one_stored(
     later publish to the same log topic, stored on node 1 alone. Each must be refused (0x80),
     or reach the subscriber once the victim is back; the stored one is not refused."""
     here = cluster.name_owned_by(1, "rshere")  # an MQTT topic's first level: its log topic
+    # AMQP the same way: publishes to a queue of the victim's and to one of node 1's,
+    # pipelined (one read, one durability wait for the last), each confirm its own fate.
+    dead_queue = cluster.name_owned_by(VICTIM, "rs.held.q", QUEUE_TOPIC)
+    live_queue = cluster.name_owned_by(1, "rs.held.q", QUEUE_TOPIC)
+    for node_id, queue in ((VICTIM, dead_queue), (1, live_queue)):
+        connection = amqp(cluster[node_id])
+        try:
+            connection.channel().queue_declare(queue, durable=True)
+        finally:
+            connection.close()
+
+    def known_on_node_1() -> bool:
+        connection = amqp(cluster[1])
+        try:
+            connection.channel().queue_declare(dead_queue, passive=True)
+            return True
+        finally:
+            connection.close()
+
+    eventually(known_on_node_1, f"{dead_queue} known on node 1")
     admin = KafkaAdminClient(bootstrap_servers=cluster[1].kafka_bootstrap)
     try:  # one partition: the log topic's records stay in node 1's shard
         admin.create_topics([NewTopic(here, num_partitions=1, replication_factor=1)])
@@ -440,7 +494,9 @@ def test_mqtt_publishes_not_stored_are_refused_after_a_later_one_stored(
         for number in range(1, 20):
             payload = f"a:{number}".encode()
             sent[publisher.publish(f"{here}/away/load", payload, qos=1).mid] = payload
-        time.sleep(UNAVAILABLE_WAIT_MS / 1000 + 1.0)
+        slept = time.monotonic() + UNAVAILABLE_WAIT_MS / 1000 + 1.0
+        confirmed = asyncio.run(pipelined_confirms(cluster[1], [dead_queue, live_queue]))
+        time.sleep(max(0.0, slept - time.monotonic()))
         here_mid = publisher.publish(f"{here}/local", b"h:0", qos=1).mid
         eventually(lambda: {here_mid, *sent} <= reasons.keys(), "every publish answered")
         acked = {payload for mid, payload in sent.items() if reasons[mid] < 0x80}
@@ -448,6 +504,10 @@ def test_mqtt_publishes_not_stored_are_refused_after_a_later_one_stored(
         missing = received_all(subscriber, acked)
         assert not missing, f"{len(missing)} PUBACKed with success, never received: {missing}"
         assert reasons[here_mid] == 0  # stored: not refused with those that were not
+        stored = eventually(lambda: [drain(cluster[VICTIM], dead_queue)], "the queue read")[0]
+        lost = {body for body, acked in confirmed.items() if acked and body.startswith(b"dead")}
+        assert lost <= set(stored), f"AMQP confirmed, never stored: {sorted(lost - set(stored))}"
+        assert all(acked for body, acked in confirmed.items() if body.startswith(b"live"))
     finally:
         publisher.disconnect()
         publisher.loop_stop()
