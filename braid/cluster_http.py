@@ -21,7 +21,9 @@ core/cluster/admin_calls.py.
   before it starts: a middleware that answers ``GET /metrics``, ``/api/overview`` (this node's
   id as ``node``, the cluster id as ``cluster_name``), ``/api/nodes[/{id}]``,
   ``/api/queues[/{vhost}[/{name}]]``, ``/api/connections``, ``/api/channels[/{name}]`` and
-  ``/api/consumers[/{vhost}]`` for the cluster. The local handler runs first (its access
+  ``/api/consumers[/{vhost}]``, ``/api/vhosts/{vhost}/connections|channels`` and
+  ``/api/connections/{name}[/channels]`` of a connection to another node (DELETE: closed by
+  its node) for the cluster. The local handler runs first (its access
   checks, its 401 and 404 stand), then its body is replaced by the merged one. It also gives
   the application the :data:`~braid.web.rabbit.base.QUEUE_OWNERS` its browses of other nodes'
   queues go to. ``/health`` stays this node's. A single node never calls the hook, so its
@@ -756,6 +758,29 @@ async def _consumers_answer(
     )
 
 
+async def _vhosts_answer(
+    cluster: ClusterHttp,
+    resources: RabbitResources,
+    request: web.Request,
+    segments: list[str],
+    local: web.StreamResponse,
+) -> web.StreamResponse:
+    """``/api/vhosts/{vhost}/connections|channels``: every node's (the rest of ``/api/vhosts``
+    is the same on every node)."""
+    if len(segments) != 3 or segments[2] not in ("connections", "channels"):
+        return local
+    user = request.get(REQUEST_USER)
+    sees_all = _sees_all(request)
+    listed = await (cluster.connections() if segments[2] == "connections" else cluster.channels())
+    return _reply(
+        [
+            entry
+            for entry in listed
+            if (sees_all or entry.get("user") == user) and entry.get("vhost") == segments[1]
+        ]
+    )
+
+
 async def _nodes_answer(
     cluster: ClusterHttp,
     resources: RabbitResources,
@@ -783,4 +808,5 @@ _API_PATHS: Final[dict[str, ApiAnswer]] = {
     "nodes": _nodes_answer,
     "channels": _channels_answer,
     "consumers": _consumers_answer,
+    "vhosts": _vhosts_answer,
 }

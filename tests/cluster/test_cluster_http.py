@@ -572,6 +572,13 @@ def test_channels_and_consumers_of_every_node_are_listed(cluster: Cluster) -> No
             assert status == 200, channels
             assert sorted(c["node"] for c in channels if c["consumer_count"]) == ["2", "3"]
 
+        status, channels = api(cluster, 1, "GET", "vhosts/%2F/channels")
+        assert status == 200, channels
+        assert sorted(c["node"] for c in channels if c["consumer_count"]) == ["2", "3"]
+        status, listed = api(cluster, 1, "GET", "vhosts/%2F/connections")
+        assert status == 200, listed
+        assert {"2", "3"} <= {c["node"] for c in listed}
+
         # A connection to node 3, through node 1: shown, its channels listed, closed.
         status, listed = api(cluster, 1, "GET", "connections")
         assert status == 200, listed
