@@ -303,19 +303,19 @@ class AppendReceiver:
         )
 
     def _store_encoded(
-        self, store: ShardLog, record: pb.Record
+        self, store: ShardLog, record: pb.Record, frame: bytes, dests: int
     ) -> tuple[pb.AppendResult, int] | None:
         """Append ``record``'s frame as it came; None when the frame is not encoded as stored
         (its copy flag, delivery time or destinations differ from the record's: an origin
-        that encoded the fields alone)."""
-        frame = record.fields
+        that encoded the fields alone). ``frame``: its ``fields``; ``dests``: how many
+        destinations it names."""
         if len(frame) < rec.HEADER_SIZE:
             return None
         flags, deliver_at_ms, dests_len = _FRAME_FIELDS.unpack_from(frame, rec.FLAGS_OFFSET)
         if (
             bool(flags & rec.FLAG_COPY) != record.copy
             or deliver_at_ms != record.deliver_at_ms
-            or (len(record.dests) > 1 and not dests_len)
+            or (dests > 1 and not dests_len)
         ):
             return None
         appended = store.append_encoded(frame)
@@ -338,7 +338,7 @@ class AppendReceiver:
         # No destinations: the record is indexed in its own (topic, queue) only.
         dests = [(dest.topic, dest.queue) for dest in record.dests] or [rec.frame_queue(frame)]
         if not self._local.refused(record.shard, dests):
-            stored = self._store_encoded(store, record)
+            stored = self._store_encoded(store, record, frame, len(dests))
             if stored is not None:
                 return stored
         rec.verify_frame(memoryview(frame), 0, len(frame))
