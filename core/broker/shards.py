@@ -221,6 +221,10 @@ class DurableMarks:
             del self._unsettled[mark]
             if self._waiters:
                 self._wake()
+            elif self._order[0] == mark:
+                # Trimmed as they are answered even when nobody waits (a transient publish
+                # is not waited for): _order stays as long as the forwards in flight.
+                self._lowest()
 
         return settled
 
