@@ -923,6 +923,7 @@ class BraidServer:
                 if broker is None:
                     await self._serve_shard(epoch)  # a standby: every shard it owns now
                     log.warning("took over shard %d at epoch %d: serving", shard, epoch)
+                    self._adopt_orphans()
                     return
                 if broker.shards.local(shard) is not None:
                     return
@@ -943,6 +944,7 @@ class BraidServer:
                 # Kafka Metadata names this node leader now, not at the view's next heartbeat.
                 with contextlib.suppress(Exception):
                     await serving.view.refresh()
+            self._adopt_orphans()
             log.warning(
                 "took over shard %d at epoch %d: write position %d, %d records replayed",
                 shard,
@@ -980,6 +982,13 @@ class BraidServer:
             signal.raise_signal(signal.SIGTERM)
         finally:
             self._fence_task = None
+
+    def _adopt_orphans(self) -> None:
+        """A shard was taken over, so a node died: publish its MQTT wills (one survivor takes
+        them) and drop it from the $share groups (core/cluster/mqtt_cluster.py)."""
+        serving = self.serving
+        if serving is not None and serving.mqtt is not None:
+            serving.mqtt.adopt_orphans()
 
     def _lock_data_dir(self) -> None:
         """Take the data directory for this process (braid/dirlock.py says why the lock is on

@@ -373,6 +373,16 @@ class SessionCalls(BrokerCalls):
         if cluster is not None:
             cluster.hold_will(context.client_id, will)
 
+    def on_orphaned_will(
+        self, context: ClientContext, publish: Callable[[str, bytes], None] | None
+    ) -> None:
+        """The gateway's publisher of a dead node's will (issue 23): on a cluster node, the
+        wills a node whose lease is gone left in Redis are taken by one survivor and each is
+        handed to ``publish(client id, will as written for hold_will)`` once. None: no hook."""
+        cluster = self._mqtt_cluster
+        if cluster is not None:
+            cluster.on_orphaned_will(publish)
+
     def has_live_subscriptions(self) -> bool:
         feed = self._live
         return feed is not None and feed.router.count > 0

@@ -126,6 +126,9 @@ FanoutDispatch = Callable[[str, bytes, int], None]
 # connection's gen, the node taking it) -> whether a connection older than that gen was found
 # (and closed: MQTT 5 DISCONNECT 0x8E, 3.1.1 closed) before this returns.
 SessionCloser = Callable[[str, int, int], Awaitable[bool]]
+# The gateway's publisher of a dead node's will taken over by this node: (client id, the will
+# as the gateway wrote it down for ``hold_will``).
+OrphanedWillPublisher = Callable[[str, bytes], None]
 
 
 class MqttCluster(Protocol):
@@ -198,6 +201,11 @@ class MqttCluster(Protocol):
         """Keep the will of this node's connection of ``client_id`` where another node finds
         it should this one die (None: it was published or the connection ended normally); in
         the background, in order."""
+        ...
+
+    def on_orphaned_will(self, publish: OrphanedWillPublisher | None) -> None:
+        """Where the wills of dead nodes that this node takes go (issue 23): each is handed to
+        ``publish`` once; None: this node takes none (another node publishes them)."""
         ...
 
 

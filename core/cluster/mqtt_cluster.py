@@ -38,7 +38,7 @@ from typing import Any, Final
 
 from core.api.sessions import local_retained_matching
 from core.broker.node import Node
-from core.broker.remote import FanoutDispatch, SessionCloser, ShardOwners
+from core.broker.remote import FanoutDispatch, OrphanedWillPublisher, SessionCloser, ShardOwners
 from core.cluster.mqtt_routes import RouteTable
 from core.cluster.mqtt_sessions import SessionAdminCalls, SessionRegistry, SessionsOverRpc
 from core.cluster.mqtt_shares import ShareMembers
@@ -93,6 +93,7 @@ class NodeMqttCluster:
         self.handler = TakeOverHandler(self._close_session)
         self._dispatch_to: FanoutDispatch | None = None
         self._close_to: SessionCloser | None = None
+        self._publish_orphan: OrphanedWillPublisher | None = None
         self._pending: set[asyncio.Task[Any]] = set()
 
     @property
@@ -187,6 +188,31 @@ class NodeMqttCluster:
     def hold_will(self, client_id: str, will: bytes | None) -> None:
         if self.wills is not None:
             self.wills.hold(client_id, will)
+
+    def on_orphaned_will(self, publish: OrphanedWillPublisher | None) -> None:
+        self._publish_orphan = publish
+
+    def adopt_orphans(self) -> None:
+        """This node took shards over (issue 23): take the wills of dead nodes (those whose
+        lease is gone) and hand them to the gateway to publish, and remove those nodes from
+        the ``$share`` groups; in the background. Without a gateway hook the wills are left for
+        another node."""
+        if self.wills is not None and self._publish_orphan is not None:
+            self._spawn(self._adopt_orphans(self.wills), "a dead node's wills")
+        if self.shares is not None:
+            self._spawn(self.shares.forget_dead(), "a dead node's $share entries")
+
+    async def _adopt_orphans(self, wills: WillBook) -> None:
+        taken = await wills.take_orphaned()
+        for client_id, will in taken.items():
+            publish = self._publish_orphan
+            if publish is None:
+                log.warning("mqtt cluster: will of %r lost: the gateway closed", client_id)
+                continue
+            try:
+                publish(client_id, will)
+            except Exception:
+                log.exception("mqtt cluster: will of %r not published", client_id)
 
     async def _close_session(self, client_id: str, gen: int, new_node: int) -> bool:
         close = self._close_to

@@ -11,8 +11,8 @@ A node adds itself when its first member joins (before it reads the queue) and r
 when its last one leaves; the removal answers, in one script, whether any node is left. A node
 that stops cleanly removes itself from every group it joined (:meth:`ShareMembers.leave_all`;
 a persistent member's group is joined again when its session is restored at the next start).
-A node that dies keeps its entry (its members' group then outlives them until issue 23 cleans a
-dead node's entries).
+A node that dies keeps its entry until the survivor that takes its wills removes it from every
+group (:func:`forget_dead`, issue 23).
 
 Not thread-safe: one event loop.
 """
@@ -32,12 +32,28 @@ return redis.call('SCARD', KEYS[1])
 """
 
 
+async def forget_dead(redis: Redis, cluster_id: str) -> int:
+    """Remove every node whose lease is gone (dead) from every group; how many entries went."""
+    keys = _Keys(cluster_id)
+    alive: dict[str, bool] = {}
+    removed = 0
+    async for raw in redis.scan_iter(match=keys.prefix + "mqtt:share:*", count=1000):
+        for member in await redis.smembers(raw):  # type: ignore[misc]
+            node = member.decode() if isinstance(member, bytes) else str(member)
+            if node not in alive:
+                alive[node] = bool(await redis.exists(keys.lease(node)))
+            if not alive[node]:
+                removed += int(await redis.srem(raw, node))  # type: ignore[misc]
+    return removed
+
+
 class ShareMembers:
     """This node's entries in the cluster's ``mqtt:share:<name>`` sets (module docstring).
     ``redis`` is a client the caller owns."""
 
     def __init__(self, redis: Redis, cluster_id: str, node: int) -> None:
         self._redis = redis
+        self._cluster_id = cluster_id
         self._prefix = _Keys(cluster_id).prefix + "mqtt:share:"
         self._node = str(node)
         self._leave = redis.register_script(LEAVE)
@@ -54,6 +70,10 @@ class ShareMembers:
         self._joined.discard(name)
         remaining = await self._leave(keys=[self._prefix + name], args=[self._node])
         return int(remaining) == 0
+
+    async def forget_dead(self) -> int:
+        """Remove the nodes whose lease is gone from every group (:func:`forget_dead`)."""
+        return await forget_dead(self._redis, self._cluster_id)
 
     async def leave_all(self) -> None:
         """This node stops: it is no longer written down for any group (the groups' queues

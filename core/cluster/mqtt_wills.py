@@ -7,6 +7,11 @@ by this node like any publish (the fan-out takes it to other nodes' subscribers)
 A node that stops cleanly drops its wills, as a node alone does on SIGTERM (its connections
 end as a normal disconnect: no will published), and deletes the hash (:meth:`WillBook.aclose`).
 
+A node that dies leaves its hash. A survivor that takes shards over then takes the hashes of
+nodes whose lease is gone (:func:`take_orphaned`): one script reads and deletes a hash only
+while ``lease:<node>`` is absent, so exactly one survivor gets each will and a node back in
+time keeps its own; the taker publishes them (its MQTT gateway, after each will's delay).
+
 Writes are background work done one at a time in the order asked, so a removal and a new
 CONNECT's write of one client id end in the right state. A failed write is logged.
 
@@ -18,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from typing import Final
 
 from redis.asyncio import Redis
 
@@ -25,12 +31,45 @@ from core.cluster.redis_metadata import _Keys
 
 log = logging.getLogger(__name__)
 
+# KEYS[1] mqtt:wills:<node>, KEYS[2] lease:<node> -> the hash as HGETALL gives it, deleted;
+# an empty list while the node's lease lives (or nobody left wills there).
+TAKE_ORPHANED: Final = """
+if redis.call('EXISTS', KEYS[2]) == 1 then return {} end
+local wills = redis.call('HGETALL', KEYS[1])
+redis.call('DEL', KEYS[1])
+return wills
+"""
+
+
+async def take_orphaned(redis: Redis, cluster_id: str, own_node: int) -> dict[str, bytes]:
+    """Take the wills of every other node whose lease is gone (module docstring): client id
+    -> will, each returned to one caller only, deleted from Redis."""
+    keys = _Keys(cluster_id)
+    pattern = keys.prefix + "mqtt:wills:*"
+    take = redis.register_script(TAKE_ORPHANED)
+    taken: dict[str, bytes] = {}
+    async for raw in redis.scan_iter(match=pattern, count=1000):
+        key = raw.decode() if isinstance(raw, bytes) else str(raw)
+        node = key.rsplit(":", 1)[1]
+        if node == str(own_node):
+            continue
+        flat = await take(keys=[key, keys.lease(node)])
+        for client_id, will in zip(flat[::2], flat[1::2], strict=True):
+            taken[client_id.decode()] = bytes(will)
+        if flat:
+            log.warning(
+                "mqtt cluster: took %d wills of node %s (its lease is gone)", len(flat) // 2, node
+            )
+    return taken
+
 
 class WillBook:
     """``mqtt:wills:<node>`` of this node. ``redis`` is a client the caller owns."""
 
     def __init__(self, redis: Redis, cluster_id: str, node: int) -> None:
         self._redis = redis
+        self._cluster_id = cluster_id
+        self._node = node
         self.key = _Keys(cluster_id).prefix + f"mqtt:wills:{node}"
         self._writes: asyncio.Queue[tuple[str, bytes | None]] = asyncio.Queue()
         self._writer: asyncio.Task[None] | None = None
@@ -59,6 +98,10 @@ class WillBook:
                 log.warning("mqtt cluster: will of %r not written: %s", client_id, error)
             finally:
                 self._writes.task_done()
+
+    async def take_orphaned(self) -> dict[str, bytes]:
+        """The wills of dead nodes, taken for this node to publish (:func:`take_orphaned`)."""
+        return await take_orphaned(self._redis, self._cluster_id, self._node)
 
     async def written(self) -> None:
         """Returns once every write asked for so far is done (or failed)."""

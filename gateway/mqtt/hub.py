@@ -94,7 +94,7 @@ from gateway.mqtt.session import NEVER_EXPIRES, Connection
 from gateway.mqtt.shared import SharedGroup
 from gateway.mqtt.subscriptions import Inflight, Sub, combine, record_tags
 from gateway.mqtt.sys import SYS_LEVEL, SysTopics, is_sys_topic
-from gateway.mqtt.wills import will_record
+from gateway.mqtt.wills import will_from_record, will_record
 
 __all__ = ["MqttHub", "MqttOptions"]  # MqttOptions: where the listeners and tests found it
 
@@ -166,6 +166,7 @@ class MqttHub:
         api.follow_live_records(self.context, self._on_live_record)
         api.add_route_hook(self.context, self._route_hook, may_route=self._may_route)
         api.on_session_takeover(self.context, self._close_taken_session)
+        api.on_orphaned_will(self.context, self._publish_orphaned_will)
         # Done before this returns on a single node (its metadata changes never wait).
         start_eagerly(self._load(), self.spawn)
 
@@ -177,6 +178,7 @@ class MqttHub:
         api.remove_route_hook(self._route_hook)
         api.unfollow_live_records(self._on_live_record)
         api.on_session_takeover(self.context, None)
+        api.on_orphaned_will(self.context, None)
         if self.sys_topics is not None:
             self.sys_topics.close()
         for session in self.sessions.values():
@@ -434,6 +436,29 @@ class MqttHub:
         outcome = self.publish_packet(context, None, packet.topic, packet)
         if not isinstance(outcome, tuple):
             await outcome
+
+    def _publish_orphaned_will(self, client_id: str, record: bytes) -> None:
+        """A will of a connection on a node that died (issue 23), taken by this node: published
+        after its delay, as that node would have (its permission was checked at CONNECT)."""
+        try:
+            will, delay_s = will_from_record(record)
+        except Exception as error:  # a record another version wrote
+            log.warning("mqtt: will of %r (a dead node's) not readable: %s", client_id, error)
+            return
+        log.info("mqtt: publishing the will of %r (its node died) in %d s", client_id, delay_s)
+        packet = Publish(
+            will.topic,
+            will.payload,
+            will.qos,
+            will.retain,
+            False,
+            1 if will.qos else None,
+            will.properties,
+        )
+        self.metrics["wills_published"] += 1
+        self._loop.call_later(
+            delay_s, lambda: self.spawn(self._publish_will_later(self.context, packet))
+        )
 
     def may_publish_will(self, access: Access, will: Will) -> bool:
         """The will's publish permission, checked at CONNECT (its target as a PUBLISH to the

@@ -10,8 +10,9 @@ from __future__ import annotations
 import base64
 import json
 
+from gateway.mqtt._wire import Reader
 from gateway.mqtt.packets import Will
-from gateway.mqtt.properties import encode_property_block
+from gateway.mqtt.properties import WILL_PROPERTIES, decode_properties, encode_property_block
 
 
 def will_record(will: Will, session_expiry_s: int) -> bytes:
@@ -27,3 +28,18 @@ def will_record(will: Will, session_expiry_s: int) -> bytes:
             "properties": base64.b64encode(encode_property_block(will.properties)).decode(),
         }
     ).encode()
+
+
+def will_from_record(record: bytes) -> tuple[Will, int]:
+    """The will of a :func:`will_record` and its delay in seconds (a dead node's, issue 23).
+    Raises ValueError (or the decoder's error) for a record this code did not write."""
+    fields = json.loads(record)
+    properties = base64.b64decode(fields["properties"])
+    will = Will(
+        str(fields["topic"]),
+        base64.b64decode(fields["payload"]),
+        int(fields["qos"]),
+        bool(fields["retain"]),
+        decode_properties(Reader(properties, 0, len(properties)), WILL_PROPERTIES),
+    )
+    return will, int(fields["delay_s"])

@@ -24,12 +24,15 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+import queue as queues
 import threading
 import time
 from collections.abc import Iterator
 
+import paho.mqtt.client as mqtt
 import pika
 import pytest
+import redis
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from pika.exceptions import AMQPError
@@ -217,7 +220,40 @@ def read_partitions(cluster: Cluster, expected: dict[int, int]) -> dict[int, lis
     return got
 
 
-def test_survivors_take_over_a_killed_node(cluster: Cluster) -> None:
+WILL_TOPIC = "to/wills/victim"
+
+
+def paho_client(port: int, client_id: str) -> tuple[mqtt.Client, queues.Queue[tuple[bytes, float]]]:
+    """An MQTT 3.1.1 paho client and the payloads it gets with when (call ``will_set`` on it
+    before :func:`start`)."""
+    got: queues.Queue[tuple[bytes, float]] = queues.Queue()
+    client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id)
+    client.on_message = lambda _client, _data, message: got.put((message.payload, time.monotonic()))
+    client.user_data_set(port)
+    return client, got
+
+
+def start(client: mqtt.Client) -> None:
+    connected = threading.Event()
+    client.on_connect = lambda *args: connected.set()
+    client.connect("127.0.0.1", client.user_data_get())
+    client.loop_start()
+    assert connected.wait(DEADLINE_S), "CONNACK"
+
+
+def wills_in_redis(url: str, node: int) -> dict[bytes, bytes]:
+    """``mqtt:wills:<node>`` of the module's cluster, read from the Redis master."""
+    master = redis.Redis.from_url(url)
+    try:
+        found: dict[bytes, bytes] = {}
+        for key in master.scan_iter(match=f"braid:*:mqtt:wills:{node}"):
+            found.update(master.hgetall(key))  # type: ignore[arg-type]
+        return found
+    finally:
+        master.close()
+
+
+def test_survivors_take_over_a_killed_node(cluster: Cluster, redis_group: SentinelRedis) -> None:
     admin = AdminClient({"bootstrap.servers": bootstrap(cluster)})
     for future in admin.create_topics(
         [NewTopic(TOPIC, num_partitions=PARTITIONS, replication_factor=1)]
@@ -265,6 +301,19 @@ def test_survivors_take_over_a_killed_node(cluster: Cluster) -> None:
         committer.commit(offsets=committed, asynchronous=False)
     finally:
         committer.close()
+
+    # A QoS 1 will of a connection on the victim, a subscriber to it on a survivor.
+    subscriber, wills = paho_client(cluster[1].mqtt_port, "to-will-subscriber")
+    start(subscriber)
+    subscribed = threading.Event()
+    subscriber.on_subscribe = lambda *args: subscribed.set()
+    subscriber.subscribe(WILL_TOPIC, qos=1)
+    assert subscribed.wait(DEADLINE_S), "SUBACK"
+    testament, _ = paho_client(cluster[VICTIM].mqtt_port, "to-will-victim")
+    testament.will_set(WILL_TOPIC, b"the victim's will", qos=1)
+    start(testament)
+    master_url = redis_group.master.url
+    eventually(lambda: b"to-will-victim" in wills_in_redis(master_url, VICTIM), "the will held")
 
     cluster[VICTIM].kill9()
     killed = time.monotonic()
@@ -323,6 +372,18 @@ def test_survivors_take_over_a_killed_node(cluster: Cluster) -> None:
     assert len(bodies) == len(set(bodies)), "a confirmed message twice"
     assert set(confirmed) <= set(bodies)
     assert len(confirmed) == 2 * AMQP_MESSAGES + 1
+
+    # A survivor published the victim's will (once) and took its hash out of Redis.
+    try:
+        will, arrived = wills.get(timeout=DEADLINE_S)
+        assert will == b"the victim's will"
+        print(f"the victim's will arrived {arrived - killed:.2f} s after the kill")
+        with pytest.raises(queues.Empty):
+            wills.get(timeout=0.5)
+    finally:
+        subscriber.loop_stop()
+        testament.loop_stop()
+    assert wills_in_redis(master_url, VICTIM) == {}
 
 
 def test_a_standby_takes_over_and_starts_serving(cluster: Cluster) -> None:
