@@ -408,7 +408,9 @@ class ManagementCalls(BrokerCalls):
         ``POST /api/queues/{vhost}/{name}/get``). With ``requeue`` they go back to the head
         of the queue, in their order, flagged redelivered; else they are acknowledged (gone).
         None when there is no such queue. In a cluster a queue of another node's shard is read
-        from its owner, one basic.get round trip a record, settled there the same way."""
+        from its owner, one basic.get round trip a record, settled there the same way but in
+        the background (a next read may find them still held): the management API's browse
+        goes to the owner instead, which answers once settled (braid/cluster_http.py)."""
         queues = self._queue_calls()
         if queues.queue_is_local(topic):
             return self._browse_local(topic, count, requeue=requeue)
