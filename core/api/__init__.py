@@ -43,7 +43,8 @@ The contract, so that security, limits and the cluster fit behind the same calls
     ``set_producer_ids`` and ``set_txn_markers`` (``partitions.py``), which the process that
     assembles a cluster node calls once; and the AMQP gateway's lookups of queues declared on
     other nodes (at start and on a name it does not know; ``queues.py``): ``queue_is_local``,
-    ``known_queue``, ``refresh_queue``, ``purge_known_queue``.
+    ``known_queue``, ``refresh_queue``, ``purge_known_queue``, and told of those of its
+    shards as other nodes define or delete them: ``add_queue_listener``.
 
   ``tests/test_layers.py`` holds the class to this list (each name above in double
   backquotes, one list, ending here).

@@ -571,6 +571,12 @@ class QueueCalls(BrokerCalls):
         ack = self._node.ack_queue(topic)
         return None if ack is None else QueueHandle(ack).stats()
 
+    def add_queue_listener(self, listener: Callable[[str, bool], None]) -> None:
+        """``listener(topic, defined)`` each time another node defines or deletes a queue of
+        this node's shards (in a cluster; the metadata follower's queue changes), after this
+        node opened or closed it: its owner's gateway learns of it at once."""
+        self._node.queue_listeners.append(listener)
+
     def queue_is_local(self, topic: str) -> bool:
         """Whether the queue ``topic``'s shard is one this node serves (always, on a single
         node)."""

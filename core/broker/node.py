@@ -151,6 +151,9 @@ class Node:
         # Half messages and decisions of transactions kept in other nodes' shards go there
         # (set by a cluster node: core/cluster/remote_txn.py).
         self.remote_txn: RemoteTransactions | None = None
+        # Told ``(topic, defined)`` when another node defined or deleted an ack queue of this
+        # node's shards (:meth:`on_queue`): a gateway learns of its queues without a scan.
+        self.queue_listeners: list[Callable[[str, bool], None]] = []
         # The lowest-numbered shard (shard 0 of a single node): what the one-shard publish
         # path appends to directly, and the home of what has no placement yet.
         self.shard = Shard(home_number, home_store, self.config, self, local)
@@ -410,10 +413,11 @@ class Node:
         if value is None:
             if shard.take_ack_queue(destination) is not None:
                 shard.forget_ack_state(destination)
-            return
-        if destination not in shard.ack_queues:
+        elif destination not in shard.ack_queues:
             raw = json.loads(value)
             shard.open_ack_queue(destination, ack_queue_config_from_json(raw["config"]))
+        for listener in list(self.queue_listeners):
+            listener(topic, value is not None)
 
     def ack_queues(self) -> list[tuple[Destination, AckQueue]]:
         """Every ack queue of every shard of the node."""

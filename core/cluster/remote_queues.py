@@ -77,6 +77,13 @@ def _stats_json(node: Node, topic: str) -> JsonObject:
     }
 
 
+def _tell_deleted(node: Node, topic: str) -> None:
+    """The owner deleted the queue ``topic`` for another node: its gateway is told as of a
+    deletion the follower brings (the follower skips the changes made here)."""
+    for listener in list(node.queue_listeners):
+        listener(topic, False)
+
+
 class QueueAdminCalls:
     """The ``Admin`` calls :data:`ADMIN_QUEUE_STATS`, :data:`ADMIN_QUEUE_DECLARE`,
     :data:`ADMIN_QUEUE_PURGE` and :data:`ADMIN_QUEUE_DELETE` over the
@@ -123,6 +130,7 @@ class QueueAdminCalls:
         # The ack queue is taken out before delete_topic's first wait: no publish, consumer or
         # get comes between the checks and the delete.
         await node.delete_topic(topic)
+        _tell_deleted(node, topic)
         return {"found": True, "ready": ready, "sources": sources}
 
     async def _declare(self, args: JsonObject) -> JsonObject:
@@ -228,6 +236,7 @@ class GoneNodes:
                 "exclusive queue %s deleted: %s, whose connection it was, is gone", topic, holder
             )
             await self._node.delete_topic(topic)
+            _tell_deleted(self._node, topic)
         except Exception as error:  # (tried again at the next change of the live nodes)
             log.warning("exclusive queue %s of %s not deleted: %r", topic, holder, error)
         finally:

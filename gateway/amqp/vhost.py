@@ -138,9 +138,11 @@ OVERFLOW_MODES: Final = {
 # How often queues whose records may expire are swept when nobody consumes them (RabbitMQ
 # expires the head of a classic queue on a timer; the core only checks when it delivers).
 TTL_SWEEP_INTERVAL_S: Final = 0.1
-# In a cluster, how often the gateway looks for queues of this node's shards that other nodes
-# declared: their owner runs their x-message-ttl and x-expires, so it must know them.
-OWNED_QUEUES_SCAN_INTERVAL_S: Final = 1.0
+# In a cluster the owner of a queue other nodes declared runs its x-message-ttl and x-expires,
+# so it must know it: the core tells the gateway as the definitions follow (add_queue_listener),
+# and a scan this often catches what that missed (a queue whose definition came before its
+# config, say).
+OWNED_QUEUES_SCAN_INTERVAL_S: Final = 30.0
 # The owner of an exclusive queue declared through another node (no connection here owns it).
 _ELSEWHERE: Final = object()
 
@@ -316,6 +318,7 @@ class VirtualHost:
         for name, ex_type in BUILTIN_EXCHANGES:
             if not self.api.has_topic(self.context, self.prefix + name):
                 await self._create_exchange(self.context, name, ex_type, True, False, False, {})
+        self.api.add_queue_listener(self._queue_changed)  # (called in a cluster only)
         self._schedule_sweep()
 
     def run_in_background(self, work: Coroutine[Any, Any, object]) -> None:
@@ -980,6 +983,24 @@ class VirtualHost:
             return
         log.info("amqp: queue %r expired (x-expires %d ms unused)", queue.name, queue.expires_ms)
         self.remove_queue_soon(queue)
+
+    def _queue_changed(self, topic: str, defined: bool) -> None:
+        """Another node declared (``defined``) or deleted the queue ``topic`` of this node's
+        shards: learn it (its owner, here, sweeps its TTL and runs its x-expires) or forget it
+        and cancel its consumers here, as :meth:`_learn_owned_queues` would at its next scan."""
+        if not self.owns_topic(topic):
+            return
+        name = self.queue_name(topic)
+        queue = self.queues.get(name)
+        if not defined:
+            if queue is not None and queue.handle.deleted and not queue.deleted:
+                self._deleted_elsewhere(queue)
+            return
+        if queue is None:
+            learned = self.find_queue(name)
+            if learned is not None:
+                # Publishes with an expiration reach it through other nodes: swept.
+                self.expiring.add(learned)
 
     def _learn_owned_queues(self) -> None:
         """In a cluster, now and then: learn the queues of this node's shards that other nodes
