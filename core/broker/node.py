@@ -694,48 +694,37 @@ class Node:
             # Tags from any protocol: the ``x-braid-tags: A,B`` header (docs/mapping.md).
             tags = tags_from_headers(headers)
         # Half messages from any protocol (core/transactions/control.py): header
-        # x-braid-txn-id makes a half message; a record to braid.txn decides one.
+        # x-braid-txn-id makes a half message; a record to braid.txn decides one. Either goes
+        # to its transaction's shard's owner when that is another node.
         mark = None
         outcome_ok = True
+        elsewhere = None
         if topic in CONTROL_TOPICS:
             if topic == TXN_TOPIC:
                 txn_id = outcome_txn_id(headers, subject, key)
                 elsewhere = self._txn_elsewhere(txn_id)
-                if elsewhere is not None:
-                    fields_there: RecordFields = {
-                        "key": key,
-                        "headers": headers,
-                        "tags": tags,
-                        "subject": subject,
-                        "client": client,
-                        "address": address,
-                        "protocol": protocol,
-                        "born_ms": born_ms,
-                    }
-                    return await self._publish_at_txn_owner(
-                        elsewhere, topic, chosen, body, fields_there, half=False
-                    )
-                shard = self.shards.for_transaction(txn_id) if self._many else self.shard
-                result, outcome_ok = await shard.half_messages.apply(txn_id, body)
-                headers = [*headers, (RESULT_HEADER, result.encode())]
+                if elsewhere is None:
+                    shard = self.shards.for_transaction(txn_id) if self._many else self.shard
+                    result, outcome_ok = await shard.half_messages.apply(txn_id, body)
+                    headers = [*headers, (RESULT_HEADER, result.encode())]
         elif headers:
             mark = half_mark(headers)
             if mark is not None:
                 elsewhere = self._txn_elsewhere(mark.txn_id)
-                if elsewhere is not None:
-                    half_fields: RecordFields = {
-                        "key": key,
-                        "headers": headers,
-                        "tags": tags,
-                        "subject": subject,
-                        "client": client,
-                        "address": address,
-                        "protocol": protocol,
-                        "born_ms": born_ms,
-                    }
-                    return await self._publish_at_txn_owner(
-                        elsewhere, topic, chosen, body, half_fields, half=True
-                    )
+        if elsewhere is not None:
+            there: RecordFields = {
+                "key": key,
+                "headers": headers,
+                "tags": tags,
+                "subject": subject,
+                "client": client,
+                "address": address,
+                "protocol": protocol,
+                "born_ms": born_ms,
+            }
+            return await self._publish_at_txn_owner(
+                elsewhere, topic, chosen, body, there, half=mark is not None
+            )
         destinations, refused = self.prepare_destinations(
             topic,
             chosen,

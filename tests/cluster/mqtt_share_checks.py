@@ -3,9 +3,11 @@ section 8, MQTT), with paho, run on tests/cluster/test_mqtt_sessions_nodes.py's 
 module imports them: one cluster start fewer; its ``cluster`` and ``redis_server`` fixtures):
 
 - a delayed record (``$delayed/<s>/<topic>``, published on a third node) and a committed half
-  message (``$half/<group>/<txn>/<topic>``, then ``braid.txn/<txn>`` ``commit``) become
-  visible on the topic's owner later; they reach a clean-session subscriber on another node
-  once (core/api/sessions.py ``fan_out_live_record``, core/delivery/live.py);
+  message (``$half/<group>/<txn>/<topic>``, then ``braid.txn/<txn>`` ``commit``, both on
+  nodes that do not own the transaction: core/cluster/remote_txn.py) become visible on the
+  topic's owner later; they reach a clean-session subscriber on another node once
+  (core/api/sessions.py ``fan_out_live_record``, core/delivery/live.py); so does a dead
+  letter of an MQTT record rejected from an AMQP queue;
 - a will (QoS 1) of a client whose socket dies on node 1 reaches a clean subscriber on node 2
   and a persistent one of node 3 (offline, on its return), also after a will delay;
   ``mqtt:wills:<node>`` holds each will while its client is connected, not after it is
@@ -13,6 +15,11 @@ module imports them: one cluster start fewer; its ``cluster`` and ``redis_server
 - a ``$share`` group with members on nodes 1 and 3, the publisher on node 2: each message to
   one member, both get some, and when one leaves the other gets the rest (its node leaves the
   group's queue to the other: core/cluster/mqtt_shares.py).
+
+Helpers named ``a_...``/``check_...`` are steps of test_mqtt_sessions_nodes.py's last test,
+around its stop and restart of node 3: a half for a stopped owner is refused (PUBACK 0x80,
+3.1.1 closed); a clean stop leaves no ``mqtt:share:*`` entry nor wills of the node; a group
+whose queue's owner restarted reads again without its members reconnecting.
 
 Not a test module of its own (no ``test_`` file name): collected where imported.
 """

@@ -300,7 +300,9 @@ def test_a_session_whose_shard_no_node_serves_is_refused_not_hung(
 ) -> None:
     """Last in the module: node 3 is stopped, then started again. A new session and an
     existing one (queued messages waiting) of node 3's shard are refused on node 1 meanwhile;
-    once node 3 is back the existing one resumes there with what was queued."""
+    once node 3 is back the existing one resumes there with what was queued. Around it the
+    steps of tests/cluster/mqtt_share_checks.py: the stop leaves no entries of node 3 in
+    Redis, a half for it is refused, a $share group of its queue reads again after."""
     session_id = cluster.name_owned_by(3, "orphan-", "__mqtt.session.")
     waiting_id = session_split(cluster, 3, 1, "waiting-")  # state in node 1's shard
     group_filter = shared_filter_owned_by(cluster, 3)
