@@ -1021,6 +1021,15 @@ class Report:
     def workloads(self) -> list[str]:
         return list(dict.fromkeys(p.workload for p in self.points))
 
+    def table_order(self) -> list[str]:
+        """The workloads, each followed by its landing cases."""
+        cases: dict[str, list[str]] = {}
+        for p in self.points:
+            if p.case_of and p.workload not in cases.setdefault(p.case_of, []):
+                cases[p.case_of].append(p.workload)
+        whole = [w for w in self.workloads() if not any(w in c for c in cases.values())]
+        return [name for w in whole for name in [w, *cases.get(w, [])]]
+
     def cpu_ratio(self, workload: str, workers: int) -> float | None:
         """CPU per message with ``workers`` workers over the baseline's (a landing case's: over
         the baseline's point of the workload it is a case of)."""
@@ -1068,7 +1077,7 @@ class Report:
             f"| CPU us/msg less idle | msgs/s vs {base} | note |",
             "|---|---:|---:|---:|---:|---:|---:|---:|---|",
         ]
-        for workload in self.workloads():
+        for workload in self.table_order():
             for workers in self.settings.workers:
                 p = self.point(workload, workers)
                 if p is None:
