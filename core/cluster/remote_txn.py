@@ -19,12 +19,14 @@ import base64
 import logging
 from typing import Final
 
+from grpc import aio
+
 from core.broker.node import Node
 from core.broker.remote import ForwardResult, OwnerAddress, ShardOwners
 from core.cluster.rpc.client import PeerUnavailable, RpcClient
 from core.cluster.rpc.options import JsonObject
 from core.cluster.rpc.server import NodeService
-from core.errors import ShardUnavailable
+from core.errors import ShardUnavailable, TopicError
 from core.log import record as rec
 from core.transactions.service import RecordFields
 
@@ -32,7 +34,9 @@ log = logging.getLogger(__name__)
 
 # {"shard": n, "topic": t, "queue": q, "body": b64 | null, "key": b64 | null,
 #  "headers": [[name, b64], ...], "tags": [...], "subject", "client", "address", "protocol",
-#  "born_ms"} -> {"offset": n, "refused": [[topic, queue], ...]}
+#  "born_ms"} -> {"offset": n, "refused": [[topic, queue], ...]}, or {"topic_error": [code,
+#  message]}: refused as a publish there would be (TopicError, e.g. destinations in another
+#  shard than the transaction's)
 ADMIN_TXN_PUBLISH: Final = "txn_publish"
 
 
@@ -86,20 +90,23 @@ class TxnPublishCalls:
         headers: rec.Headers = [
             (str(name), _unb64(value) or b"") for name, value in args.get("headers", [])
         ]
-        result = await node.publish(
-            str(args["topic"]),
-            _unb64(args.get("body")),
-            queue=int(args["queue"]),
-            key=_unb64(args.get("key")),
-            subject=str(args.get("subject", "")),
-            headers=headers,
-            tags=[str(tag) for tag in args.get("tags", [])],
-            protocol=int(args.get("protocol", rec.PROTOCOL_INTERNAL)),
-            client=str(args.get("client", "")),
-            address=str(args.get("address", "")),
-            born_ms=int(args.get("born_ms", 0)),
-            create_topic=True,
-        )
+        try:
+            result = await node.publish(
+                str(args["topic"]),
+                _unb64(args.get("body")),
+                queue=int(args["queue"]),
+                key=_unb64(args.get("key")),
+                subject=str(args.get("subject", "")),
+                headers=headers,
+                tags=[str(tag) for tag in args.get("tags", [])],
+                protocol=int(args.get("protocol", rec.PROTOCOL_INTERNAL)),
+                client=str(args.get("client", "")),
+                address=str(args.get("address", "")),
+                born_ms=int(args.get("born_ms", 0)),
+                create_topic=True,
+            )
+        except TopicError as error:
+            return {"topic_error": [error.code, str(error)]}
         return {"offset": result.offset, "refused": [list(d) for d in result.refused]}
 
 
@@ -128,7 +135,8 @@ class TxnPublishOverRpc:
         args = encode_publish(shard, topic, queue, body, fields)
         try:
             answer = await self._client.admin(owner.rpc_address, ADMIN_TXN_PUBLISH, args)
-        except PeerUnavailable as error:
+        except (PeerUnavailable, aio.AioRpcError) as error:
+            # (gone, or failing: not serving the shard now, a store error there)
             await self._owners.refresh(shard)
             log.warning(
                 "transaction publish to %s not stored: shard %d's owner %s: %s",
@@ -138,5 +146,8 @@ class TxnPublishOverRpc:
                 error,
             )
             raise ShardUnavailable(shard, owner.node, str(error)) from error
+        topic_error = answer.get("topic_error")
+        if topic_error is not None:
+            raise TopicError(str(topic_error[0]), str(topic_error[1]))
         refused = [(str(topic_), int(queue_)) for topic_, queue_ in answer.get("refused", [])]
         return ForwardResult(int(answer.get("offset", -1)), refused)

@@ -59,6 +59,7 @@ from core.api import (
     RestOfCoroutine,
     ShardUnavailable,
     TagFilter,
+    TopicError,
     now_ms,
     run_until_first_wait,
 )
@@ -624,6 +625,9 @@ class Connection:
         except ShardUnavailable as error:
             self._not_stored(packet, error)
             return
+        except TopicError as error:  # refused after a wait (by another node: a half message's)
+            log.info("mqtt %s: publish to %r refused: %s", self.client_id, packet.topic, error)
+            outcome = (ReasonCode.TOPIC_NAME_INVALID, 0, "")
         self._acknowledge(packet, outcome)
 
     def _not_stored(self, packet: Publish, error: ShardUnavailable) -> None:

@@ -208,12 +208,19 @@ def test_a_committed_half_message_reaches_another_nodes_subscriber_once(
         decider.publish(f"braid.txn/{voided}", b"rollback")
         assert subscriber.nothing_more() == []
         assert publisher.reasons == decider.reasons == {}  # every PUBACK a success
+        # A half of node 3's transaction to a topic of another shard: refused by node 3 as
+        # there (a transaction across shards is not supported), the answer relayed: 0x90.
+        elsewhere = topic_owned_by(cluster, 1, "half")
+        info = decider.paho.publish(f"$half/g/{txn}/{elsewhere}/x", b"no", qos=1)
+        eventually(lambda: info.mid in decider.acked, "the PUBACK of the refused half")
+        assert decider.reasons == {info.mid: MQTT5_TOPIC_NAME_INVALID}
     finally:
         for client in (subscriber, publisher, decider):
             client.close()
 
 
 MQTT5_UNSPECIFIED_ERROR = 0x80
+MQTT5_TOPIC_NAME_INVALID = 0x90
 
 
 def client_ids_away_from(cluster: Cluster, node_id: int, prefix: str, count: int) -> list[str]:
