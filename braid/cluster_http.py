@@ -23,7 +23,8 @@ core/cluster/admin_calls.py.
   ``/api/queues[/{vhost}[/{name}]]``, ``/api/connections``, ``/api/channels[/{name}]`` and
   ``/api/consumers[/{vhost}]``, ``/api/vhosts/{vhost}/connections|channels`` and
   ``/api/connections/{name}[/channels]`` of a connection to another node (DELETE: closed by
-  its node) for the cluster. The local handler runs first (its access
+  its node) for the cluster; a ``/api/definitions`` export's ``cluster_name`` is the cluster
+  id. The local handler runs first (its access
   checks, its 401 and 404 stand), then its body is replaced by the merged one. It also gives
   the application the :data:`~braid.web.rabbit.base.QUEUE_OWNERS` its browses of other nodes'
   queues go to. ``/health`` stays this node's. A single node never calls the hook, so its
@@ -781,6 +782,30 @@ async def _vhosts_answer(
     )
 
 
+async def _definitions_answer(
+    cluster: ClusterHttp,
+    resources: RabbitResources,
+    request: web.Request,
+    segments: list[str],
+    local: web.StreamResponse,
+) -> web.StreamResponse:
+    """An export names the cluster as /api/overview does (the rest is the same on every node:
+    the definitions are in Redis)."""
+    document = _json_body(local)
+    if not isinstance(document, dict) or not cluster.cluster_name:
+        return local
+    parameters = document.get("global_parameters")
+    if not isinstance(parameters, list):
+        return local
+    named = [
+        {**item, "value": cluster.cluster_name}
+        if isinstance(item, dict) and item.get("name") == "cluster_name"
+        else item
+        for item in parameters
+    ]
+    return _reply({**document, "global_parameters": named})
+
+
 async def _nodes_answer(
     cluster: ClusterHttp,
     resources: RabbitResources,
@@ -809,4 +834,5 @@ _API_PATHS: Final[dict[str, ApiAnswer]] = {
     "channels": _channels_answer,
     "consumers": _consumers_answer,
     "vhosts": _vhosts_answer,
+    "definitions": _definitions_answer,
 }

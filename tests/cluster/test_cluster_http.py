@@ -468,6 +468,8 @@ def test_exchanges_bindings_and_definitions_are_the_clusters(cluster: Cluster) -
         status, definitions = api(cluster, node_id, "GET", "definitions")
         assert status == 200, definitions
         assert "mb.fan" in {e["name"] for e in definitions["exchanges"]}
+        cluster_name = api(cluster, node_id, "GET", "overview")[1]["cluster_name"]
+        assert definitions["global_parameters"] == [{"name": "cluster_name", "value": cluster_name}]
         assert queue in {q["name"] for q in definitions["queues"]}
         assert ("mb.fan", queue) in {
             (b["source"], b["destination"]) for b in definitions["bindings"]
