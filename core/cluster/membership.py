@@ -506,6 +506,9 @@ class Membership:
         """Claim the orphaned shards (no owner, or an owner without a lease) that
         :func:`takeover_plan` over the live nodes gives this node; returns those claimed with
         their epochs (each also told to ``on_taken``)."""
+        # A reading that fails leaves no expiry to wait for: the next check is a heartbeat
+        # later, not a retry at once (a Redis that is down would be asked in a tight loop).
+        self._next_expiry_ms = None
         nodes = await self.metadata.live_nodes()
         read_ms = self._clock.now_ms()  # after the PTTLs were read: the expiries not before
         left = [

@@ -334,6 +334,37 @@ async def test_survivors_take_over_a_stopped_node_and_it_comes_back_owning_none(
     assert {1, 7} <= set(three.owned)
 
 
+async def test_failed_takeover_readings_are_retried_a_heartbeat_apart(
+    nodes: Nodes, server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The takeover checks wait for the first lease expiry they read (their PTTLs); a reading
+    that fails leaves none to wait for, so the next check is a heartbeat later. Redis refusing
+    SCAN (an ACL; the leases are still renewed) fails every reading of the live nodes: over
+    lease_ms + a heartbeat, about 11 per node, not one every few ms once the expiry read before
+    has passed (74 to 123 per node when a failed reading kept it)."""
+    await nodes.form(["1", "2", "3"], TAKING)
+    await asyncio.sleep(2 * TAKING.heartbeat_ms / 1000)  # each has read the others' leases
+    caplog.set_level(logging.WARNING, logger="core.cluster.membership")
+    admin = server.client()
+    try:
+        admin.execute_command("ACL", "SETUSER", "default", "-scan")
+        waited_ms = TAKING.lease_ms + TAKING.heartbeat_ms
+        await asyncio.sleep(waited_ms / 1000)
+    finally:
+        admin.execute_command("ACL", "SETUSER", "default", "+scan")
+        admin.close()
+    failed = {
+        node_id: sum(
+            1
+            for record in caplog.records
+            if record.getMessage().startswith(f"node {node_id}: looking for orphaned shards failed")
+        )
+        for node_id in ("1", "2", "3")
+    }
+    readings = waited_ms // TAKING.heartbeat_ms
+    assert all(1 <= count <= 2 * readings for count in failed.values()), failed
+
+
 async def test_formation_waits_for_expect_nodes_then_gives_up(
     nodes: Nodes, caplog: pytest.LogCaptureFixture
 ) -> None:
