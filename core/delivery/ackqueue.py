@@ -476,10 +476,17 @@ class AckQueue:
 
     def put_back(self, message: Message) -> None:
         """Return a record ``_next_message`` gave out, undelivered, to the head of where it
-        came from (its priority's lane in a priority queue)."""
+        came from (its priority's lane in a priority queue).
+
+        A requeued record (it keeps a delivery count until acked) goes back into the requeue
+        heap, which is read before the buffer: in the buffer it would come out after the other
+        requeued records, behind offsets it precedes (RabbitMQ keeps publish order)."""
         lanes = self._lanes
         if lanes is None:
-            self._buffer.appendleft(message)
+            if message.offset in self._delivery_counts:
+                heapq.heappush(self._redeliver, message.offset)
+            else:
+                self._buffer.appendleft(message)
         else:
             lanes[message.priority(len(lanes) - 1)].appendleft(message)
             self._laned += 1
