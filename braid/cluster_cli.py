@@ -133,6 +133,32 @@ def build_cluster_parser(commands: Any) -> None:
     )
     status.add_argument("--json", action="store_true", help="one JSON object")
 
+    drain = cluster_commands.add_parser(
+        "drain",
+        help="move a node's shards to the other nodes; it stays up owning nothing (a standby)",
+        description=(
+            "Ask node NODE to hand its shards over (core/cluster/drain.py): it closes them "
+            "cleanly and releases them, the other nodes take them over (they need [cluster] "
+            "takeover on), and it stays up as a standby until stopped: a rolling restart "
+            "stops it then. Waits until no shard is the node's; prints where each went. "
+            "ROOT and --cluster as for status."
+        ),
+    )
+    drain.add_argument("node", metavar="NODE")
+    drain.add_argument("root", metavar="ROOT", nargs="?")
+    drain.add_argument(
+        "--cluster",
+        metavar="URL",
+        help="the cluster's Redis: redis://, rediss://, unix:// or redis+sentinel://",
+    )
+    drain.add_argument(
+        "--timeout",
+        metavar="SECONDS",
+        type=_positive,
+        default=60,
+        help="how long to wait for the handover (default 60)",
+    )
+
 
 def run(args: argparse.Namespace) -> int:
     if args.cluster_command == "init":
@@ -140,6 +166,9 @@ def run(args: argparse.Namespace) -> int:
     if args.cluster_command == "status":
         root = Path(args.root) if args.root is not None else None
         return status(root, url=args.cluster, as_json=args.json)
+    if args.cluster_command == "drain":
+        root = Path(args.root) if args.root is not None else None
+        return drain(args.node, root, url=args.cluster, timeout_s=args.timeout)
     return check(Path(args.root), rounds=args.rounds)
 
 
@@ -551,4 +580,69 @@ def status(root: Path | None, *, url: str | None, as_json: bool, out: TextIO | N
         print(json.dumps(found.to_json(), indent=2), file=out)
     else:
         print(format_status(found, url), file=out)
+    return 0
+
+
+# -- drain -------------------------------------------------------------------------------------
+
+
+async def drain_node(
+    url: str, recorded: layout.ClusterLayout | None, node: str, timeout_s: float
+) -> tuple[dict[int, tuple[str, int]], list[int]]:
+    """Ask ``node`` to drain and wait for the handover: (the shards it owned -> (new owner,
+    epoch)), and the shards still its when the wait ended (empty: done)."""
+    from core.cluster import drain as draining
+    from core.cluster import redis_metadata
+
+    found = await redis_metadata.find_clusters(url)
+    cluster_id, shard_count = _cluster_of(recorded, url, found)
+    metadata = await redis_metadata.connect(url, cluster_id, shards=shard_count)
+    redis, closers = redis_metadata._client(url, redis_metadata.METADATA_WAIT_MS, None)
+    try:
+        live = await metadata.live_nodes()
+        if node not in live:
+            raise StatusError(f"node {node} is not live in cluster {cluster_id}")
+        owned = await draining.owned_by(redis, cluster_id, shard_count, node)
+        await draining.request_drain(redis, cluster_id, node)
+        left = await draining.wait_handed_over(
+            redis, cluster_id, shard_count, node, int(timeout_s * 1000)
+        )
+        owners = await metadata.shard_owners()
+    finally:
+        await closers.run()
+        await metadata.aclose()
+    moved = {
+        shard: (owners[shard].owner or "-", owners[shard].epoch)
+        for shard in owned
+        if shard in owners and shard not in left
+    }
+    return moved, left
+
+
+def drain(
+    node: str, root: Path | None, *, url: str | None, timeout_s: float, out: TextIO | None = None
+) -> int:
+    name = "braid cluster drain"
+    out = out or sys.stdout
+    if url is None and root is None:
+        print(f"{name}: error: give --cluster URL or ROOT", file=sys.stderr)
+        return EXIT_REFUSED
+    try:
+        recorded = layout.ClusterLayout.open(root) if root is not None else None
+        if url is None:
+            assert root is not None
+            url = f"unix://{(root / SUPERVISOR_SOCKET).absolute()}"
+        moved, left = asyncio.run(drain_node(url, recorded, node, timeout_s))
+    except (layout.LayoutError, ValueError, StatusError) as error:
+        print(f"{name}: error: {error}", file=sys.stderr)
+        return EXIT_REFUSED
+    except Exception as error:  # Redis unreachable, ...
+        print(f"{name}: error: {error}", file=sys.stderr)
+        return EXIT_FAILED
+    for shard, (owner, epoch) in sorted(moved.items()):
+        print(f"shard {shard}: node {node} -> node {owner} (epoch {epoch})", file=out)
+    if left:
+        print(f"{name}: shards {left} still on node {node} after {timeout_s} s", file=sys.stderr)
+        return EXIT_FAILED
+    print(f"node {node} drained: owns no shard (a standby until stopped)", file=out)
     return 0

@@ -66,9 +66,11 @@ from core.security.store import SecurityStore
 
 if TYPE_CHECKING:  # imported when a cluster node starts: redis and grpc cost a single node
     from aiohttp import web
+    from redis.asyncio import Redis
 
     from braid.cluster_http import ClusterHttp, NodeAdmin
     from core.cluster import node_runner
+    from core.cluster.drain import DrainWatch
 
 log = logging.getLogger(__name__)
 
@@ -570,6 +572,11 @@ class BraidServer:
         # Shards taken over from dead nodes (issue 23), opened and served one at a time.
         self._taking: set[asyncio.Task[None]] = set()
         self._take_lock = asyncio.Lock()
+        # `braid cluster drain` (core/cluster/drain.py): the watch of this node's request, what
+        # closes its Redis client, and the handover under way.
+        self._drain_watch: DrainWatch | None = None
+        self._drain_redis: tuple[Redis, Callable[[], Awaitable[None]]] | None = None
+        self._draining: asyncio.Task[None] | None = None
         # A cluster node's broker joined to the other nodes' shards (one per serving), and
         # its cluster-wide HTTP answers (registered once per process: gRPC takes each Admin
         # call once; attached to each new broker).
@@ -813,10 +820,11 @@ class BraidServer:
 
     # -- a cluster node ----------------------------------------------------------------------
 
-    async def _start_cluster_node(self) -> None:
+    async def _start_cluster_node(self, *, formed: bool = False) -> None:
         """Join the cluster of the data root (docs/cluster.md): refused on a directory that is
         not a root of one shard; the owner of its shard serves it, any other node waits as a
-        standby without listeners."""
+        standby without listeners. ``formed``: joining again after a drain (no formation
+        wait)."""
         from redis import exceptions as redis_errors
 
         from core.cluster import node_runner
@@ -866,13 +874,65 @@ class BraidServer:
             root.root,
         )
         try:
-            epoch = await node.join()
+            epoch = await node.join(formed=formed)
         except (OSError, ValueError, redis_errors.RedisError) as error:
             raise StartupError(f"cannot join the cluster at {cluster.url}: {error}") from None
         except (FormationTimeout, LeaseHeld) as error:
             raise StartupError(f"node {cluster.node_id}: {error}") from None
         if epoch is not None:
             await self._serve_shard(epoch)
+        if self._drain_watch is None:
+            from core.cluster.drain import DrainWatch
+            from core.cluster.redis_metadata import _client as redis_client
+
+            redis, closers = redis_client(cluster.url, cluster.settings().metadata_wait_ms, None)
+            self._drain_redis = (redis, closers.run)
+            self._drain_watch = DrainWatch(
+                redis,
+                root.cluster_id,
+                str(cluster.node_id),
+                cluster.settings().heartbeat_ms,
+                self._on_drain_requested,
+            )
+            self._drain_watch.start()
+
+    def _on_drain_requested(self) -> None:
+        if self.stopping or self._draining is not None or self.cluster_node is None:
+            return
+        self._draining = asyncio.get_running_loop().create_task(self._drain(), name="braid-drain")
+
+    async def _drain(self) -> None:
+        """Hand every owned shard over and stay up as a standby (core/cluster/drain.py)."""
+        from core.cluster.drain import drain_done, wait_handed_over
+
+        assert self._drain_redis is not None
+        redis = self._drain_redis[0]
+        try:
+            async with self._take_lock:
+                node = self.cluster_node
+                if node is None or self.stopping:
+                    return
+                cluster_id, shards = node.layout.cluster_id, node.layout.shards
+                owned = sorted(node.owned)
+                log.warning("draining: handing shards %s over, then a standby", owned)
+                await self._drop_serving(fenced=False)
+                self.cluster_node = None
+                await node.stop()  # closed markers at each epoch, the lease released
+            left = await wait_handed_over(redis, cluster_id, shards, str(node.node_id))
+            if left:
+                log.warning("draining: shards %s not taken by another node: joining again", left)
+            else:
+                log.warning("draining: shards %s handed over: joining again as a standby", owned)
+            with contextlib.suppress(Exception):
+                await drain_done(redis, cluster_id, str(node.node_id))
+            if not self.stopping:
+                await self._start_cluster_node(formed=True)
+        except Exception:
+            log.exception("draining failed: stopping")
+            self.fatal = True
+            signal.raise_signal(signal.SIGTERM)
+        finally:
+            self._draining = None
 
     async def _serve_shard(self, epoch: int) -> None:
         """Open the owned shards (each with its storage fence; ``epoch``: the lowest one's)
@@ -1149,6 +1209,17 @@ class BraidServer:
         if fence_task is not None and fence_task is not asyncio.current_task():
             fence_task.cancel()
             await asyncio.gather(fence_task, return_exceptions=True)
+        draining, self._draining = self._draining, None
+        if draining is not None and draining is not asyncio.current_task():
+            draining.cancel()
+            await asyncio.gather(draining, return_exceptions=True)
+        watch, self._drain_watch = self._drain_watch, None
+        if watch is not None:
+            await watch.aclose()
+        drain_redis, self._drain_redis = self._drain_redis, None
+        if drain_redis is not None:
+            with contextlib.suppress(Exception):
+                await drain_redis[1]()
         async with self._take_lock:  # a shard being taken over is added, or abandoned, first
             await self._drop_serving(fenced=False)
         node, self.cluster_node = self.cluster_node, None

@@ -268,13 +268,14 @@ class Membership:
 
     # -- joining ---------------------------------------------------------------------------
 
-    async def start(self) -> dict[int, int]:
-        """Register, take the lease, wait for ``expect_nodes`` nodes, claim this node's shards;
+    async def start(self, *, formed: bool = False) -> dict[int, int]:
+        """Register, take the lease, wait for ``expect_nodes`` nodes (not when the cluster is
+        known to have ``formed``: a drained node joining again), claim this node's shards;
         returns the owned shards with their epochs. Raises :class:`FormationTimeout` or
         ``LeaseHeld`` (nothing owned; the lease, if taken, is released)."""
         if self._incarnation is not None:
             raise NotMember("start() runs once; after a fence, rejoin()")
-        await self._join(wait_for_formation=True)
+        await self._join(wait_for_formation=not formed)
         return self.owned
 
     async def rejoin(self) -> dict[int, int]:

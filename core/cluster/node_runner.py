@@ -232,9 +232,9 @@ class ClusterNode:
 
     # -- joining ---------------------------------------------------------------------------
 
-    async def join(self) -> int | None:
+    async def join(self, *, formed: bool = False) -> int | None:
         """Connect, start gRPC, join: the epoch at which this node owns the served shard, or
-        None (a standby)."""
+        None (a standby). ``formed``: no wait for ``expect_nodes`` (Membership.start)."""
         settings = self.settings
         self.metadata = metadata = await connect(
             self.url,
@@ -282,7 +282,7 @@ class ClusterNode:
             on_fenced=self._fenced,
             on_taken=self._taken,
         )
-        owned = await membership.start()
+        owned = await membership.start(formed=formed)
         self.service.incarnation = membership.incarnation or 0
         return self._served(owned)
 
