@@ -896,34 +896,44 @@ class Session:
             return
         error = task.exception()
         if isinstance(error, ShardUnavailable):
-            log.warning("amqp %s: publishes nacked: %s", self.peer, error)
-            for batch in group.batches:
-                batch.all_nacked = True
-            error = None
-        if error is not None:
+            # The highest mark's forward failed: those of its publishes that failed are nacked
+            # (the others were stored); all of them when no mark is named.
+            if not self._nack_not_stored(group):
+                log.warning("amqp %s: publishes nacked: %s", self.peer, error)
+                for batch in group.batches:
+                    batch.all_nacked = True
+        elif error is not None:
             log.error("amqp %s: durability wait failed: %r", self.peer, error)
             self._connection_error(
                 AmqpConnectionError(INTERNAL_ERROR, "INTERNAL_ERROR - the log could not sync")
             )
             return
-        self._nack_not_stored(group)
+        else:
+            self._nack_not_stored(group)
         group.ready = True
         self._flush_confirms()
 
-    def _nack_not_stored(self, group: _ConfirmGroup) -> None:
+    def _nack_not_stored(self, group: _ConfirmGroup) -> bool:
         """Nack the publishes of ``group`` whose forward to another node's shard failed
-        (``BrokerAPI.failed_marks``): the wait for the group's highest mark passes them."""
+        (``BrokerAPI.failed_marks``): the wait for the group's highest mark passes them.
+        Whether there were any."""
         marks = [end for batch in group.batches for _, end in batch.marks]
         if not marks:
-            return
+            return False
         failed = self.api.failed_marks(marks)
         if not failed:
-            return
+            return False
         for batch in group.batches:
             seqs = [seq for seq, end in batch.marks if end in failed]
             if seqs:
                 batch.nacks = sorted({*batch.nacks, *seqs})
-        log.warning("amqp %s: %d publishes not stored, nacked", self.peer, len(failed))
+        log.warning(
+            "amqp %s: %d publishes not stored, nacked: %s",
+            self.peer,
+            len(failed),
+            next(iter(failed.values())),
+        )
+        return True
 
     def _flush_confirms(self) -> None:
         groups = self._confirm_groups
