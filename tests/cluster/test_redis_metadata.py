@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -525,8 +526,18 @@ async def test_sentinel_failover_keeps_a_replicated_change(
     replica = processes.redis(replica_of=master)
     url = processes.sentinel_group(master, "braid")
     a = await stores(url, metadata_wait_ms=300)
-    version = await a.apply([topic("replicated")])
-    await a.wait_durable(version)  # WAIT 1 answered by the replica
+    # A replica whose link is up can still miss its first WAIT by 300 ms on a loaded machine
+    # (CI saw it at this line): apply until one change is acknowledged, within a deadline. The
+    # WAIT that must time out is the SIGSTOP one below.
+    deadline = time.monotonic() + DEADLINE_S
+    while True:
+        version = await a.apply([topic("replicated")])
+        try:
+            await a.wait_durable(version)  # WAIT 1 answered by the replica
+            break
+        except MetadataNotReplicated:
+            if time.monotonic() > deadline:
+                raise
     with replica.client() as raw:
         assert raw.hget("braid:c1:def:topic", "replicated") == b'{"queues": 1}'
 
