@@ -3,7 +3,12 @@ costs 2.2 s of CPU)". ``braid serve`` takes a 4 MiB MQTT PUBLISH over WebSocket 
 1 KiB pieces, once as ONE frame and once as 1 KiB frames; the broker process's CPU time for the
 one frame must stay within a bound derived from the 1 KiB-frames run (same bytes, same reads,
 nothing to re-join), not grow with the square of the frame's size. CPU time of the broker, not
-wall time: other work on the machine does not move it much."""
+wall time: other work on the machine does not move it much.
+
+Through the broker, CI sends a 2 MiB PUBLISH (each KiB is a paced write, ~1.5 ms on 2 cores);
+``BRAID_LONG=1`` sends the issue's 4 MiB. A fast path that joins its pieces on every read fails
+at either size (2 MiB: 0.23 s against a bound of 0.14 s). The in-process codec test always uses
+4 MiB (it is cheap)."""
 
 from __future__ import annotations
 
@@ -32,6 +37,7 @@ from tests.ws_frames import client_frame
 
 DEADLINE_S = 120.0  # generous: a delivery that does not come within this fails the test
 PAYLOAD_MIB = 4
+BROKER_PAYLOAD_MIB = 4 if os.environ.get("BRAID_LONG") == "1" else 2
 PIECE = 1024  # bytes per write, as in the issue
 
 PACE_S = 0.0002
@@ -90,7 +96,7 @@ async def cpu_to_deliver(braid: BraidProcess, *, one_frame: bool) -> float:
     writer.write(client_frame(0x2, encode(Connect(topic + "/p", 4, keep_alive=0), 4)))
     await asyncio.wait_for(reader.read(64), DEADLINE_S)  # the CONNACK
 
-    packet = encode(Publish(topic, b"m" * (PAYLOAD_MIB << 20), 0), 4)
+    packet = encode(Publish(topic, b"m" * (BROKER_PAYLOAD_MIB << 20), 0), 4)
     if one_frame:
         wire = client_frame(0x2, packet)
     else:
