@@ -116,6 +116,9 @@ CONNECT_ATTEMPTS: Final = 40
 # The gate of issue 22: a worker of a 2-worker broker spends at most this much CPU per message
 # as the single node does.
 GATE_RATIO: Final = 1.25
+# Starts of the broker, each on new ports, when one found a port taken (see running_broker).
+START_ATTEMPTS: Final = 3
+PORT_TAKEN: Final = "address already in use"  # in a listener's error line (braid/server.py)
 START_TIMEOUT_S: Final = 120.0  # a supervisor opening 16 shards on a loaded 2-core machine
 STOP_TIMEOUT_S: Final = 60.0  # the supervisor's own wait for a worker is 60 s
 STEP_TIMEOUT_S: Final = 120.0
@@ -322,6 +325,8 @@ def _read_ready_line(broker: Broker, deadline: float) -> str:
                 break
         if broker.process.poll() is not None:
             break
+        if PORT_TAKEN in broker.log_tail():  # the supervisor goes on without that worker
+            raise PortTaken(f"braid serve --workers {broker.workers}:\n{broker.log_tail(8)}")
     raise RuntimeError(
         f"braid serve --workers {broker.workers} did not get ready (exit "
         f"{broker.process.poll()}):\n{broker.log_tail()}"
@@ -340,10 +345,34 @@ def _wait_owned(broker: Broker, deadline: float) -> dict[str, Any]:
     raise RuntimeError(f"shards not all owned by {broker.workers} workers in time: {found}")
 
 
+class PortTaken(RuntimeError):
+    """A port chosen free was taken by another process before the broker bound it."""
+
+
 @contextlib.contextmanager
 def running_broker(workdir: Path, workers: int, shards: int) -> Iterator[Broker]:
     """``braid serve --workers N --shards S --data-dir workdir/root`` on free ports; stopped
-    (SIGTERM, then SIGKILL of what this bench started) on the way out."""
+    (SIGTERM, then SIGKILL of what this bench started) on the way out. A port taken between
+    its choice and the bind (the machine's other processes) costs a new start on new ports in
+    a fresh directory, :data:`START_ATTEMPTS` times at most."""
+    for attempt in range(1, START_ATTEMPTS + 1):
+        try:
+            broker = _start_broker(workdir, workers, shards)
+            break
+        except PortTaken as taken:
+            print(f"attempt {attempt}: {taken}", file=sys.stderr, flush=True)
+            if attempt == START_ATTEMPTS:
+                raise
+            shutil.rmtree(workdir, ignore_errors=True)
+    try:
+        yield broker
+    finally:
+        _stop(broker)
+
+
+def _start_broker(workdir: Path, workers: int, shards: int) -> Broker:
+    """Start the broker and wait until every shard is owned; stopped again if that fails
+    (:class:`PortTaken` when a listener found its port taken)."""
     workdir.mkdir(parents=True, exist_ok=True)
     config = workdir / "braid.toml"
     config.write_text(CLUSTER_CONFIG)
@@ -401,9 +430,12 @@ def running_broker(workdir: Path, workers: int, shards: int) -> Iterator[Broker]
             broker.redis_pid = redis[0] if redis else None
         else:
             broker.worker_pids = {0: process.pid}
-        yield broker
-    finally:
+        return broker
+    except BaseException as error:
         _stop(broker)
+        if isinstance(error, RuntimeError) and PORT_TAKEN in broker.log_tail():
+            raise PortTaken(str(error)) from error
+        raise
 
 
 def _stop(broker: Broker) -> None:
