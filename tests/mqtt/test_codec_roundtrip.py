@@ -1,9 +1,12 @@
 """Property tests: generated packets survive encode -> decode, alone and as split streams; the
-fast paths agree with ``encode``; arbitrary bytes only ever raise ``MqttProtocolError``."""
+fast paths agree with ``encode``; arbitrary bytes only ever raise ``MqttProtocolError``.
+
+CI runs 2/5 of each test's Hypothesis examples (``examples``); ``BRAID_LONG=1`` runs them all."""
 
 from __future__ import annotations
 
 import contextlib
+import os
 from typing import Any
 
 import pytest
@@ -28,8 +31,18 @@ from gateway.mqtt.properties import decode_properties, encode_properties, encode
 
 from .strategies import connects, packets, properties, publishes
 
+LONG = os.environ.get("BRAID_LONG") == "1"
+
+
+def examples(full: int) -> int:
+    """Hypothesis examples for a test that runs ``full`` of them with BRAID_LONG=1."""
+    return full if LONG else full * 2 // 5
+
+
 VERSIONS = pytest.mark.parametrize("version", [4, 5])
-SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(
+    max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
 
 
 def decode_one(data: bytes, version: int | None) -> Any:
@@ -59,7 +72,7 @@ def test_connect_round_trip(version, data):
 
 
 @VERSIONS
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(data=st.data())
 def test_stream_split_anywhere(version, data):
     connect = data.draw(connects(version))
@@ -81,7 +94,7 @@ def test_stream_split_anywhere(version, data):
         *(t for t in PacketType if t not in (PacketType.PINGREQ, PacketType.PINGRESP)),
     ],
 )
-@settings(max_examples=50, deadline=None)
+@settings(max_examples=examples(50), deadline=None)
 @given(data=st.data())
 def test_property_block_round_trip(context, data):
     props = data.draw(properties(context))
@@ -123,7 +136,7 @@ def test_encode_puback_fast_path_matches_encode(version, packet_id, reason):
 
 
 @VERSIONS
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=examples(500), deadline=None)
 @given(garbage=st.binary(max_size=200))
 def test_arbitrary_bytes_only_raise_protocol_errors(version, garbage):
     decoder = MqttDecoder()
@@ -132,7 +145,7 @@ def test_arbitrary_bytes_only_raise_protocol_errors(version, garbage):
 
 
 @VERSIONS
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(data=st.data())
 def test_corrupted_packets_only_raise_protocol_errors(version, data):
     """Valid packets with bytes overwritten at random places: decoded or refused, no crash."""
