@@ -85,7 +85,11 @@ class ServedShards:
     def shard(self, number: int) -> tuple[ShardLog, int] | None:
         served = self._local(number)
         epoch = self._epochs().get(number)
-        if served is None or epoch is None:
+        # A closed store (the node drains or stops, or dropped it at a fence) is not served: a
+        # record appended to it would land after its clean-close marker, unanswered (its
+        # durability wait fails), and the origin's resend to the next owner would store it
+        # twice.
+        if served is None or epoch is None or getattr(served.store, "closed", False):
             return None
         return served.store, epoch
 
