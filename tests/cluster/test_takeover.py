@@ -10,11 +10,15 @@ them as leaders, the producer's records and AMQP publishes to the former shards 
 acknowledged again. Every record acknowledged before and after is read exactly once (Kafka: in
 order per partition), every confirmed AMQP message is on the queue's new owner, and the offsets
 committed to a consumer group coordinated in a shard of node 3 are answered by its new
-coordinator. The printed takeover times are a measurement, not asserted.
+coordinator, and the MQTT will of a paho connection on node 3 reaches a subscriber on node 1
+(a survivor publishes the dead node's wills). The printed takeover times are a measurement,
+not asserted.
 
-The module's Redis runs under Sentinel (a master, one replica, three sentinels; the nodes get a
-``redis+sentinel://`` URL). Last, the Redis master is killed under the nodes left: they follow
-the promoted replica (issue 23 item 3) and stop cleanly after.
+Then node 4 joins as a standby and takes node 2's shards when node 2 is killed; ``braid cluster
+drain 4`` moves them to node 1 under load (node 4 stays up as a standby). The module's Redis runs
+under Sentinel (a master, one replica, three sentinels; the nodes get a ``redis+sentinel://``
+URL). Last, the Redis master is killed under the nodes left: they follow the promoted replica
+(issue 23 item 3) and stop cleanly after.
 
 ``BRAID_LONG=1`` writes more records per round.
 """
