@@ -658,6 +658,10 @@ def test_a_drained_node_hands_its_shards_over(cluster: Cluster) -> None:
     connection.channel().queue_declare(queue, durable=True)
     connection.close()
 
+    unknown = braid("cluster", "drain", "9", str(cluster.root), "--cluster", cluster.url)
+    assert unknown.returncode == 2, unknown.stderr
+    assert "node 9 is not live" in unknown.stderr
+
     writers = Writers(nodes, queue, DRAIN_TOPIC, PARTITIONS)
     writers.start()
     try:
