@@ -54,6 +54,10 @@ REASON_DELIVERY_LIMIT = "delivery_limit"
 DeadLetterHook = Callable[["AckQueue", Message, str], None]
 
 
+def _offset_of(message: Message) -> int:
+    return message.offset
+
+
 def _not_owed(_error: CorruptRecordError) -> None:
     """A damaged record is not owed (it is skipped when reached): the retention guard passes
     over it."""
@@ -492,18 +496,27 @@ class AckQueue:
             self._laned += 1
 
     def _requeue_into_lanes(self, lanes: list[deque[Message]]) -> None:
+        """Requeued records go to the front of their priority's lane, merged in offset order
+        with the records requeued there before (a lane's front may already hold some, put there
+        by an earlier requeue and not delivered since: the TTL sweep's put_back)."""
         top = len(lanes) - 1
-        requeued: list[Message] = []
+        by_lane: dict[int, list[Message]] = {}
         while self._redeliver:
-            offset = heapq.heappop(self._redeliver)
+            offset = heapq.heappop(self._redeliver)  # ascending offsets
             if offset in self.inflight or offset < self.cursor or offset in self.acked:
                 continue
             message = self._read_one(offset)
             if message is not None:
-                requeued.append(message)
-        for message in reversed(requeued):  # the oldest ends up first in its lane
-            lanes[message.priority(top)].appendleft(message)
-            self._laned += 1
+                by_lane.setdefault(message.priority(top), []).append(message)
+        for priority, requeued in by_lane.items():
+            lane = lanes[priority]
+            last = requeued[-1].offset
+            ahead: list[Message] = []
+            while lane and lane[0].offset < last:
+                ahead.append(lane.popleft())
+            merged = list(heapq.merge(requeued, ahead, key=_offset_of))
+            lane.extendleft(reversed(merged))
+            self._laned += len(requeued)
 
     def _fill_lanes(self, lanes: list[deque[Message]]) -> None:
         top = len(lanes) - 1

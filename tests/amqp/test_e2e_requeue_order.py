@@ -1,16 +1,18 @@
 """Requeued messages come back in publish order (pika against a real ``braid serve``).
 
-RabbitMQ puts a requeued message back at its original position: after basic.nack or
-basic.reject with requeue, or a channel closed with unacked messages, a consumer gets the
-requeued ones first, oldest first, flagged redelivered, then the never-delivered ones. The same
-holds on a queue with ``x-message-ttl``, whose head the broker's TTL sweep visits every 0.1 s
-(it once put the first requeued record behind the second: m2 before m0).
+RabbitMQ (3.10, checked with the same steps) puts a requeued message back at its original
+position: after basic.nack or basic.reject with requeue, or a channel closed with unacked
+messages, a consumer gets the requeued ones first, oldest first, flagged redelivered, then the
+never-delivered ones. The same holds on a queue with ``x-message-ttl``, whose head the broker's
+TTL sweep visits every 0.1 s (it once put the first requeued record behind the second: m2
+before m0), and on a priority queue with one.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import pika
 from pika.adapters.blocking_connection import BlockingChannel
@@ -19,15 +21,16 @@ from tests.amqp.conftest import unique
 from tests.braid_process import BraidProcess
 
 PUBLISHED = 6
-TAKEN = 4
-# Taken m0..m3; m2 then m0 requeued (newest first, so the broker must sort them), m1 and m3 acked.
-REQUEUED = (2, 0)
-ACKED = (1, 3)
+# A first channel takes m0 and m1, a second m2 and m3; m1 and m3 are acked, m0 is requeued
+# (nack, reject or its channel closed), the TTL sweep runs, then m2 is requeued likewise: m0
+# waits at the head while m2 comes back behind it.
 EXPECTED = [("m0", True), ("m2", True), ("m4", False), ("m5", False)]
 # Several TTL sweeps (gateway/amqp/vhost.py TTL_SWEEP_INTERVAL_S: 0.1 s) run in this time.
-SWEEP_WAIT_S = 1.0
+SWEEP_WAIT_S = 0.5
 # Far beyond the test's length: nothing expires, the sweep only looks at the head.
 TTL_MS = 600_000
+# A priority queue keeps requeued records at the front of their priority's lane.
+MAX_PRIORITY = 5
 
 Requeue = Callable[[BlockingChannel, int], None]
 
@@ -40,32 +43,40 @@ def _reject(channel: BlockingChannel, tag: int) -> None:
     channel.basic_reject(tag, requeue=True)
 
 
-# "close": the requeued messages are left unacked and the channel is closed.
+# "close": the requeued message is left unacked and its channel closed.
 HOW: dict[str, Requeue | None] = {"nack": _nack, "reject": _reject, "close": None}
 
 
-def _take_and_requeue(
-    connection: pika.BlockingConnection, queue: str, ttl_ms: int | None, requeue: Requeue | None
-) -> None:
-    channel = connection.channel()
-    arguments = {} if ttl_ms is None else {"x-message-ttl": ttl_ms}
-    channel.queue_declare(queue, arguments=arguments)
-    for index in range(PUBLISHED):
-        channel.basic_publish("", queue, f"m{index}".encode())
-    tags = []
-    for index in range(TAKEN):
-        method, _, body = channel.basic_get(queue, auto_ack=False)
-        assert method is not None
-        assert body == f"m{index}".encode()
-        tags.append(method.delivery_tag)
-    for index in ACKED:
-        channel.basic_ack(tags[index])
-    if requeue is None:
+@dataclass
+class Case:
+    """One queue: its requeue method and arguments, and the two channels holding m0 and m2."""
+
+    queue: str
+    requeue: Requeue | None
+    holders: list[tuple[BlockingChannel, int]] = field(default_factory=list)
+
+    def take(self, connection: pika.BlockingConnection, arguments: dict[str, int]) -> None:
+        setup = connection.channel()
+        setup.queue_declare(self.queue, arguments=arguments)
+        for index in range(PUBLISHED):
+            setup.basic_publish("", self.queue, f"m{index}".encode())
+        setup.close()
+        for first in (0, 2):
+            channel = connection.channel()
+            tags = []
+            for index in (first, first + 1):
+                method, _, body = channel.basic_get(self.queue, auto_ack=False)
+                assert method is not None
+                assert body == f"m{index}".encode()
+                tags.append(method.delivery_tag)
+            channel.basic_ack(tags[1])
+            self.holders.append((channel, tags[0]))
+
+    def requeue_next(self) -> None:
+        channel, tag = self.holders.pop(0)
+        if self.requeue is not None:
+            self.requeue(channel, tag)
         channel.close()
-        return
-    for index in REQUEUED:
-        requeue(channel, tags[index])
-    channel.close()
 
 
 def _consume_all(connection: pika.BlockingConnection, queue: str) -> list[tuple[str, bool]]:
@@ -73,7 +84,7 @@ def _consume_all(connection: pika.BlockingConnection, queue: str) -> list[tuple[
     channel = connection.channel()
     seen: list[tuple[str, bool]] = []
     deadline = time.monotonic() + 10.0
-    for method, _, body in channel.consume(queue, inactivity_timeout=0.3):
+    for method, _, body in channel.consume(queue, inactivity_timeout=0.2):
         if method is None:
             if len(seen) >= len(EXPECTED) or time.monotonic() > deadline:
                 break
@@ -88,14 +99,21 @@ def _consume_all(connection: pika.BlockingConnection, queue: str) -> list[tuple[
 
 def test_requeued_messages_come_back_in_publish_order(braid: BraidProcess) -> None:
     params = pika.ConnectionParameters("127.0.0.1", braid.amqp_port)
-    cases = {
-        (how, ttl_ms): unique(f"requeue-{how}-{'ttl' if ttl_ms else 'plain'}")
-        for how in HOW
-        for ttl_ms in (None, TTL_MS)
+    kinds: dict[str, dict[str, int]] = {
+        "plain": {},
+        "ttl": {"x-message-ttl": TTL_MS},
+        "priority-ttl": {"x-message-ttl": TTL_MS, "x-max-priority": MAX_PRIORITY},
     }
     with pika.BlockingConnection(params) as connection:
-        for (how, ttl_ms), queue in cases.items():
-            _take_and_requeue(connection, queue, ttl_ms, HOW[how])
-        time.sleep(SWEEP_WAIT_S)  # the TTL sweep visits the TTL queues' heads meanwhile
-        got = {case: _consume_all(connection, queue) for case, queue in cases.items()}
+        cases = {}
+        for how, requeue in HOW.items():
+            for kind, arguments in kinds.items():
+                case = Case(unique(f"requeue-{how}-{kind}"), requeue)
+                case.take(connection, arguments)
+                cases[how, kind] = case
+        for _ in ("m0", "m2"):
+            for case in cases.values():
+                case.requeue_next()
+            time.sleep(SWEEP_WAIT_S)  # the TTL sweep visits the TTL queues' heads meanwhile
+        got = {key: _consume_all(connection, case.queue) for key, case in cases.items()}
     assert got == dict.fromkeys(cases, EXPECTED)
