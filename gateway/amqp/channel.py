@@ -847,9 +847,21 @@ class Channel:
         if self.confirm:
             seq = self.next_seq
             self.next_seq = seq + 1
-            self.session.confirm(self, seq, end, bool(outcome.refused))
+            confirm_end = end or self._forwarded_mark(outcome, topic)
+            self.session.confirm(self, seq, confirm_end, bool(outcome.refused))
         elif self.tx is not None or self._committing:
             self.tx_end = max(self.tx_end, end)
+
+    def _forwarded_mark(self, outcome: PublishOutcome, topic: str) -> int:
+        """A transient publish's mark for its confirm when a forward of it to another node's
+        shard is unanswered (0 otherwise): RabbitMQ nacks a publish a queue did not accept, so
+        the confirm waits for the forward and ``BrokerAPI.failed_marks`` nacks a failed one.
+        One shard (``sequence`` -1) forwards nothing; with ``topic`` given the check skips the
+        local flush of a topic not synced, so a publish with no forward is confirmed at once."""
+        if outcome.sequence < 0:
+            return 0
+        mark = outcome.durable_mark
+        return 0 if self.api.is_durable(mark, topic) else mark
 
     def _mark_may_expire(self, topic: str) -> None:
         queue = self.vhost.queues.get(self.vhost.queue_name(topic))

@@ -292,23 +292,25 @@ def received_all(subscriber: Subscriber, acked: set[bytes]) -> list[bytes]:
     return sorted(acked - received)
 
 
-async def pipelined_confirms(process: BraidProcess, queues: list[str]) -> dict[bytes, bool]:
-    """Ten persistent messages to each of ``queues`` (``dead:N`` to the first, ``live:N`` to
-    the second, interleaved) published at once by aio-pika with confirms: whether each was
-    acked (False: nacked)."""
+async def pipelined_confirms(
+    process: BraidProcess, queues: list[str], mode: aio_pika.DeliveryMode
+) -> dict[bytes, bool]:
+    """Ten messages of delivery ``mode`` to each of ``queues`` (``dead:N`` to the first,
+    ``live:N`` to the second, interleaved) published at once by aio-pika with confirms: whether
+    each was acked (False: nacked)."""
     connection = await aio_pika.connect(f"amqp://guest:guest@127.0.0.1:{process.amqp_port}/")
     async with connection:
         channel = await connection.channel(publisher_confirms=True)
         exchange = channel.default_exchange
         sent = [
-            (f"{kind}:{number}".encode(), queue)
+            (f"{kind}:{mode.value}:{number}".encode(), queue)
             for number in range(10)
             for kind, queue in zip(("dead", "live"), queues, strict=True)
         ]
         results = await asyncio.gather(
             *(
                 exchange.publish(
-                    aio_pika.Message(body, delivery_mode=aio_pika.DeliveryMode.PERSISTENT),
+                    aio_pika.Message(body, delivery_mode=mode),
                     routing_key=queue,
                 )
                 for body, queue in sent
@@ -319,6 +321,18 @@ async def pipelined_confirms(process: BraidProcess, queues: list[str]) -> dict[b
         body: not isinstance(result, BaseException)
         for (body, _), result in zip(sent, results, strict=True)
     }
+
+
+async def both_confirms(
+    process: BraidProcess, queues: list[str]
+) -> tuple[dict[bytes, bool], dict[bytes, bool]]:
+    """:func:`pipelined_confirms` of persistent and of transient messages, on two connections
+    at once (one wait for the dead node's answers)."""
+    persistent, transient = await asyncio.gather(
+        pipelined_confirms(process, queues, aio_pika.DeliveryMode.PERSISTENT),
+        pipelined_confirms(process, queues, aio_pika.DeliveryMode.NOT_PERSISTENT),
+    )
+    return persistent, transient
 
 
 def until_routed(cluster: Cluster, subscriber: Subscriber, topic: str) -> None:
@@ -495,7 +509,7 @@ def test_publishes_not_stored_are_refused_though_a_later_one_was_stored(
             payload = f"a:{number}".encode()
             sent[publisher.publish(f"{here}/away/load", payload, qos=1).mid] = payload
         slept = time.monotonic() + UNAVAILABLE_WAIT_MS / 1000 + 1.0
-        confirmed = asyncio.run(pipelined_confirms(cluster[1], [dead_queue, live_queue]))
+        confirmed, transient = asyncio.run(both_confirms(cluster[1], [dead_queue, live_queue]))
         time.sleep(max(0.0, slept - time.monotonic()))
         here_mid = publisher.publish(f"{here}/local", b"h:0", qos=1).mid
         eventually(lambda: {here_mid, *sent} <= reasons.keys(), "every publish answered")
@@ -508,6 +522,10 @@ def test_publishes_not_stored_are_refused_though_a_later_one_was_stored(
         lost = {body for body, acked in confirmed.items() if acked and body.startswith(b"dead")}
         assert lost <= set(stored), f"AMQP confirmed, never stored: {sorted(lost - set(stored))}"
         assert all(acked for body, acked in confirmed.items() if body.startswith(b"live"))
+        # Transient ones too: confirmed once every queue took them, so those the dead node's
+        # queue never got are nacked (were acked before their forward's answer).
+        assert not [body for body, acked in transient.items() if acked and body.startswith(b"dead")]
+        assert all(acked for body, acked in transient.items() if body.startswith(b"live"))
     finally:
         publisher.disconnect()
         publisher.loop_stop()
