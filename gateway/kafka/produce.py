@@ -152,7 +152,7 @@ async def handle_produce(
                     index,
                     error,
                     base_offset,
-                    api.partition_offsets(client, name, index)[0]
+                    _log_start(context, connection, name, index)
                     if info is not None and error != _NOT_LEADER
                     else -1,
                     message,
@@ -171,6 +171,19 @@ async def handle_produce(
     return encode_produce_response(
         version, request.correlation_id, responses, context.throttle_ms(), list(endpoints.values())
     )
+
+
+def _log_start(context: KafkaContext, connection: Connection, name: str, index: int) -> int:
+    """The partition's log start offset for an answer, -1 when its shard is not here (led by
+    another node, fenced or being taken over): the error already given is the answer, and
+    the connection stays."""
+    try:
+        return context.api.partition_offsets(connection.client, name, index)[0]
+    except ShardUnavailable as error:
+        log.info(
+            "kafka: %s produce to %s/%d: no log start: %s", connection.peer, name, index, error
+        )
+        return -1
 
 
 def _current_leader(

@@ -26,6 +26,7 @@ other partition's last stable offset moves on.
 from __future__ import annotations
 
 import asyncio
+import datetime
 import time
 from collections.abc import Iterator
 
@@ -36,11 +37,15 @@ from confluent_kafka.admin import AdminClient
 from kafka import KafkaAdminClient, KafkaProducer
 from kafka.admin import NewTopic
 from kafka.structs import TopicPartition as KPTopicPartition
+from kio.schema.errors import ErrorCode
+from kio.schema.metadata.v9.request import MetadataRequest, MetadataRequestTopic
+from kio.schema.produce.v9.request import PartitionProduceData, ProduceRequest, TopicProduceData
 
 from core.cluster.placement import transaction_shard
 from tests.cluster.cluster_fixture import Cluster
 from tests.cluster.redis_server import RedisServer
 from tests.cluster.test_node import DEADLINE_S, eventually, redis_server
+from tests.kafka.raw import RawClient
 
 __all__ = ["redis_server"]  # the module's Redis fixture (tests/cluster/test_node.py)
 
@@ -51,6 +56,7 @@ KEYS_PER_PRODUCER = 6
 TRANSACTIONAL_ID = "kn.txn"
 CROSS_TOPIC = "kn.cross"
 CROSS_TRANSACTIONAL_ID = "kn.cross.txn"
+REFUSED_TOPIC = "kn.refused"
 
 
 @pytest.fixture(scope="module")
@@ -298,6 +304,52 @@ def test_transaction_across_three_leaders_commits_and_aborts(cluster: Cluster) -
     assert sorted(read_to_end(bootstrap, CROSS_TOPIC, "read_uncommitted")) == sorted(
         committed + aborted
     )
+
+
+def test_a_refused_produce_to_partitions_led_elsewhere_keeps_the_connection(
+    cluster: Cluster,
+) -> None:
+    """A Produce node 1 refuses (acks=2: INVALID_REQUIRED_ACKS, checked first as Kafka does)
+    for every partition, most led by nodes 2 and 3: each partition is answered with the error
+    and the connection stays (the answer's log start offset was read from a shard node 1 does
+    not serve: ShardUnavailable closed the connection)."""
+    admin = KafkaAdminClient(bootstrap_servers=cluster[1].kafka_bootstrap)
+    try:
+        admin.create_topics([NewTopic(REFUSED_TOPIC, num_partitions=SHARDS, replication_factor=1)])
+    finally:
+        admin.close()
+    assert wait_for_leaders(cluster, REFUSED_TOPIC) == {1, 2, 3}
+    raw = RawClient("127.0.0.1", cluster[1].kafka_port)
+    try:
+        response = raw.request(
+            ProduceRequest(
+                transactional_id=None,
+                acks=2,
+                timeout=datetime.timedelta(seconds=10),
+                topic_data=(
+                    TopicProduceData(
+                        name=REFUSED_TOPIC,
+                        partition_data=tuple(
+                            PartitionProduceData(index=index, records=None)
+                            for index in range(SHARDS)
+                        ),
+                    ),
+                ),
+            )
+        )
+        errors = [p.error_code for p in response.responses[0].partition_responses]
+        assert errors == [ErrorCode.invalid_required_acks] * SHARDS
+        again = raw.request(
+            MetadataRequest(
+                topics=(MetadataRequestTopic(name=REFUSED_TOPIC),),
+                allow_auto_topic_creation=False,
+                include_cluster_authorized_operations=False,
+                include_topic_authorized_operations=False,
+            )
+        )
+        assert len(again.topics[0].partitions) == SHARDS  # the same connection answers
+    finally:
+        raw.close()
 
 
 def transactional_on_two_nodes(
