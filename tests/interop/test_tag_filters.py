@@ -164,17 +164,27 @@ async def test_mqtt_plain_subscriptions_with_tag_filters(braid: BraidProcess) ->
         await mqtt_subscribe(everything, f"{topic}/#", None, 1)
         await publish_tagged(braid, topic)
 
-        got = await mqtt_take(clean_messages, 3)
-        assert set(got) == expected("bc")
-        got = await mqtt_take(persistent_messages, 6)
-        assert set(got) == expected("a", "bc")
-        for messages in (overlap_messages, overlap_live_messages):
-            got = await mqtt_take(messages, RECORDS)
+        # All at once: each take's quiet second (nothing more arrives) overlaps the others'.
+        (
+            clean_got,
+            persistent_got,
+            overlap_got,
+            overlap_live_got,
+            everything_got,
+        ) = await asyncio.gather(
+            mqtt_take(clean_messages, 3),
+            mqtt_take(persistent_messages, 6),
+            mqtt_take(overlap_messages, RECORDS),
+            mqtt_take(overlap_live_messages, RECORDS),
+            mqtt_take(everything_messages, RECORDS),
+        )
+        assert set(clean_got) == expected("bc")
+        assert set(persistent_got) == expected("a", "bc")
+        for got in (overlap_got, overlap_live_got):
             assert got == {
                 payload: [1, 2] if payload.endswith(b"-a") else [2] for payload in expected(*TAGGED)
             }
-        got = await mqtt_take(everything_messages, RECORDS)
-        assert set(got) == expected(*TAGGED)
+        assert set(everything_got) == expected(*TAGGED)
 
         # Subscribing again replaces the filter: now TagC.
         await mqtt_subscribe(persistent, f"{topic}/#", "TagC", 1)
