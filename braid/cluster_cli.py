@@ -558,6 +558,16 @@ def format_status(found: ClusterStatus, url: str) -> str:
     return "\n".join(lines)
 
 
+def _redis_url_of(root: Path | None, url: str | None) -> tuple[str, layout.ClusterLayout | None]:
+    """The Redis URL to read (``--cluster``, else the supervisor's socket in ROOT) and ROOT's
+    recorded layout, which names the cluster; one of the two is given."""
+    recorded = layout.ClusterLayout.open(root) if root is not None else None
+    if url is None:
+        assert root is not None
+        url = f"unix://{(root / SUPERVISOR_SOCKET).absolute()}"
+    return url, recorded
+
+
 def status(root: Path | None, *, url: str | None, as_json: bool, out: TextIO | None = None) -> int:
     name = "braid cluster status"
     out = out or sys.stdout
@@ -565,10 +575,7 @@ def status(root: Path | None, *, url: str | None, as_json: bool, out: TextIO | N
         print(f"{name}: error: give --cluster URL or ROOT", file=sys.stderr)
         return EXIT_REFUSED
     try:
-        recorded = layout.ClusterLayout.open(root) if root is not None else None
-        if url is None:
-            assert root is not None
-            url = f"unix://{(root / SUPERVISOR_SOCKET).absolute()}"
+        url, recorded = _redis_url_of(root, url)
         found = asyncio.run(read_status(url, recorded))
     except (layout.LayoutError, ValueError) as error:
         print(f"{name}: error: {error}", file=sys.stderr)
@@ -628,10 +635,7 @@ def drain(
         print(f"{name}: error: give --cluster URL or ROOT", file=sys.stderr)
         return EXIT_REFUSED
     try:
-        recorded = layout.ClusterLayout.open(root) if root is not None else None
-        if url is None:
-            assert root is not None
-            url = f"unix://{(root / SUPERVISOR_SOCKET).absolute()}"
+        url, recorded = _redis_url_of(root, url)
         moved, left = asyncio.run(drain_node(url, recorded, node, timeout_s))
     except (layout.LayoutError, ValueError, StatusError) as error:
         print(f"{name}: error: {error}", file=sys.stderr)

@@ -404,20 +404,19 @@ class ClusterHttp:
 
     async def connections(self) -> list[Json]:
         """Every node's connections, each with its ``node``, by name."""
-        gathered = await self.gather.gather(ADMIN_CONNECTIONS)
-        merged = [
-            {**entry, "node": node}
-            for node, entries in self._lists(gathered, "connections").items()
-            for entry in entries
-        ]
-        return sorted(merged, key=lambda entry: str(entry.get("name")))
+        return await self._every_nodes(ADMIN_CONNECTIONS, "connections")
 
     async def channels(self) -> list[Json]:
         """Every node's channels, each with its ``node``, by name."""
-        gathered = await self.gather.gather(ADMIN_CHANNELS)
+        return await self._every_nodes(ADMIN_CHANNELS, "channels")
+
+    async def _every_nodes(self, call: str, key: str) -> list[Json]:
+        """The ``key`` list of every node's answer to ``call``, each entry with its ``node``,
+        by name."""
+        gathered = await self.gather.gather(call)
         merged = [
             {**entry, "node": node}
-            for node, entries in self._lists(gathered, "channels").items()
+            for node, entries in self._lists(gathered, key).items()
             for entry in entries
         ]
         return sorted(merged, key=lambda entry: str(entry.get("name")))
