@@ -199,6 +199,10 @@ class RemoteQueueHandle(QueueHandle):
         return False  # (its consumers are cancelled by the owner when it is)
 
     @property
+    def remote(self) -> bool:
+        return True
+
+    @property
     def message_ttl_ms(self) -> int | None:
         return None
 

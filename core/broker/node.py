@@ -207,14 +207,20 @@ class Node:
         """Serve shard ``number`` from now on, over its opened and started ``store`` (taken
         over from a node that died, issue 23): its queues opened as at start, then started."""
         shard = Shard(number, store, self.config, self, LocalMetadata(store))
+        opened: list[str] = []
         for _key, value in self.metadata.items(KIND_QUEUE):
             raw = json.loads(value)
             destination = (raw["topic"], int(raw["queue"]))
             if self.shards.queue_number(*destination) == number:
                 shard.open_ack_queue(destination, ack_queue_config_from_json(raw["config"]))
+                opened.append(destination[0])
         self.shards.add(shard)
         shard.listen()
         await shard.start()
+        # A gateway that reached these queues on the shard's old owner serves them here now.
+        for topic in opened:
+            for listener in list(self.queue_listeners):
+                listener(topic, True)
         return shard
 
     async def start(self) -> None:

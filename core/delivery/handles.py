@@ -58,6 +58,12 @@ class QueueHandle:
         return self._queue.deleted
 
     @property
+    def remote(self) -> bool:
+        """Whether another node owns the queue and it is reached over the cluster (a queue a
+        gateway holds so keeps its handle when its shard moves here: it asks the core again)."""
+        return False
+
+    @property
     def message_ttl_ms(self) -> int | None:
         return self._queue.config.message_ttl_ms
 

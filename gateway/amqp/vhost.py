@@ -642,7 +642,22 @@ class VirtualHost:
         if queue is not None and queue.handle.deleted and not queue.deleted:
             self._deleted_elsewhere(queue)
             queue = None
+        if queue is not None and queue.handle.remote:
+            self._follow_takeover(queue)
         return queue if queue is not None else self._learn_queue(name)
+
+    def _follow_takeover(self, queue: Queue) -> None:
+        """``queue`` was reached on another node, whose shard this node took over (issue 23):
+        its handle becomes the local ack queue's, so it is no longer reached over gRPC to
+        this node itself."""
+        if not self.api.queue_is_local(queue.topic):
+            return
+        handle = self.api.known_queue(queue.topic)
+        if handle is None or handle.remote:
+            return
+        queue.handle = handle
+        self._configure_queue(queue)  # (its TTL is swept here now)
+        log.info("amqp: queue %r is served by this node now (its shard was taken over)", queue.name)
 
     def _deleted_elsewhere(self, queue: Queue) -> None:
         """``queue`` was deleted through another node, and this node, its owner, closed its
@@ -1001,6 +1016,8 @@ class VirtualHost:
             if learned is not None:
                 # Publishes with an expiration reach it through other nodes: swept.
                 self.expiring.add(learned)
+        elif queue.handle.remote:  # (its shard came here: Node.add_shard)
+            self._follow_takeover(queue)
 
     def _learn_owned_queues(self) -> None:
         """In a cluster, now and then: learn the queues of this node's shards that other nodes

@@ -281,6 +281,10 @@ def test_survivors_take_over_a_killed_node(cluster: Cluster, redis_group: Sentin
     connection = amqp(cluster[1])
     connection.channel().queue_declare(queue, durable=True)
     connection.close()
+    # The queue's next owner learns it now, as another node's (reached over gRPC).
+    connection = amqp(cluster[new_queue_owner])
+    connection.channel().queue_declare(queue, passive=True)
+    connection.close()
 
     acked = Acked()
     producer = Producer(
@@ -371,6 +375,19 @@ def test_survivors_take_over_a_killed_node(cluster: Cluster, redis_group: Sentin
     got = read_partitions(cluster, expected)
     for partition in range(PARTITIONS):
         assert got[partition] == acked.by_partition[partition], partition
+
+    # Its new owner's gateway serves the queue from the shard it took, not over gRPC to itself
+    # (a takeover's added shard tells the gateway: Node.add_shard, vhost._follow_takeover).
+    connection = amqp(cluster[new_queue_owner])
+    try:
+        channel = connection.channel()
+        method, _, _ = channel.basic_get(queue)
+        assert isinstance(method, pika.spec.Basic.GetOk), method
+        channel.basic_reject(method.delivery_tag, requeue=True)
+    finally:
+        connection.close()
+    served = f"amqp: queue {queue!r} is served by this node now (its shard was taken over)"
+    assert served in cluster[new_queue_owner].stderr()
 
     bodies = consume_all(cluster[new_queue_owner].amqp_port, queue, set(confirmed))
     assert len(bodies) == len(set(bodies)), "a confirmed message twice"
