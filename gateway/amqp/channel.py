@@ -848,7 +848,10 @@ class Channel:
             seq = self.next_seq
             self.next_seq = seq + 1
             confirm_end = end or self._forwarded_mark(outcome, topic)
-            self.session.confirm(self, seq, confirm_end, bool(outcome.refused))
+            # A queue of another node refuses in its forward's answer, which fills
+            # outcome.refused later: the confirm reads it again once confirm_end is durable.
+            refused = outcome.refused if outcome.sequence >= 0 else None
+            self.session.confirm(self, seq, confirm_end, bool(outcome.refused), refused)
         elif self.tx is not None or self._committing:
             self.tx_end = max(self.tx_end, end)
 

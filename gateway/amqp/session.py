@@ -228,7 +228,7 @@ class SessionIO(Protocol):
 class _ConfirmBatch:
     """The confirms one channel owes for one read's worth of publishes."""
 
-    __slots__ = ("all_nacked", "channel", "high", "marks", "nacks")
+    __slots__ = ("all_nacked", "channel", "high", "marks", "nacks", "refusals")
 
     def __init__(self, channel: Channel) -> None:
         self.channel = channel
@@ -237,6 +237,10 @@ class _ConfirmBatch:
         # (seq, durable mark) of each publish with one: the group waits for the highest mark
         # only, which does not say whether an earlier publish's forward failed.
         self.marks: list[tuple[int, int]] = []
+        # (seq, the publish's outcome.refused) of each publish forwarded to another node's
+        # shard: that owner's refusal (reject-publish) fills the list when its forward is
+        # answered, which the group's durability wait waits for.
+        self.refusals: list[tuple[int, Collection[object]]] = []
         # Every publish of the batch nacked: a shard it reached on another node was
         # unavailable (docs/cluster.md section 8: basic.nack).
         self.all_nacked = False
@@ -842,9 +846,18 @@ class Session:
             for channel in list(self.channels.values()):
                 resume_channel_deliveries(channel)
 
-    def confirm(self, channel: Channel, seq: int, end: int, nack: bool) -> None:
+    def confirm(
+        self,
+        channel: Channel,
+        seq: int,
+        end: int,
+        nack: bool,
+        refused: Collection[object] | None = None,
+    ) -> None:
         """Publish ``seq`` on ``channel`` is stored up to log position ``end`` (0: nothing to
-        wait for); confirm it (``nack``: negatively) once durable, in order."""
+        wait for); confirm it (``nack``: negatively) once durable, in order. ``refused``: the
+        destinations that refused it, still filled by forwards to other nodes until ``end``
+        is durable (nacked then when not empty)."""
         batch = self._confirms.get(channel)
         if batch is None:
             batch = self._confirms[channel] = _ConfirmBatch(channel)
@@ -853,6 +866,8 @@ class Session:
             batch.nacks.append(seq)
         if end:
             batch.marks.append((seq, end))
+            if refused is not None:
+                batch.refusals.append((seq, refused))
             if end > self._confirm_end:
                 self._confirm_end = end
 
@@ -872,6 +887,7 @@ class Session:
             task.add_done_callback(lambda done: self._durable(group, done))
             return
         self._nack_not_stored(group)
+        self._nack_refused(group)
         group.ready = True
         # Not now: after the deliveries these publishes make (the queues' pumps are already
         # scheduled with call_soon), so a consumer on this connection gets a message before
@@ -910,6 +926,7 @@ class Session:
             return
         else:
             self._nack_not_stored(group)
+        self._nack_refused(group)
         group.ready = True
         self._flush_confirms()
 
@@ -934,6 +951,17 @@ class Session:
             next(iter(failed.values())),
         )
         return True
+
+    @staticmethod
+    def _nack_refused(group: _ConfirmGroup) -> None:
+        """Nack the publishes of ``group`` that a queue of another node refused
+        (reject-publish): known only once their forwards were answered, as a local queue's
+        refusal is known at the publish (RabbitMQ nacks both)."""
+        for batch in group.batches:
+            seqs = [seq for seq, refused in batch.refusals if refused]
+            if seqs:
+                batch.nacks = sorted({*batch.nacks, *seqs})
+            batch.refusals = []
 
     def _flush_confirms(self) -> None:
         groups = self._confirm_groups

@@ -32,7 +32,7 @@ from kafka.admin import NewTopic
 from kafka.structs import TopicPartition as KafkaTopicPartition
 from pika import BasicProperties
 from pika.adapters.blocking_connection import BlockingChannel
-from pika.exceptions import ChannelClosedByBroker
+from pika.exceptions import ChannelClosedByBroker, NackError
 from pika.spec import Basic
 
 from tests.cluster.cluster_fixture import Cluster
@@ -128,6 +128,40 @@ def test_a_queue_declared_on_node_1_is_used_through_node_3(cluster: Cluster) -> 
     assert sorted(received) == sorted(expected)
     # Every one acked on the owner: none left there.
     eventually(lambda: passive_count(cluster, 2, queue) == 0, "node 2's queue drained")
+
+
+def confirms_of_five_publishes(channel: BlockingChannel, queue: str, mode: int) -> list[str]:
+    """What the broker answered to each of five confirmed publishes to ``queue`` (pika's
+    BlockingChannel waits for each one's confirm and raises ``NackError`` on a nack)."""
+    answers = []
+    for number in range(5):
+        try:
+            channel.basic_publish("", queue, b"%d" % number, BasicProperties(delivery_mode=mode))
+            answers.append("ack")
+        except NackError:
+            answers.append("nack")
+    return answers
+
+
+def test_a_remote_reject_publish_queue_nacks_what_it_refused(cluster: Cluster) -> None:
+    """A queue of node 2 at x-max-length 2, x-overflow reject-publish, published to through
+    node 1: its refusal comes back in the forward's answer and nacks exactly the refused
+    publishes, persistent and transient, as a single node does
+    (tests/amqp/test_e2e_aio_pika.py test_reject_publish_overflow_nacks)."""
+    arguments = {"x-max-length": 2, "x-overflow": "reject-publish"}
+    connection = amqp(cluster[1])
+    try:
+        channel = connection.channel()
+        channel.confirm_delivery()
+        for mode, kind in ((2, "persistent"), (1, "transient")):
+            queue = cluster.name_owned_by(2, f"an.bounded.{kind}", QUEUE_TOPIC)
+            channel.queue_declare(queue, durable=mode == 2, arguments=arguments)
+            answers = confirms_of_five_publishes(channel, queue, mode)
+            assert answers == ["ack", "ack", "nack", "nack", "nack"], kind
+            assert passive_count(cluster, 2, queue) == 2, kind
+            channel.queue_delete(queue)
+    finally:
+        connection.close()
 
 
 def test_basic_get_through_a_node_that_does_not_own_the_queue_asks_the_owner(
