@@ -11,6 +11,8 @@ AMQP; tests/cluster/cluster_fixture.py), with pika:
   the first get, the owner's count left, redelivered after a channel closed unacked);
 - a get held for node 3 goes back to the queue when node 3 is killed, and an exclusive queue
   declared through node 1 in node 2's shard goes with its connection or with node 1 (killed);
+- a reject-publish queue of node 2 (x-max-length 2) nacks, through node 1, exactly the
+  publishes it refused (persistent and transient), as a single node does;
 - node 2 stopped: a passive declare of its queue on node 1 is 404 with RabbitMQ's home-node
   text.
 
