@@ -23,7 +23,9 @@ RUN_TIMEOUT_S = 240
 AMQP_MESSAGES = 1_000  # in all, over the two queues
 KAFKA_RECORDS = 100_000  # in all, over the two topics: enough for several CPU ticks
 KAFKA_FETCH_RECORDS = 20_000  # the first of them, read back
-CROSS_MESSAGES = 500
+CROSS_MESSAGES = (
+    2_000  # per cross-node run: at ~20 us each, several 10 ms CPU ticks (500 read 0 once)
+)
 WORKLOADS = ("amqp", "mqtt-qos0", "mqtt-qos1", "kafka-produce", "kafka-fetch")
 
 

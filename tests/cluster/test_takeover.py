@@ -263,8 +263,15 @@ def test_survivors_take_over_a_killed_node(cluster: Cluster, redis_group: Sentin
         [NewTopic(TOPIC, num_partitions=PARTITIONS, replication_factor=1)]
     ).values():
         future.result(timeout=DEADLINE_S)
+    # Every partition led (-1: its shard has no live owner yet, e.g. a node that fenced itself
+    # on a loaded machine and is rejoining), so the victim's share is known before the kill.
     before = eventually(
-        lambda: (found := leaders(admin)) and len(found) == PARTITIONS and found,
+        lambda: (
+            (found := leaders(admin))
+            and len(found) == PARTITIONS
+            and all(leader >= 0 for leader in found.values())
+            and found
+        ),
         "leaders of every partition",
     )
     victim_partitions = sorted(p for p, leader in before.items() if leader == VICTIM)
@@ -420,8 +427,15 @@ def test_a_standby_takes_over_and_starts_serving(cluster: Cluster) -> None:
             [NewTopic(TOPIC, num_partitions=PARTITIONS, replication_factor=1)]
         ).values():
             future.result(timeout=DEADLINE_S)
+    # Every partition led (-1: its shard has no live owner yet, e.g. a node that fenced itself
+    # on a loaded machine and is rejoining), so the victim's share is known before the kill.
     before = eventually(
-        lambda: (found := leaders(admin)) and len(found) == PARTITIONS and found,
+        lambda: (
+            (found := leaders(admin))
+            and len(found) == PARTITIONS
+            and all(leader >= 0 for leader in found.values())
+            and found
+        ),
         "leaders of every partition",
     )
     second = sorted(p for p, leader in before.items() if leader == 2)
