@@ -74,6 +74,9 @@ if TYPE_CHECKING:  # imported when a cluster node starts: redis and grpc cost a 
 
 log = logging.getLogger(__name__)
 
+# How long a stop that interrupted the start may take to close what the start opened.
+STOP_WHILE_STARTING_S = 10.0
+
 NOT_LISTENING = "-"
 # The listen backlog of the HTTP port when a supervised worker binds it itself (aiohttp's
 # TCPSite default, which the single node keeps).
@@ -1294,8 +1297,25 @@ async def serve(settings: ServerSettings) -> int:
             log.info("SIGHUP: no TLS certificate to reload")
 
     loop.add_signal_handler(signal.SIGHUP, on_hangup)
+    # SIGTERM/SIGINT while starting stops the start: a cluster node can wait long in it (the
+    # formation wait for expect_nodes, a claim, a recovery), and a supervisor stopping its
+    # workers must not wait out that (a worker waiting for a peer that had just exited kept
+    # `braid serve --workers` from stopping for its full 60 s stop timeout).
+    starting = asyncio.ensure_future(server.start())
+    stopped = asyncio.ensure_future(stop.wait())
     try:
-        await server.start()
+        await asyncio.wait({starting, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopped.cancel()
+    if not starting.done():
+        log.info("%s received while starting: stopping", received[0])
+        starting.cancel()
+        await asyncio.gather(starting, return_exceptions=True)
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(server.stop(), STOP_WHILE_STARTING_S)
+        return 0
+    try:
+        starting.result()
     except StartupError as error:
         log.error("%s", error)
         return 1

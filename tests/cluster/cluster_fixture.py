@@ -25,6 +25,7 @@ from tests.cluster.test_node import LEASE_MS, make_root
 
 # Short waits (section 14's): a publish to a stopped node's shard is nacked after this.
 UNAVAILABLE_WAIT_MS = 2000
+PORT_ATTEMPTS = 3  # a node whose chosen port was taken before it bound it starts again
 _SHARDS = re.compile(r"\bshards=([0-9,]+|none)\b")
 
 
@@ -96,13 +97,21 @@ class Cluster:
         """Start every node at once and wait for each one's ready line."""
         errors: list[BaseException] = []
 
-        def start(process: BraidProcess) -> None:
-            try:
-                process.start()
-            except BaseException as error:
-                errors.append(error)
+        def start(node_id: int) -> None:
+            for attempt in range(1, PORT_ATTEMPTS + 1):
+                try:
+                    self.nodes[node_id].start()
+                    return
+                except BaseException as error:
+                    # A port chosen free was bound by someone else first (another node's
+                    # cluster port, which the kernel picks at its start): again on new ports.
+                    if "address already in use" not in str(error) or attempt == PORT_ATTEMPTS:
+                        errors.append(error)
+                        return
+                    self.nodes[node_id].kill9()
+                    self.nodes[node_id] = self._node(node_id)
 
-        threads = [threading.Thread(target=start, args=(p,)) for p in self.nodes.values()]
+        threads = [threading.Thread(target=start, args=(n,)) for n in self.nodes]
         for thread in threads:
             thread.start()
         for thread in threads:
